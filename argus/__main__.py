@@ -1,0 +1,5 @@
+import sys
+
+from argus.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,50 @@
+"""The ``argus`` command: one entry point, one module per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from argus import __version__
+from argus.errors import ArgusError
+
+__all__ = ["main", "build_parser"]
+
+
+def _commands() -> list[tuple[str, Callable[[argparse._SubParsersAction], None]]]:
+    # Imported lazily so `argus --help` stays fast.
+    from argus.cli import bench, demo, info, simulate
+
+    return [("demo", demo.register), ("simulate", simulate.register_simulate),
+            ("scenarios", simulate.register_scenarios), ("info", info.register), ("bench", bench.register)]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="argus", description="Always-on tracing and progressive diagnosis for distributed PyTorch training.")
+    parser.add_argument("--version", action="version", version=f"argus {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for _, register in _commands():
+        register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ArgusError as exc:
+        print(f"argus: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("argus: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `argus scenarios | head -1`
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

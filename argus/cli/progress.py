@@ -1,0 +1,35 @@
+"""Progress bars and consoles for long commands (stderr, so ``--json`` stdout stays clean)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+__all__ = ["stderr_console", "stdout_console", "progress_bar"]
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 160)
+
+
+def stdout_console() -> Console:
+    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 160)
+
+
+@contextmanager
+def progress_bar(description: str, total: int, enabled: bool | None = None) -> Iterator[Callable[..., None]]:
+    """A bar on stderr, shown only on a terminal (never under CI) unless forced; yields
+    ``advance(n=1)``."""
+    if enabled is None:
+        enabled = sys.stderr.isatty() and not os.environ.get("CI")
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=stderr_console(),
+                        disable=not enabled, transient=False)
+    with progress:
+        task = progress.add_task(description, total=total)
+        yield lambda n=1: progress.advance(task, n)

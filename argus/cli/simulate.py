@@ -1,0 +1,79 @@
+"""``argus simulate`` and ``argus scenarios``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from argus.cli.progress import progress_bar, stderr_console
+from argus.sim import SCENARIOS, SimConfig, simulate_to_store
+
+__all__ = ["register_simulate", "register_scenarios", "add_sim_options", "config_from_args"]
+
+
+def add_sim_options(p: argparse.ArgumentParser, ranks: int = 64, steps: int = 20) -> None:
+    p.add_argument("--ranks", type=int, default=ranks, help=f"world size (default {ranks})")
+    p.add_argument("--steps", type=int, default=steps, help=f"training steps (default {steps})")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--layout", help="parallel layout, e.g. 'tp=2,pp=4,dp=8' (default: a realistic MoE layout)")
+    p.add_argument("--order", help="rank order, fastest axis first (default tp-cp-ep-dp-pp)")
+    p.add_argument("--gpus-per-host", type=int, default=8, help="ranks per host (default 8)")
+    p.add_argument("--layers", type=int, default=4, help="transformer layers per pipeline stage (default 4)")
+    p.add_argument("--microbatches", type=int, default=8, help="microbatches per step (default 8)")
+    p.add_argument("--kernels", action="store_true", help="also store raw kernel events (small runs)")
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    return SimConfig(ranks=args.ranks, steps=args.steps, seed=args.seed, layout=args.layout, order=args.order,
+                     gpus_per_host=args.gpus_per_host, layers=args.layers, microbatches=args.microbatches,
+                     kernels=args.kernels)
+
+
+def register_simulate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="simulate a training job (healthy or faulty) into a store",
+                       description="Simulate a synchronous LLM training job and write it to a store, with "
+                                   "the ground truth in OUT/truth.json.")
+    p.add_argument("--scenario", required=True, choices=list(SCENARIOS), metavar="NAME",
+                   help="scenario (see `argus scenarios`)")
+    p.add_argument("--out", required=True, help="store directory to create (new or empty)")
+    add_sim_options(p)
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario parameter (repeatable), e.g. --param factor=3")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the fault-free rerun that measures the fault's true impact")
+    p.add_argument("--json", action="store_true", help="print the truth document on stdout")
+    p.set_defaults(func=run_simulate)
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    from argus.cli.info import print_store_summary
+
+    config = config_from_args(args)
+    with progress_bar(f"simulating {args.scenario}", config.steps) as advance:
+        result = simulate_to_store(config, args.scenario, args.out, params=args.param,
+                                   on_step=lambda rec: advance(), baseline=not args.no_baseline)
+    if args.json:
+        print(json.dumps(result.truth, indent=2))
+        return 0
+    err = stderr_console()
+    err.print(f"simulated {result.steps_done} steps × {config.ranks} ranks: {result.phase_events:,} phase and "
+              f"{result.kernel_events:,} kernel events in {result.wall_s:.1f} s")
+    print_store_summary(args.out)
+    return 0
+
+
+def register_scenarios(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("scenarios", help="list built-in simulator scenarios",
+                       description="List the simulator's scenarios, one per line: name, then description.")
+    p.add_argument("--params", action="store_true", help="also show each scenario's parameters")
+    p.set_defaults(func=run_scenarios)
+
+
+def run_scenarios(args: argparse.Namespace) -> int:
+    width = max(len(n) for n in SCENARIOS)
+    for name, sc in SCENARIOS.items():
+        line = f"{name:<{width}}  {sc.summary}"
+        if args.params and sc.defaults:
+            line += "  [" + ", ".join(f"{k}={v}" for k, v in sc.defaults.items()) + "]"
+        print(line)
+    return 0

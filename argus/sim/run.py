@@ -1,0 +1,158 @@
+"""Run a scenario and write it to a store, with ``truth.json`` beside it.
+
+The truth includes the fault's real impact: the same seed is simulated a second time
+without the fault (same natural noise, see ``faults.py``) and the step times compared.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from argus.errors import StoreError
+from argus.sim.config import SimConfig
+from argus.sim.engine import Engine
+from argus.sim.records import StepRecords
+from argus.sim.scenarios import ScenarioContext, get_scenario, parse_params, scenario_rng
+from argus.store import Store
+from argus.store.files import write_bytes_atomic
+from argus.topology import RunIdentity, Topology
+
+__all__ = ["SimulationResult", "prepare", "simulate_to_store", "job_step_times", "TRUTH_FILE"]
+
+TRUTH_FILE = "truth.json"
+
+
+@dataclass
+class SimulationResult:
+    truth: dict[str, Any]
+    store_path: Path | None
+    steps_done: int = 0
+    phase_events: int = 0
+    kernel_events: int = 0
+    wall_s: float = 0.0
+    bytes_written: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def prepare(config: SimConfig, scenario: str, params: list[str] | dict[str, Any] | None = None):
+    """Build the topology, fault plan and truth records of ``scenario`` for ``config``."""
+    sc = get_scenario(scenario)
+    layout = config.resolve_layout()
+    topology = Topology.uniform(layout, config.hosts_gpus, seed=str(config.seed))
+    ctx = ScenarioContext(config, layout, topology, scenario_rng(config.seed, scenario), parse_params(sc, params))
+    plan, faults = sc.build(ctx)
+    return sc, ctx, plan, faults
+
+
+def job_step_times(rec: StepRecords) -> float:
+    """Job step time of one step in seconds: the median rank's step duration (inf if hung)."""
+    dur = rec.step_end - rec.step_start
+    if not np.isfinite(dur).all():
+        return float("inf")
+    return float(np.median(dur)) / 1e9
+
+
+def simulate_to_store(config: SimConfig, scenario: str, out: str | Path,
+                      params: list[str] | dict[str, Any] | None = None,
+                      on_step: Callable[[StepRecords], None] | None = None,
+                      write: bool = True, baseline: bool = True) -> SimulationResult:
+    """Simulate ``scenario`` and write store + ``truth.json`` to ``out`` (unless ``write`` is
+    False, for benchmarks that only generate). Refuses a directory that already holds one."""
+    out = Path(out)
+    sc, ctx, plan, faults = prepare(config, scenario, params)
+    attempt = writer = None
+    if write:
+        if (out / TRUTH_FILE).exists():
+            raise StoreError(f"{out}: already holds a simulation ({TRUTH_FILE}); choose a new directory")
+        store = Store.create(out)
+        run_id = config.run_id or f"sim-{scenario}-s{config.seed}"
+        attempt = store.create_attempt(RunIdentity(run_id, "0"), ctx.topology, source="simulator",
+                                       extra={"scenario": scenario, "seed": config.seed})
+        writer = attempt.writer("sim")
+    t0 = time.perf_counter()
+    result = SimulationResult(truth={}, store_path=out if write else None)
+    faulty: list[float] = []
+    engine = Engine(config, plan, emit=True, topology=ctx.topology)
+    for rec in engine.run():
+        result.steps_done += 1
+        result.phase_events += rec.n_phase_events
+        result.kernel_events += rec.n_kernel_events
+        faulty.append(job_step_times(rec))
+        if writer is not None:
+            w = rec.step
+            writer.write("steps", rec.steps_table(), window=w)
+            writer.write("phases", rec.phases_table(), window=w)
+            if config.kernels:
+                writer.write("kernels", rec.kernels_table(), window=w)
+            if rec.stacks is not None:
+                writer.write("stacks", rec.stacks, window=w)
+            if rec.hw is not None:
+                writer.write("hw", rec.hw, window=w)
+        if on_step is not None:
+            on_step(rec)
+    base: list[float] = faulty
+    if baseline and not plan.empty:
+        base = [job_step_times(r) for r in Engine(config, None, emit=False, topology=ctx.topology).run()]
+    result.wall_s = time.perf_counter() - t0
+    result.truth = _truth_document(config, sc.name, sc.summary, sc.fault_class, ctx, faults, faulty, base)
+    if writer is not None and attempt is not None:
+        result.bytes_written = writer.bytes_written
+        write_bytes_atomic(out / TRUTH_FILE, json.dumps(result.truth, indent=2).encode())
+    return result
+
+
+def _truth_document(config: SimConfig, name: str, summary: str, klass: str, ctx: ScenarioContext,
+                    faults: list[dict[str, Any]], faulty: list[float], base: list[float]) -> dict[str, Any]:
+    layout = ctx.layout
+    n = layout.world_size
+    faulty_arr = np.array(faulty)
+    base_arr = np.array(base[: len(faulty)])
+    for f in faults:
+        lo, hi = f["window"]["start_step"], f["window"]["end_step"]
+        steps = [s for s in f["steps"] if s < len(faulty_arr)]
+        fa, ba = faulty_arr[steps], base_arr[steps]
+        if not np.isfinite(fa).all():
+            f["impact"] = {"stalled": True, "slowdown_pct": None, "gpu_hours_lost": None}
+        else:
+            extra = float((fa - ba).sum())
+            f["impact"] = {
+                "stalled": False,
+                "slowdown_pct": round(100.0 * extra / float(ba.sum()), 3) if ba.sum() > 0 else 0.0,
+                "extra_s": round(extra, 6),
+                "gpu_hours_lost": round(n * extra / 3600.0, 6),
+            }
+        f["window"] = {"start_step": lo, "end_step": hi}
+    cfg = asdict(config)
+    cfg.pop("workload")
+    return {
+        "scenario": name,
+        "description": summary,
+        "class": klass,
+        "seed": config.seed,
+        "ranks": n,
+        "steps": config.steps,
+        "layout": str(layout),
+        "order": layout.order_str,
+        "gpus_per_host": config.hosts_gpus,
+        "hosts": len(np.unique(ctx.topology.hosts)),
+        "params": {k: v for k, v in ctx.params.items()},
+        "faults": faults,
+        "natural": {
+            "warmup_steps": list(range(min(config.warmup_steps, config.steps))),
+            "checkpoint_steps": [s for s in range(config.steps) if config.is_checkpoint_step(s)],
+            "moe_routing_imbalance": layout.ep > 1,
+            "moe_alpha": config.moe_alpha,
+            "seqlen_sigma": config.seqlen_sigma,
+            "dataloader_spike_prob": config.dataloader_spike_prob,
+            "clock_skew_ms": config.clock_skew_ms,
+        },
+        "step_time_s": [None if not np.isfinite(x) else round(x, 6) for x in faulty],
+        "baseline_step_time_s": [None if not np.isfinite(x) else round(x, 6) for x in base[: len(faulty)]],
+        "config": cfg,
+    }

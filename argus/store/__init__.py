@@ -1,0 +1,7 @@
+"""The embedded run store: Parquet tables per run attempt, a reader API and DuckDB views."""
+
+from argus.store.attempt import Attempt, AttemptWriter
+from argus.store.root import MANIFEST, Store
+from argus.store.schema import SCHEMA_VERSION, TABLES, TableSpec, conform
+
+__all__ = ["Attempt", "AttemptWriter", "MANIFEST", "SCHEMA_VERSION", "Store", "TABLES", "TableSpec", "conform"]

@@ -1,0 +1,119 @@
+"""The store root: a directory holding run attempts, marked by a manifest.
+
+``<store>/argus-store.json`` marks the directory as an Argus store and records the schema
+version; ``<store>/runs/<run_id>/<attempt_id>/`` holds each attempt (see ``attempt.py``).
+A directory that is not empty and has no manifest is refused for writing, so pointing
+``--out`` at the wrong place never mixes Argus files into someone else's data.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from argus.errors import StoreError
+from argus.store.attempt import ATTEMPT_META, Attempt
+from argus.store.files import write_bytes_atomic
+from argus.store.schema import SCHEMA_VERSION
+from argus.topology import RunIdentity, Topology
+
+__all__ = ["Store", "MANIFEST"]
+
+MANIFEST = "argus-store.json"
+_FORMAT = "argus-store"
+
+
+class Store:
+    """An embedded run store rooted at a local directory."""
+
+    def __init__(self, root: Path, manifest: Mapping[str, Any]):
+        self.root = Path(root)
+        self.manifest = dict(manifest)
+
+    @classmethod
+    def open(cls, root: str | Path) -> "Store":
+        root = Path(root)
+        path = root / MANIFEST
+        if not root.exists():
+            raise StoreError(f"{root}: no such store directory")
+        try:
+            manifest = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise StoreError(f"{root}: not an Argus store (no {MANIFEST}); create one with "
+                             "`argus simulate --out DIR` or `argus run --store DIR`") from None
+        except (OSError, ValueError) as exc:
+            raise StoreError(f"{path}: unreadable store manifest ({exc})") from None
+        if manifest.get("format") != _FORMAT:
+            raise StoreError(f"{path}: not an Argus store manifest (format={manifest.get('format')!r})")
+        version = manifest.get("schema_version")
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            raise StoreError(f"{path}: store schema v{version}; this Argus reads up to v{SCHEMA_VERSION}")
+        return cls(root, manifest)
+
+    @classmethod
+    def create(cls, root: str | Path) -> "Store":
+        """Open the store at ``root``, creating it if the directory is absent or empty."""
+        root = Path(root)
+        if (root / MANIFEST).exists():
+            return cls.open(root)
+        if root.exists() and not root.is_dir():
+            raise StoreError(f"{root}: exists and is not a directory")
+        if root.exists() and any(root.iterdir()):
+            raise StoreError(f"{root}: directory is not empty and is not an Argus store; "
+                             "refusing to write into it (choose a new or empty directory)")
+        root.mkdir(parents=True, exist_ok=True)
+        manifest = {"format": _FORMAT, "schema_version": SCHEMA_VERSION, "created_ns": time.time_ns()}
+        write_bytes_atomic(root / MANIFEST, json.dumps(manifest, indent=2).encode())
+        return cls(root, manifest)
+
+    # -- attempts ----------------------------------------------------------------------
+    def attempt_path(self, identity: RunIdentity) -> Path:
+        return self.root / "runs" / identity.run_id / identity.attempt_id
+
+    def create_attempt(self, identity: RunIdentity, topology: Topology, source: str,
+                       extra: Mapping[str, Any] | None = None) -> Attempt:
+        path = self.attempt_path(identity)
+        if path.exists():
+            raise StoreError(f"{path}: attempt {identity.run_id}/{identity.attempt_id} already exists")
+        return Attempt.create(path, identity, topology, source, extra)
+
+    def open_or_create_attempt(self, identity: RunIdentity, topology: Topology, source: str,
+                               extra: Mapping[str, Any] | None = None) -> Attempt:
+        """Several hosts (or a restarted processor) append to the same attempt."""
+        path = self.attempt_path(identity)
+        if (path / ATTEMPT_META).exists():
+            attempt = Attempt.open(path)
+            if str(attempt.layout) != str(topology.layout):
+                raise StoreError(f"{path}: stored layout {attempt.layout} differs from {topology.layout}")
+            return attempt
+        try:
+            return Attempt.create(path, identity, topology, source, extra)
+        except FileExistsError:  # another host created it between our check and mkdir
+            return Attempt.open(path)
+
+    def attempts(self) -> list[Attempt]:
+        """All attempts, oldest first."""
+        runs = self.root / "runs"
+        found = []
+        if runs.exists():
+            for run_dir in sorted(p for p in runs.iterdir() if p.is_dir() and not p.name.startswith(".")):
+                for att in sorted(p for p in run_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+                    found.append(Attempt.open(att))
+        return sorted(found, key=lambda a: (a.meta.get("created_ns", 0), a.identity.run_id))
+
+    def attempt(self, run_id: str | None = None, attempt_id: str | None = None) -> Attempt:
+        """The attempt asked for; by default the most recently created one."""
+        attempts = self.attempts()
+        if run_id is not None:
+            attempts = [a for a in attempts if a.identity.run_id == run_id]
+        if attempt_id is not None:
+            attempts = [a for a in attempts if a.identity.attempt_id == attempt_id]
+        if not attempts:
+            what = f" matching run={run_id} attempt={attempt_id}" if run_id or attempt_id else ""
+            raise StoreError(f"{self.root}: no run attempt{what} in this store")
+        return attempts[-1]
+
+    def __repr__(self) -> str:
+        return f"Store({self.root})"

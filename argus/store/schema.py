@@ -1,0 +1,220 @@
+"""Canonical Arrow schemas of the run-store tables, with a description of every column.
+
+These schemas are the contract between writers (simulator, processor, importers) and
+readers (analysis, report, web). ``docs/store.md`` is generated from this module
+(``python -m argus.store.schema``) so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from argus.errors import StoreError
+
+__all__ = ["SCHEMA_VERSION", "TABLES", "TableSpec", "conform", "render_markdown"]
+
+#: Version of the on-disk layout and table schemas. Readers refuse newer versions.
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TableSpec:
+    name: str
+    doc: str
+    columns: tuple[tuple[str, pa.DataType, str], ...]
+    step_column: str | None = "step"
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema([pa.field(n, t, nullable=True) for n, t, _ in self.columns])
+
+    @property
+    def column_names(self) -> list[str]:
+        return [n for n, _, _ in self.columns]
+
+
+_I32, _I64, _F64, _STR = pa.int32(), pa.int64(), pa.float64(), pa.string()
+
+TABLES: dict[str, TableSpec] = {
+    spec.name: spec
+    for spec in (
+        TableSpec(
+            "topology",
+            "Placement of every rank of the attempt (one row per rank). Resolves a rank to host and GPU.",
+            (
+                ("rank", _I32, "global rank"),
+                ("host", _STR, "host name as the launcher reported it"),
+                ("local_rank", _I32, "rank index on its host"),
+                ("gpu_uuid", _STR, "GPU UUID (`GPU-…`), or `cpu-…` on CPU-only jobs"),
+                ("tp", _I32, "tensor-parallel coordinate"),
+                ("cp", _I32, "context-parallel coordinate"),
+                ("ep", _I32, "expert-parallel coordinate"),
+                ("dp", _I32, "data-parallel coordinate (outside the expert dimension)"),
+                ("pp", _I32, "pipeline stage"),
+                ("topology_version", _I32, "bumped when the placement changes within an attempt"),
+            ),
+            step_column=None,
+        ),
+        TableSpec(
+            "steps",
+            "One row per rank and training step: the step's wall-clock span on that rank.",
+            (
+                ("rank", _I32, "global rank"),
+                ("step", _I64, "training step (iteration) number"),
+                ("start_ns", _I64, "step start, host monotonic clock in ns (per-host offsets are not corrected)"),
+                ("end_ns", _I64, "step end in ns; -1 when the step never finished (hang, crash)"),
+            ),
+        ),
+        TableSpec(
+            "phases",
+            "Framework-level phases: per-microbatch forward/backward compute, module phases "
+            "(`self_attention`, `mlp`, `moe_layer`…), collectives and host work.",
+            (
+                ("rank", _I32, "global rank"),
+                ("step", _I64, "training step"),
+                ("microbatch", _I32, "microbatch index within the step; -1 for step-level phases"),
+                ("name", _STR, "phase name, e.g. `forward-compute`, `self_attention`, `tp-allreduce`, `dataloader`"),
+                ("category", _STR, "`compute` (device busy), `comm` (collective or p2p: may include waiting) or `host` (CPU-side work)"),
+                ("group_kind", _STR, "for `comm`: the group the collective runs in (`tp`, `cp`, `ep`, `dp`, `edp`, `pp`, `world`); empty otherwise"),
+                ("start_ns", _I64, "phase start in ns (same clock as `steps`)"),
+                ("dur_ns", _I64, "phase duration in ns; -1 when it never finished (a collective a peer never joined)"),
+            ),
+        ),
+        TableSpec(
+            "kernels",
+            "Raw device activity records (optional: small runs, tests, evidence). Large jobs keep "
+            "only `kernel_summaries`.",
+            (
+                ("rank", _I32, "global rank"),
+                ("step", _I64, "training step the record falls in"),
+                ("kind", _STR, "`kernel`, `memcpy`, `memset`, or `cpu_op` (op-level stand-in on CPU-only machines)"),
+                ("device", _I32, "device index on the host"),
+                ("stream", _I32, "stream id"),
+                ("name", _STR, "kernel name as reported (mangled/templated names allowed)"),
+                ("start_ns", _I64, "start in ns"),
+                ("dur_ns", _I64, "duration in ns"),
+            ),
+        ),
+        TableSpec(
+            "kernel_summaries",
+            "Compressed per-window kernel duration distributions: one row per "
+            "(window, rank, stream, kernel, cluster).",
+            (
+                ("window", _I64, "window index"),
+                ("start_step", _I64, "first step of the window"),
+                ("end_step", _I64, "last step of the window"),
+                ("rank", _I32, "global rank"),
+                ("stream", _I32, "stream id"),
+                ("kernel", _STR, "normalised short kernel name"),
+                ("category", _STR, "`compute`, `comm`, `memcpy`, `memset` or `cpu_op`"),
+                ("op", _STR, "communication op type (`all_reduce`, `all_gather`, `reduce_scatter`, `all_to_all`, `send_recv`), else empty"),
+                ("cluster", _I32, "mode index within the distribution (0 = fastest)"),
+                ("count", _I64, "events in this cluster"),
+                ("p50_ns", _F64, "median duration of the cluster in ns"),
+                ("p99_ns", _F64, "99th percentile duration of the cluster in ns"),
+                ("min_ns", _F64, "minimum duration of the cluster in ns"),
+                ("max_ns", _F64, "maximum duration of the cluster in ns"),
+            ),
+            step_column="start_step",
+        ),
+        TableSpec(
+            "stacks",
+            "CPU stack samples aggregated per rank and step: one row per distinct stack.",
+            (
+                ("rank", _I32, "global rank"),
+                ("step", _I64, "training step the samples fall in"),
+                ("start_ns", _I64, "start of the sampling interval in ns"),
+                ("end_ns", _I64, "end of the sampling interval in ns"),
+                ("thread", _STR, "thread name"),
+                ("frames", _STR, "folded stack, root first, frames `function (file:line)` joined by `;`"),
+                ("count", _I32, "samples with this stack in the interval"),
+            ),
+        ),
+        TableSpec(
+            "hw",
+            "Hardware telemetry samples (long format: one row per metric sample).",
+            (
+                ("rank", _I32, "global rank using the GPU"),
+                ("gpu_uuid", _STR, "GPU UUID"),
+                ("ts_ns", _I64, "sample time in ns"),
+                ("metric", _STR, "e.g. `sm_clock_mhz`, `temperature_c`, `power_w`, `pcie_gen`, `pcie_width`, "
+                 "`pcie_gen_max`, `pcie_width_max`, `throttle_reasons`, `ecc_errors`, `xid`, `nic_port_up`"),
+                ("value", _F64, "metric value"),
+            ),
+            step_column=None,
+        ),
+        TableSpec(
+            "incidents",
+            "Diagnosis results: one row per incident (the `argus diagnose --json` document, flattened).",
+            (
+                ("id", _STR, "stable incident id"),
+                ("class", _STR, "root-cause class: `compute_straggler`, `link_degradation`, `pipeline_imbalance`, "
+                 "`host_stall`, `hang`, `input_imbalance`"),
+                ("state", _STR, "`suspected`, `confirmed` or `inconclusive`"),
+                ("severity", _STR, "`info`, `warning`, `critical`"),
+                ("culprit_ranks", pa.list_(_I32), "culprit ranks"),
+                ("hosts", pa.list_(_STR), "hosts of the culprit ranks"),
+                ("gpus", pa.list_(_STR), "GPU UUIDs of the culprit ranks"),
+                ("start_step", _I64, "first step of the incident window"),
+                ("end_step", _I64, "last step of the incident window"),
+                ("phase", _STR, "bottleneck phase"),
+                ("kernels", pa.list_(_STR), "degraded kernels"),
+                ("slowdown_pct", _F64, "share of job step time attributable, in percent"),
+                ("gpu_hours_lost", _F64, "job GPUs × extra time, in GPU-hours"),
+                ("action", _STR, "`observe`, `raise_trace_fidelity`, `cordon_node`, `checkpoint_and_restart`"),
+                ("evidence", _STR, "JSON list of evidence references"),
+                ("detected_ns", _I64, "wall-clock time of detection (ns since epoch)"),
+            ),
+            step_column="start_step",
+        ),
+    )
+}
+
+
+def conform(table: str, data: pa.Table | Mapping[str, object]) -> pa.Table:
+    """Cast ``data`` to ``table``'s canonical schema. Missing or unknown columns are errors
+    that name them: a writer bug must not become a silently different file."""
+    try:
+        spec = TABLES[table]
+    except KeyError:
+        raise StoreError(f"unknown table {table!r}; tables are {', '.join(TABLES)}") from None
+    if isinstance(data, pa.Table):
+        names = set(data.column_names)
+        get = data.column
+    else:
+        names = set(data)
+        get = data.__getitem__  # type: ignore[assignment]
+    missing = [c for c in spec.column_names if c not in names]
+    extra = sorted(names - set(spec.column_names))
+    if missing or extra:
+        raise StoreError(f"table {table!r}: missing columns {missing}, unknown columns {extra}")
+    arrays = []
+    for name, dtype, _ in spec.columns:
+        col = get(name)
+        if isinstance(col, (pa.Array, pa.ChunkedArray)):
+            arr = col if col.type == dtype else col.cast(dtype)
+        else:
+            values = np.asarray(col) if not isinstance(col, list) else col
+            if pa.types.is_string(dtype) and isinstance(values, np.ndarray) and values.dtype.kind in "US":
+                values = values.astype(object)
+            arr = pa.array(values, type=dtype)
+        arrays.append(arr)
+    return pa.table(arrays, schema=spec.schema)
+
+
+def render_markdown() -> str:
+    """The reference part of ``docs/store.md``."""
+    lines = [f"## Tables (schema version {SCHEMA_VERSION})", ""]
+    for spec in TABLES.values():
+        lines += [f"### `{spec.name}`", "", spec.doc, "", "| column | type | meaning |", "|---|---|---|"]
+        lines += [f"| `{n}` | {t} | {d} |" for n, t, d in spec.columns]
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # pragma: no cover - documentation generator
+    print(render_markdown())
