@@ -76,7 +76,7 @@ class Engine:
         self.rng = np.random.default_rng(seeds[0])  # natural variance: identical with or without faults
         self.aux_rng = np.random.default_rng(seeds[1])  # stacks and telemetry (only drawn when emitting)
         skew = np.random.default_rng(seeds[2]).uniform(-1, 1, self.n_hosts) * config.clock_skew_ms * _MS
-        self.clock_offset_ns = _EPOCH_NS + skew[self.host_of]
+        self.clock_offset_ns = skew[self.host_of]
         self.t = np.zeros((p, self.C))
 
     # -- static structure ----------------------------------------------------------------
@@ -171,7 +171,7 @@ class Engine:
 
     def _step(self, step: int) -> StepRecords:
         cfg, P, C = self.cfg, self.P, self.C
-        rec = StepRecords(step=step, names=self.names, clock_offset_ns=self.clock_offset_ns)
+        rec = StepRecords(step=step, names=self.names, clock_offset_ns=self.clock_offset_ns, epoch_ns=_EPOCH_NS)
         self.rec, self.step = rec, step
         self.busy = np.zeros((P, C))
         self.waiting = np.zeros((P, C))
@@ -421,7 +421,6 @@ class Engine:
             step=step, start=start, end=end, busy=self.per_rank(self.busy), waiting=self.per_rank(self.waiting),
             dataloader=self.per_rank(self.dataloader_time), checkpoint=self.per_rank(self.checkpoint_time),
             stalled=self.per_rank(self.stalled), stalls=stalls, hang=hang, rate_hz=self.cfg.stack_rate_hz,
-            clock_offset_ns=self.clock_offset_ns, hang_observed_s=HANG_OBSERVED_S)
+            to_ns=rec.to_ns, hang_observed_s=HANG_OBSERVED_S)
         rec.hw = telemetry.step_samples(
-            step=step, start=start, topology=self.topology, faults=self.faults, rng=self.aux_rng,
-            clock_offset_ns=self.clock_offset_ns)
+            step=step, start=start, topology=self.topology, faults=self.faults, rng=self.aux_rng, to_ns=rec.to_ns)

@@ -43,7 +43,8 @@ class StepRecords:
 
     step: int
     names: NameTable
-    clock_offset_ns: np.ndarray  # per rank, added when materialising
+    clock_offset_ns: np.ndarray  # per rank (small: the host's clock error), added when materialising
+    epoch_ns: int = 0  # added in int64 after rounding: float64 cannot hold 1.7e18 to the ns
     step_start: np.ndarray = field(default_factory=lambda: np.empty(0))  # per rank
     step_end: np.ndarray = field(default_factory=lambda: np.empty(0))
     # (ranks, microbatch, name_id, category_id, group_id, start, dur)
@@ -63,21 +64,27 @@ class StepRecords:
         return sum(c[5].size for c in self.kernel_chunks)
 
     # -- tables --------------------------------------------------------------------------
+    def to_ns(self, ranks: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Engine times of ``ranks`` → int64 timestamps on each host's own clock."""
+        return (t + self.clock_offset_ns[ranks]).astype(np.int64) + np.int64(self.epoch_ns)
+
+    def _keep(self, start: np.ndarray) -> np.ndarray | slice:
+        finite = np.isfinite(start)
+        return slice(None) if finite.all() else finite
+
     def _times(self, ranks: np.ndarray, start: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Keep rows that started; offset starts; unfinished durations become -1."""
-        keep = np.isfinite(start)
+        keep = self._keep(start)
         ranks, start, dur = ranks[keep], start[keep], dur[keep]
-        start_ns = np.rint(start + self.clock_offset_ns[ranks]).astype(np.int64)
-        dur_ns = np.where(np.isfinite(dur), np.rint(dur), -1).astype(np.int64)
-        return ranks, start_ns, dur_ns
+        finite = np.isfinite(dur)
+        dur_ns = dur.astype(np.int64) if finite.all() else np.where(finite, dur, -1).astype(np.int64)
+        return ranks, self.to_ns(ranks, start), dur_ns
 
     def steps_table(self) -> pa.Table:
-        ranks = np.arange(len(self.step_start))
-        keep = np.isfinite(self.step_start)
-        ranks = ranks[keep]
-        off = self.clock_offset_ns[ranks]
-        start = np.rint(self.step_start[keep] + off).astype(np.int64)
-        end = np.where(np.isfinite(self.step_end[keep]), np.rint(self.step_end[keep] + off), -1).astype(np.int64)
+        ranks = np.flatnonzero(np.isfinite(self.step_start))
+        start = self.to_ns(ranks, self.step_start[ranks])
+        end_t = self.step_end[ranks]
+        end = np.where(np.isfinite(end_t), self.to_ns(ranks, np.nan_to_num(end_t, posinf=0.0)), -1)
         return pa.table({"rank": pa.array(ranks, pa.int32()), "step": pa.array(np.full(len(ranks), self.step)),
                          "start_ns": start, "end_ns": end})
 
@@ -92,7 +99,7 @@ class StepRecords:
         grp = np.repeat([c[4] for c in self.phase_chunks], sizes)
         start = np.concatenate([c[5] for c in self.phase_chunks])
         dur = np.concatenate([c[6] for c in self.phase_chunks])
-        keep = np.isfinite(start)
+        keep = self._keep(start)
         ranks, start_ns, dur_ns = self._times(ranks, start, dur)
         return pa.table({
             "rank": pa.array(ranks, pa.int32()),
@@ -125,7 +132,7 @@ class StepRecords:
         if not self.kernel_chunks:
             return _empty("kernels")
         a = self.kernel_arrays()
-        keep = np.isfinite(a["start"])
+        keep = self._keep(a["start"])
         ranks, start_ns, dur_ns = self._times(a["rank"], a["start"], a["dur"])
         return pa.table({
             "rank": pa.array(ranks, pa.int32()),

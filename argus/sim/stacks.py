@@ -8,6 +8,8 @@ Frames use py-spy's folded format: ``function (file:line)`` joined by ``;``, roo
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pyarrow as pa
 
@@ -49,7 +51,7 @@ FRAMES = {
 
 def step_stacks(*, step: int, start: np.ndarray, end: np.ndarray, busy: np.ndarray, waiting: np.ndarray,
                 dataloader: np.ndarray, checkpoint: np.ndarray, stalled: np.ndarray, stalls: list[HostStall],
-                hang: Hang | None, rate_hz: float, clock_offset_ns: np.ndarray,
+                hang: Hang | None, rate_hz: float, to_ns: Callable[[np.ndarray, np.ndarray], np.ndarray],
                 hang_observed_s: float) -> pa.Table:
     """Aggregated samples of one step for all ranks (arrays are per rank, times in ns)."""
     n = len(start)
@@ -93,12 +95,11 @@ def step_stacks(*, step: int, start: np.ndarray, end: np.ndarray, busy: np.ndarr
     labels = [p[1] for p in parts if np.rint(p[0]).max(initial=0) > 0]
     r = np.concatenate(ranks)
     f = np.concatenate(frames)
-    off = clock_offset_ns[r]
     return pa.table({
         "rank": pa.array(r, pa.int32()),
         "step": pa.array(np.full(r.size, step, np.int64)),
-        "start_ns": np.rint(start[r] + off).astype(np.int64),
-        "end_ns": np.rint(end[r] + off).astype(np.int64),
+        "start_ns": to_ns(r, start[r]),
+        "end_ns": to_ns(r, end[r]),
         "thread": pa.array(np.full(r.size, "MainThread", object), pa.string()),
         "frames": pa.DictionaryArray.from_arrays(pa.array(f, pa.int32()), pa.array(labels)).cast(pa.string()),
         "count": pa.array(np.concatenate(counts), pa.int32()),

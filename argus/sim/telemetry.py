@@ -7,6 +7,8 @@ culprit GPUs report (e.g. a link that trained down to Gen3 x4).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import pyarrow as pa
 
@@ -30,7 +32,7 @@ HEALTHY: dict[str, tuple[float, float]] = {
 
 
 def step_samples(*, step: int, start: np.ndarray, topology: Topology, faults: FaultPlan,
-                 rng: np.random.Generator, clock_offset_ns: np.ndarray) -> pa.Table:
+                 rng: np.random.Generator, to_ns: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> pa.Table:
     """Samples at the start of ``step`` for every rank that started it."""
     ranks = np.flatnonzero(np.isfinite(start))
     n, names = ranks.size, list(HEALTHY)
@@ -39,7 +41,7 @@ def step_samples(*, step: int, start: np.ndarray, topology: Topology, faults: Fa
         values[i] = mean + (rng.standard_normal(topology.world_size) * sigma if sigma else 0.0)
     for override_ranks, metric, value in faults.hw_at(step):
         values[names.index(metric), list(override_ranks)] = value
-    ts = np.rint(start[ranks] + clock_offset_ns[ranks]).astype(np.int64)
+    ts = to_ns(ranks, start[ranks])
     return pa.table({
         "rank": pa.array(np.tile(ranks, len(names)), pa.int32()),
         "gpu_uuid": pa.array(np.tile(topology.gpu_uuids[ranks].astype(object), len(names)), pa.string()),

@@ -1,0 +1,166 @@
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from argus.errors import StoreError
+from argus.store import MANIFEST, SCHEMA_VERSION, TABLES, Store, conform
+from argus.store.schema import render_markdown
+from argus.topology import RunIdentity, Topology, parse_layout
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+
+
+def _steps(n_ranks: int, step: int) -> dict:
+    r = np.arange(n_ranks)
+    return {"rank": r, "step": np.full(n_ranks, step), "start_ns": r * 10, "end_ns": r * 10 + 5}
+
+
+@pytest.fixture()
+def attempt(tmp_path):
+    store = Store.create(tmp_path / "s")
+    topo = Topology.uniform(parse_layout("tp=2,pp=2", world_size=8), gpus_per_host=4)
+    return store.create_attempt(RunIdentity("run-a"), topo, source="test")
+
+
+def test_round_trip_with_step_filter_and_duckdb_views(attempt):
+    w = attempt.writer("host-a")
+    for step in range(5):
+        w.write("steps", _steps(8, step), window=step)
+    assert attempt.read("steps").num_rows == 40
+    part = attempt.read("steps", steps=(1, 2), columns=["step"])
+    assert sorted(set(part.column("step").to_pylist())) == [1, 2]
+    assert attempt.sql("SELECT count(*) AS n FROM steps WHERE step >= 3").column("n")[0].as_py() == 16
+    assert attempt.sql("SELECT count(*) AS n FROM phases").column("n")[0].as_py() == 0  # empty view
+    assert attempt.topology().hosts.tolist() == ["node-0000"] * 4 + ["node-0001"] * 4
+    assert attempt.stats()["steps"].rows == 40
+
+
+def test_several_writers_partition_by_host_and_read_merged(attempt):
+    attempt.writer("host-a").write("steps", _steps(4, 0), window=0)
+    attempt.writer("host-b").write("steps", {**_steps(4, 0), "rank": np.arange(4, 8)}, window=0)
+    assert sorted(p.name for p in (attempt.path / "steps").iterdir()) == ["host-a", "host-b"]
+    assert sorted(attempt.read("steps").column("rank").to_pylist()) == list(range(8))
+
+
+def test_reopening_finds_the_latest_attempt(tmp_path, attempt):
+    store = Store.open(tmp_path / "s")
+    topo = Topology.uniform(parse_layout("dp=8"), gpus_per_host=8)
+    store.create_attempt(RunIdentity("run-a", "1"), topo, source="test")
+    assert [a.identity.attempt_id for a in store.attempts()] == ["0", "1"]
+    assert store.attempt().identity.attempt_id == "1"
+    assert store.attempt(attempt_id="0").layout == attempt.layout
+    with pytest.raises(StoreError, match="no run attempt matching"):
+        store.attempt(run_id="nope")
+
+
+def test_refuses_to_write_into_a_foreign_non_empty_directory(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    (d / "precious.csv").write_text("keep me")
+    with pytest.raises(StoreError, match="not empty and is not an Argus store"):
+        Store.create(d)
+    assert (d / "precious.csv").read_text() == "keep me"
+    with pytest.raises(StoreError, match="not an Argus store"):
+        Store.open(d)
+
+
+def test_foreign_text_file_is_named_in_the_error(attempt):
+    attempt.writer("h").write("steps", _steps(8, 0), window=0)
+    stray = attempt.path / "steps" / "h" / "notes.txt"
+    stray.write_text("hello")
+    with pytest.raises(StoreError, match="notes.txt: foreign file"):
+        attempt.read("steps")
+    assert stray.exists()  # nothing is deleted
+
+
+def test_foreign_parquet_and_misplaced_table_are_rejected(attempt):
+    d = attempt.path / "steps" / "h"
+    d.mkdir(parents=True)
+    pq.write_table(pa.table({"x": [1]}), d / "other.parquet")
+    with pytest.raises(StoreError, match="other.parquet: foreign Parquet file"):
+        attempt.read("steps")
+    (d / "other.parquet").unlink()
+    attempt.writer("h").write("hw", {"rank": [0], "gpu_uuid": ["g"], "ts_ns": [1], "metric": ["m"], "value": [1.0]},
+                              window=0)
+    hw_file = next((attempt.path / "hw" / "h").iterdir())
+    os.replace(hw_file, d / hw_file.name)
+    with pytest.raises(StoreError, match="file of table 'hw' found in table 'steps'"):
+        attempt.read("steps")
+
+
+def test_truncated_file_error_names_it_and_other_tables_still_read(attempt):
+    w = attempt.writer("h")
+    path = w.write("steps", _steps(8, 0), window=0)
+    w.write("hw", {"rank": [0], "gpu_uuid": ["g"], "ts_ns": [1], "metric": ["m"], "value": [1.0]}, window=0)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(StoreError, match=f"{path.name}: unreadable Parquet file"):
+        attempt.read("steps")
+    assert attempt.read("hw").num_rows == 1
+
+
+def test_newer_schema_version_is_refused(tmp_path, attempt):
+    manifest = tmp_path / "s" / MANIFEST
+    doc = json.loads(manifest.read_text())
+    doc["schema_version"] = SCHEMA_VERSION + 1
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises(StoreError, match="upgrade|reads up to"):
+        Store.open(tmp_path / "s")
+
+
+def test_conform_names_missing_and_unknown_columns():
+    with pytest.raises(StoreError, match=r"missing columns \['end_ns'\], unknown columns \['stop'\]"):
+        conform("steps", {"rank": [0], "step": [0], "start_ns": [0], "stop": [1]})
+    with pytest.raises(StoreError, match="unknown table"):
+        conform("nope", {})
+
+
+def test_files_are_never_overwritten_and_temp_leftovers_are_ignored(attempt):
+    w = attempt.writer("h")
+    path = w.write("steps", _steps(8, 0), window=0)
+    (path.parent / ".tmp-deadbeef-000000000-crashed.parquet").write_bytes(b"PAR1 half a file")
+    assert attempt.read("steps").num_rows == 8
+    from argus.store.files import write_parquet_atomic
+
+    with pytest.raises(StoreError, match="already exists"):
+        write_parquet_atomic(path, conform("steps", _steps(8, 1)), "steps", "h")
+
+
+_WRITER = """
+import sys, numpy as np
+from argus.store import Store
+a = Store.open(sys.argv[1]).attempt()
+w = a.writer("crashy", durable=False)
+n = 400_000
+for step in range(10_000):
+    r = np.arange(n) % 8
+    w.write("steps", {"rank": r, "step": np.full(n, step), "start_ns": np.arange(n), "end_ns": np.arange(n)}, window=step)
+    print(step, flush=True)
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_only_whole_files(tmp_path, attempt):
+    proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(tmp_path / "s")], stdout=subprocess.PIPE, text=True)
+    for _ in range(3):  # let it commit a few windows, then kill it in the middle of the next
+        proc.stdout.readline()
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    table = attempt.read("steps")  # every visible file is whole and readable
+    assert table.num_rows % 400_000 == 0 and table.num_rows >= 3 * 400_000
+
+
+def test_store_reference_doc_is_generated_from_the_schemas():
+    doc = open(os.path.join(ROOT, "docs", "store.md")).read()
+    assert render_markdown() in doc
+    for spec in TABLES.values():
+        for name in spec.column_names:
+            assert f"`{name}`" in doc
