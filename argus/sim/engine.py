@@ -113,8 +113,7 @@ class Engine:
     def _build_ops(self) -> None:
         w = self.W
         self.ops: dict[str, _OpArrays] = {}
-        for op in (w.attention_fwd, w.attention_bwd, w.mlp_fwd, w.mlp_bwd, w.router_fwd, w.router_bwd,
-                   w.experts_fwd, w.experts_bwd, w.loss_fwd, w.loss_bwd, w.optimizer):
+        for op in w.compute_ops():
             ks = op.kernels
             moe = np.array([k.moe for k in ks])
             self.ops[op.phase] = _OpArrays(
@@ -129,15 +128,11 @@ class Engine:
             "compute", "comm", "host", "", "kernel", "forward-compute", "backward-compute", "dataloader",
             "checkpoint-save", "pp-send", "pp-recv", "moe_layer", "moe_layer-bwd", "tp", "cp", "ep", "dp",
             "pp", "world")}
-        for op in self._comm_ops():
+        for op in w.comm_ops():
             self.names.id(op.phase)
             self.names.id(op.kernel.name)
         self.block_kernels = {
             (s, b): self._count_block_kernels(s, b) for s in range(self.P) for b in ("F", "B")}
-
-    def _comm_ops(self) -> tuple[CommOp, ...]:
-        w = self.W
-        return (w.tp_allreduce, w.ep_alltoall, w.pp_p2p, w.dp_reduce_scatter, w.dp_allgather, w.grad_norm, w.barrier)
 
     def _count_block_kernels(self, s: int, block: str) -> int:
         w, bwd = self.W, block == "B"

@@ -46,11 +46,7 @@ class ComputeSlowdown:
 
     def applies(self, phase: str) -> bool:
         name, direction = base_phase(phase)
-        if direction not in self.passes and name not in ("optimizer",):
-            return False
-        if name == "optimizer" and self.phases is not None:
-            return "optimizer" in self.phases
-        return self.phases is None or name in self.phases
+        return direction in self.passes and (self.phases is None or name in self.phases)
 
 
 @dataclass(frozen=True)

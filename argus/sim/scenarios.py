@@ -126,9 +126,7 @@ def _kernels_of(*ops: ComputeOp) -> list[str]:
 
 
 def _compute_ops(w: Workload, phase: str) -> list[ComputeOp]:
-    ops = [w.attention_fwd, w.attention_bwd, w.mlp_fwd, w.mlp_bwd, w.router_fwd, w.router_bwd,
-           w.experts_fwd, w.experts_bwd, w.loss_fwd, w.loss_bwd, w.optimizer]
-    return [op for op in ops if op.phase in (phase, phase + "-bwd")]
+    return [op for op in w.compute_ops() if op.phase in (phase, phase + "-bwd")]
 
 
 def _plan(ctx: ScenarioContext) -> FaultPlan:
@@ -190,13 +188,8 @@ def _thermal_throttle(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[str, A
         HwOverride(tuple(ranks), "sm_clock_mhz", tuple((s, 1980.0 / x) for s, x in zip(steps, f))),
         HwOverride(tuple(ranks), "throttle_reasons", tuple((s, 64.0 if x > 1.05 else 0.0) for s, x in zip(steps, f))),
     ]
-    kernels = sorted({k.short for op in _all_compute(ctx.config.workload) for k in op.kernels})
+    kernels = sorted({k.short for op in ctx.config.workload.compute_ops() for k in op.kernels})
     return plan, [_truth(ctx, "compute_straggler", ranks, steps, None, kernels, factor=factor, cause="thermal")]
-
-
-def _all_compute(w: Workload) -> list[ComputeOp]:
-    return [w.attention_fwd, w.attention_bwd, w.mlp_fwd, w.mlp_bwd, w.router_fwd, w.router_bwd,
-            w.experts_fwd, w.experts_bwd, w.loss_fwd, w.loss_bwd, w.optimizer]
 
 
 def _pipeline_bubble(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[str, Any]]]:
@@ -211,7 +204,7 @@ def _pipeline_bubble(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[str, An
     plan = _plan(ctx)
     plan.slowdowns.append(ComputeSlowdown(tuple(ranks), factor, frozenset(steps), None, frozenset({"bwd"})))
     w = ctx.config.workload
-    kernels = sorted({k.short for op in _all_compute(w) if op.phase.endswith("-bwd") for k in op.kernels})
+    kernels = sorted({k.short for op in w.compute_ops() if op.phase.endswith("-bwd") for k in op.kernels})
     return plan, [_truth(ctx, "pipeline_imbalance", ranks, steps, "backward-compute", kernels, factor=factor,
                          stage=int(ctx.layout.stage_of(ranks[0])))]
 
@@ -233,7 +226,7 @@ def _jit_stall(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[str, Any]]]:
     plan = _plan(ctx)
     plan.stalls.append(HostStall(tuple(ranks), frozenset(steps), "B", mb, float(ctx.p("stall_ms")), "sparse", FRAMES["jit"]))
     w = ctx.config.workload
-    kernels = sorted({k.short for op in _all_compute(w) if op.phase.endswith("-bwd") for k in op.kernels})
+    kernels = sorted({k.short for op in w.compute_ops() if op.phase.endswith("-bwd") for k in op.kernels})
     return plan, [_truth(ctx, "host_stall", ranks, steps, "backward-compute", kernels, microbatch=mb,
                          stall_ms=float(ctx.p("stall_ms")), cause="jit_compile")]
 

@@ -80,19 +80,19 @@ def step_stacks(*, step: int, start: np.ndarray, end: np.ndarray, busy: np.ndarr
         others[hang.rank] = 0.0
         parts += [(culprit, hang.frames), (others, FRAMES["hung_collective"])]
 
-    ranks, frames, counts = [], [], []
-    for values, fr in parts:
+    ranks, frames, counts, labels = [], [], [], []
+    for values, label in parts:
         c = np.rint(values).astype(np.int64)
         idx = np.flatnonzero(c > 0)
         if idx.size:
             ranks.append(idx)
             counts.append(c[idx])
-            frames.append(np.full(idx.size, len(frames)))
+            frames.append(np.full(idx.size, len(labels)))
+            labels.append(label)
     if not ranks:
         from argus.store.schema import TABLES
 
         return TABLES["stacks"].schema.empty_table()
-    labels = [p[1] for p in parts if np.rint(p[0]).max(initial=0) > 0]
     r = np.concatenate(ranks)
     f = np.concatenate(frames)
     return pa.table({

@@ -167,5 +167,13 @@ class Workload:
     checkpoint_s: float = 4.0
     moe_every: int = 2  # every n-th layer (1-based) is MoE when ep > 1
 
+    def compute_ops(self) -> tuple[ComputeOp, ...]:
+        return (self.attention_fwd, self.attention_bwd, self.mlp_fwd, self.mlp_bwd, self.router_fwd,
+                self.router_bwd, self.experts_fwd, self.experts_bwd, self.loss_fwd, self.loss_bwd, self.optimizer)
+
+    def comm_ops(self) -> tuple[CommOp, ...]:
+        return (self.tp_allreduce, self.ep_alltoall, self.pp_p2p, self.dp_reduce_scatter, self.dp_allgather,
+                self.grad_norm, self.barrier)
+
     def is_moe(self, layer: int, ep: int) -> bool:
         return ep > 1 and (layer + 1) % self.moe_every == 0

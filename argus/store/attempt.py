@@ -121,17 +121,17 @@ class Attempt:
     def read(self, table: str, columns: list[str] | None = None,
              steps: tuple[int, int] | None = None, filter: ds.Expression | None = None) -> pa.Table:
         """Read ``table`` (optionally a column subset, an inclusive step range, a filter)."""
-        spec = TABLES[table] if table in TABLES else None
-        files = self.files(table)
-        schema = spec.schema  # type: ignore[union-attr]
+        files = self.files(table)  # validates the table name
+        spec = TABLES[table]
+        schema = spec.schema
         if not files:
             empty = schema.empty_table()
             return empty.select(columns) if columns else empty
         expr = filter
         if steps is not None:
-            if spec.step_column is None:  # type: ignore[union-attr]
+            if spec.step_column is None:
                 raise StoreError(f"table {table!r} has no step column to filter on")
-            col = ds.field(spec.step_column)  # type: ignore[union-attr]
+            col = ds.field(spec.step_column)
             rng = (col >= steps[0]) & (col <= steps[1])
             expr = rng if expr is None else (expr & rng)
         try:
