@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ArgusError", "LayoutError", "StoreError", "ScenarioError", "ConfigError"]
+__all__ = ["ArgusError", "LayoutError", "StoreError", "ScenarioError", "ConfigError", "IngestError", "ProtocolError"]
 
 
 class ArgusError(Exception):
@@ -23,3 +23,11 @@ class ScenarioError(ArgusError, ValueError):
 
 class ConfigError(ArgusError, ValueError):
     """A configuration value that is out of range or of the wrong kind."""
+
+
+class IngestError(ArgusError):
+    """An input trace that cannot be imported (names the file and the problem)."""
+
+
+class ProtocolError(ArgusError):
+    """A malformed or unsupported frame on the producer → processor socket."""

@@ -122,6 +122,47 @@ TABLES: dict[str, TableSpec] = {
             step_column="start_step",
         ),
         TableSpec(
+            "kernel_sketches",
+            "Mergeable log-bucket duration histograms: one row per (window, rank, stream, kernel). Buckets "
+            "are Prometheus native-histogram buckets: bucket i holds durations in (γ^(i-1), γ^i] ns with "
+            "γ = 2^(2^-schema); relative quantile error ≤ (γ-1)/(γ+1).",
+            (
+                ("window", _I64, "window index"),
+                ("start_step", _I64, "first step of the window"),
+                ("end_step", _I64, "last step of the window"),
+                ("rank", _I32, "global rank"),
+                ("stream", _I32, "stream id"),
+                ("kernel", _STR, "normalised short kernel name"),
+                ("category", _STR, "as in `kernel_summaries`"),
+                ("op", _STR, "as in `kernel_summaries`"),
+                ("schema", _I32, "native-histogram schema (resolution): γ = 2^(2^-schema)"),
+                ("count", _I64, "events (including zero-duration ones)"),
+                ("zero_count", _I64, "events with a duration of 0 ns"),
+                ("sum_ns", _F64, "sum of durations in ns"),
+                ("min_ns", _F64, "minimum duration in ns"),
+                ("max_ns", _F64, "maximum duration in ns"),
+                ("buckets", pa.list_(_I32), "indices of non-empty buckets, ascending"),
+                ("counts", pa.list_(_I64), "events per listed bucket"),
+            ),
+            step_column="start_step",
+        ),
+        TableSpec(
+            "drops",
+            "What a collector did not see: events or batches dropped, per window, rank and cause. An "
+            "analysis reads this to know the limits of its evidence.",
+            (
+                ("window", _I64, "window index the counts belong to (-1: outside any window)"),
+                ("rank", _I32, "rank the data came from (-1: unknown, e.g. before the handshake)"),
+                ("host", _STR, "host of the collector"),
+                ("table", _STR, "kind of data dropped (`steps`, `phases`, `kernels`, `stacks`, `hw`, `frames`)"),
+                ("events", _I64, "records dropped"),
+                ("batches", _I64, "batches (frames) dropped"),
+                ("reason", _STR, "`queue_full`, `memory_cap`, `malformed`, `disconnected`, `producer_buffer_full`, "
+                 "`invalid_duration`"),
+            ),
+            step_column=None,
+        ),
+        TableSpec(
             "stacks",
             "CPU stack samples aggregated per rank and step: one row per distinct stack.",
             (

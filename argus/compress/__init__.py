@@ -1,0 +1,10 @@
+"""Kernel-event compression: name normalisation, KDE mode summaries, log-bucket sketches,
+distribution reconstruction and Wasserstein distances."""
+
+from argus.compress.kde import KdeConfig
+from argus.compress.names import COMM_OPS, categorize_kernel, normalize_kernel_name
+from argus.compress.sketch import DEFAULT_SCHEMA, LogSketch, relative_error
+from argus.compress.summarize import Cluster, CompressConfig, sketch_from_row, summarize_durations, summarize_kernels
+
+__all__ = ["COMM_OPS", "Cluster", "CompressConfig", "DEFAULT_SCHEMA", "KdeConfig", "LogSketch", "categorize_kernel",
+           "normalize_kernel_name", "relative_error", "sketch_from_row", "summarize_durations", "summarize_kernels"]

@@ -1,0 +1,72 @@
+"""One window of one writer's data, and the single path that writes it to the store.
+
+The live processor and the offline importers both end here, so a store looks the same
+whichever way it was filled: steps, phases, stacks and hardware samples as they came;
+kernel events compressed into ``kernel_summaries`` and ``kernel_sketches`` (and kept raw
+only when asked — small runs, tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from argus.store import Attempt
+
+__all__ = ["WindowData", "WindowWriter", "WindowStats"]
+
+
+@dataclass
+class WindowData:
+    """Tables in the store's schemas (see ``argus/store/schema.py``); any may be None."""
+
+    window: int
+    start_step: int
+    end_step: int
+    steps: pa.Table | None = None
+    phases: pa.Table | None = None
+    kernels: pa.Table | None = None  # raw events, ``kernels`` schema
+    stacks: pa.Table | None = None
+    hw: pa.Table | None = None
+    drops: pa.Table | None = None
+
+
+@dataclass
+class WindowStats:
+    window: int
+    rows: dict[str, int] = field(default_factory=dict)
+    kernel_events: int = 0
+    bytes_written: int = 0
+
+
+class WindowWriter:
+    """Writes :class:`WindowData` for one writer partition of an attempt."""
+
+    def __init__(self, attempt: Attempt, writer_id: str, *, raw_kernels: bool = False, durable: bool = True):
+        self.attempt = attempt
+        self.writer = attempt.writer(writer_id, durable=durable)
+        self.raw_kernels = raw_kernels
+
+    def write(self, data: WindowData) -> WindowStats:
+        from argus.compress import summarize_kernels
+
+        stats = WindowStats(window=data.window)
+        for table in ("steps", "phases", "stacks", "hw", "drops"):
+            t = getattr(data, table)
+            if t is not None and t.num_rows:
+                self.writer.write(table, t, window=data.window)
+                stats.rows[table] = t.num_rows
+        k = data.kernels
+        if k is not None and k.num_rows:
+            stats.kernel_events = k.num_rows
+            if self.raw_kernels:
+                self.writer.write("kernels", k, window=data.window)
+                stats.rows["kernels"] = k.num_rows
+            summaries, sketches = summarize_kernels(k, data.window, data.start_step, data.end_step)
+            self.writer.write("kernel_summaries", summaries, window=data.window)
+            self.writer.write("kernel_sketches", sketches, window=data.window)
+            stats.rows["kernel_summaries"] = summaries.num_rows
+            stats.rows["kernel_sketches"] = sketches.num_rows
+        stats.bytes_written = self.writer.bytes_written
+        return stats
