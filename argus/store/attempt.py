@@ -51,15 +51,17 @@ class Attempt:
 
     # -- creation ----------------------------------------------------------------------
     @classmethod
-    def create(cls, path: Path, identity: RunIdentity, topology: Topology, source: str,
+    def create(cls, path: Path, identity: RunIdentity, topology: Topology | Layout, source: str,
                extra: Mapping[str, Any] | None = None) -> "Attempt":
+        """Create the attempt directory. With a full :class:`Topology` its rows are written
+        now; with only a :class:`Layout` each writer adds its own ranks' rows later."""
+        layout = topology.layout if isinstance(topology, Topology) else topology
         meta = {
             "run_id": identity.run_id,
             "attempt_id": identity.attempt_id,
-            "layout": str(topology.layout),
-            "order": topology.layout.order_str,
-            "world_size": topology.world_size,
-            "topology_version": topology.version,
+            "layout": str(layout),
+            "order": layout.order_str,
+            "world_size": layout.world_size,
             "source": source,
             "created_ns": time.time_ns(),
             **(extra or {}),
@@ -67,7 +69,8 @@ class Attempt:
         path.mkdir(parents=True, exist_ok=False)
         write_bytes_atomic(path / ATTEMPT_META, json.dumps(meta, indent=2).encode())
         attempt = cls(path, meta)
-        attempt.writer("meta").write("topology", topology.to_table(), window=topology.version)
+        if isinstance(topology, Topology):
+            attempt.writer("meta").write("topology", topology.to_table(), window=topology.version)
         return attempt
 
     @classmethod

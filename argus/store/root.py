@@ -17,7 +17,7 @@ from argus.errors import StoreError
 from argus.store.attempt import ATTEMPT_META, Attempt
 from argus.store.files import write_bytes_atomic
 from argus.store.schema import SCHEMA_VERSION
-from argus.topology import RunIdentity, Topology
+from argus.topology import Layout, RunIdentity, Topology
 
 __all__ = ["Store", "MANIFEST"]
 
@@ -72,21 +72,22 @@ class Store:
     def attempt_path(self, identity: RunIdentity) -> Path:
         return self.root / "runs" / identity.run_id / identity.attempt_id
 
-    def create_attempt(self, identity: RunIdentity, topology: Topology, source: str,
+    def create_attempt(self, identity: RunIdentity, topology: Topology | Layout, source: str,
                        extra: Mapping[str, Any] | None = None) -> Attempt:
         path = self.attempt_path(identity)
         if path.exists():
             raise StoreError(f"{path}: attempt {identity.run_id}/{identity.attempt_id} already exists")
         return Attempt.create(path, identity, topology, source, extra)
 
-    def open_or_create_attempt(self, identity: RunIdentity, topology: Topology, source: str,
+    def open_or_create_attempt(self, identity: RunIdentity, topology: Topology | Layout, source: str,
                                extra: Mapping[str, Any] | None = None) -> Attempt:
         """Several hosts (or a restarted processor) append to the same attempt."""
         path = self.attempt_path(identity)
         if (path / ATTEMPT_META).exists():
             attempt = Attempt.open(path)
-            if str(attempt.layout) != str(topology.layout):
-                raise StoreError(f"{path}: stored layout {attempt.layout} differs from {topology.layout}")
+            layout = topology.layout if isinstance(topology, Topology) else topology
+            if attempt.layout != layout:
+                raise StoreError(f"{path}: stored layout {attempt.layout} differs from {layout}")
             return attempt
         try:
             return Attempt.create(path, identity, topology, source, extra)

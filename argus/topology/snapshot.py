@@ -97,18 +97,29 @@ class Topology:
 
     @classmethod
     def from_table(cls, table: pa.Table, layout: Layout) -> "Topology":
-        t = table.sort_by("rank")
-        ranks = t.column("rank").to_numpy()
-        if not np.array_equal(ranks, np.arange(layout.world_size)):
-            raise LayoutError(f"topology table does not list ranks 0..{layout.world_size - 1} exactly once")
-        version = int(t.column("topology_version")[0].as_py()) if t.num_rows else 1
-        return cls(
-            layout=layout,
-            hosts=np.asarray(t.column("host").to_pylist(), dtype=object).astype(str),
-            local_ranks=t.column("local_rank").to_numpy(),
-            gpu_uuids=np.asarray(t.column("gpu_uuid").to_pylist(), dtype=object).astype(str),
-            version=version,
-        )
+        """Rebuild from stored rows. Each host writes its own ranks' rows, so ranks may be
+        missing (host not heard from: ``unknown``) or repeated (a restarted processor): the
+        row with the highest ``topology_version``, then the last written, wins."""
+        n = layout.world_size
+        ranks = table.column("rank").to_numpy()
+        if ranks.size and (ranks.min() < 0 or ranks.max() >= n):
+            raise LayoutError(f"topology table has rank {int(ranks.max())} outside a world of {n}")
+        versions = table.column("topology_version").to_numpy()
+        order = np.lexsort((np.arange(len(ranks)), versions))  # last row of the highest version wins
+        hosts = np.full(n, "unknown", dtype=object)
+        local = np.full(n, -1, dtype=np.int64)
+        gpus = np.full(n, "", dtype=object)
+        h, lr, g = (np.asarray(table.column(c).to_pylist(), dtype=object) for c in ("host", "local_rank", "gpu_uuid"))
+        hosts[ranks[order]] = h[order]
+        local[ranks[order]] = lr[order].astype(np.int64)
+        gpus[ranks[order]] = g[order]
+        version = int(versions.max()) if versions.size else 1
+        return cls(layout=layout, hosts=hosts.astype(str), local_ranks=local, gpu_uuids=gpus.astype(str),
+                   version=version)
+
+    def rows(self, ranks: np.ndarray) -> pa.Table:
+        """The topology rows of some ranks only (what one host's processor knows)."""
+        return self.to_table().take(pa.array(np.asarray(ranks, dtype=np.int64)))
 
     @classmethod
     def from_layout_string(cls, text: str, world_size: int | None = None, order: str | None = None,

@@ -25,11 +25,19 @@ def test_topology_table_round_trips():
     assert np.array_equal(back.local_ranks, topo.local_ranks)
 
 
-def test_topology_rejects_a_table_with_missing_ranks():
-    lay = parse_layout("dp=4")
-    table = Topology.uniform(lay, 2).to_table().slice(0, 3)
-    with pytest.raises(LayoutError, match="exactly once"):
-        Topology.from_table(table, lay)
+def test_hosts_merge_their_own_rows_and_unknown_ranks_stay_unknown():
+    lay = parse_layout("dp=6")
+    full = Topology.uniform(lay, 2)
+    host_a, host_c = full.rows([0, 1]), full.rows([4, 5])
+    import pyarrow as pa
+
+    restarted = full.rows([4]).set_column(9, "topology_version", pa.array([2], pa.int32()))
+    restarted = restarted.set_column(1, "host", pa.array(["node-moved"]))
+    merged = Topology.from_table(pa.concat_tables([host_a, host_c, restarted]), lay)
+    assert merged.hosts.tolist() == ["node-0000", "node-0000", "unknown", "unknown", "node-moved", "node-0002"]
+    assert merged.local_ranks.tolist()[2] == -1 and merged.version == 2
+    with pytest.raises(LayoutError, match="outside a world of 6"):
+        Topology.from_table(Topology.uniform(parse_layout("dp=8"), 2).to_table(), lay)
 
 
 @pytest.mark.parametrize("bad", ["", "a/b", ".hidden"])

@@ -1,0 +1,44 @@
+"""``argus processor --store S``: the per-host daemon."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("processor", help="run the per-host processor daemon",
+                       description="Ingest local ranks' batches over a unix socket, window and compress them, "
+                                   "and write the store and Perfetto evidence. SIGTERM flushes and exits.")
+    p.add_argument("--store", required=True, help="store directory (created if new or empty)")
+    p.add_argument("--socket", help="unix socket path (default $ARGUS_SOCKET or /tmp/argus-$UID/processor.sock)")
+    p.add_argument("--host", default=socket.gethostname(), help="host name for the store partition (default: hostname)")
+    p.add_argument("--window-steps", type=int, default=5, help="steps per window (default 5)")
+    p.add_argument("--window-timeout", type=float, default=30.0, help="close a window after this many seconds")
+    p.add_argument("--max-buffered-events", type=int, default=20_000_000, help="memory cap; beyond it batches are dropped")
+    p.add_argument("--raw-kernels", action="store_true", help="also store raw kernel events (small jobs)")
+    p.add_argument("--no-evidence", action="store_true", help="do not write Perfetto evidence files")
+    p.add_argument("--evidence-max-mb", type=float, default=512.0, help="evidence retention by size per host")
+    p.add_argument("--evidence-max-age-h", type=float, default=24.0, help="evidence retention by age")
+    p.add_argument("--no-fsync", action="store_true", help="skip fsync on commit (tests, tmpfs)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from argus.processor import Processor, ProcessorConfig, default_socket_path
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s argus-processor %(levelname)s %(message)s")
+    config = ProcessorConfig(store=args.store, socket_path=args.socket or default_socket_path(), host=args.host,
+                             window_steps=args.window_steps, window_timeout_s=args.window_timeout,
+                             max_buffered_events=args.max_buffered_events, raw_kernels=args.raw_kernels,
+                             evidence=not args.no_evidence, evidence_max_bytes=int(args.evidence_max_mb * (1 << 20)),
+                             evidence_max_age_s=args.evidence_max_age_h * 3600, durable=not args.no_fsync)
+    proc = Processor(config)
+    proc.install_signal_handlers()
+    proc.serve_forever()
+    return 0

@@ -1,0 +1,215 @@
+"""Cut incoming record batches into windows of steps, and turn a closed window into tables.
+
+A window is ``window_steps`` consecutive steps. It closes when every connected rank has
+reported a step ``close_lag_steps`` past its end (kernel buffers arrive after the step they
+ran in), when it has been open ``timeout_s`` (a hang must not hold data forever), or at
+shutdown. Memory holds only open windows, capped at ``max_events``: beyond it, batches are
+dropped and counted — the counts go to the store's ``drops`` table with the window.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from argus.processor.protocol import CATEGORIES, GROUP_KINDS, KINDS, Msg
+from argus.processor.window import WindowData
+from argus.store import conform
+
+__all__ = ["WindowAssembler", "RankInfo"]
+
+_DATA = (Msg.STEPS, Msg.PHASES, Msg.KERNELS, Msg.STACKS, Msg.HW)
+
+
+@dataclass
+class RankInfo:
+    """What the processor knows of one rank (from its HELLO) and its name table."""
+
+    rank: int
+    gpu_uuid: str = ""
+    names: list[str] = field(default_factory=list)
+    max_step: int = -1
+    step_starts: list[int] = field(default_factory=list)  # recent steps, for placing kernels in time
+    step_ids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Window:
+    index: int
+    opened_at: float
+    chunks: list[tuple[RankInfo, Msg, np.ndarray, int]] = field(default_factory=list)  # (+ names length)
+    events: int = 0
+    ranks: set[int] = field(default_factory=set)
+    force: bool = False
+
+
+class WindowAssembler:
+    def __init__(self, window_steps: int = 5, timeout_s: float = 30.0, max_events: int = 20_000_000,
+                 close_lag_steps: int = 1, clock: Callable[[], float] = time.monotonic, keep_steps: int = 256,
+                 host: str = ""):
+        self.host = host
+        self.window_steps = window_steps
+        self.timeout_s = timeout_s
+        self.max_events = max_events
+        self.close_lag_steps = close_lag_steps
+        self.clock = clock
+        self.keep_steps = keep_steps
+        self.windows: dict[int, _Window] = {}
+        self.buffered_events = 0
+        self.drops: dict[tuple[int, int, str, str], list[int]] = defaultdict(lambda: [0, 0])
+        self.received_events = 0
+
+    # -- input -----------------------------------------------------------------------------
+    def note_drop(self, window: int, rank: int, table: str, events: int, batches: int, reason: str) -> None:
+        d = self.drops[(window, rank, table, reason)]
+        d[0] += events
+        d[1] += batches
+
+    def add(self, info: RankInfo, msg: Msg, records: np.ndarray) -> None:
+        """Buffer one decoded batch of ``info.rank``'s records."""
+        n = len(records)
+        if n == 0:
+            return
+        table = {Msg.STEPS: "steps", Msg.PHASES: "phases", Msg.KERNELS: "kernels", Msg.STACKS: "stacks",
+                 Msg.HW: "hw"}[msg]
+        steps = self._steps_of(info, msg, records)
+        if msg != Msg.HW and (records["step"] < 0).any():
+            records = records.copy()
+            records["step"] = steps  # store the step each kernel was placed in
+        if self.buffered_events + n > self.max_events:
+            for w, count in zip(*np.unique(steps // self.window_steps, return_counts=True)):
+                self.note_drop(int(w), info.rank, table, int(count), 1, "memory_cap")
+            return
+        if msg == Msg.STEPS:
+            self._track_steps(info, records)
+        self.received_events += n
+        windows = steps // self.window_steps
+        uniq = np.unique(windows)
+        for w in uniq:
+            part = records if len(uniq) == 1 else records[windows == w]
+            win = self.windows.get(int(w))
+            if win is None:
+                win = self.windows[int(w)] = _Window(int(w), self.clock())
+            win.chunks.append((info, msg, part, len(info.names)))
+            win.events += len(part)
+            win.ranks.add(info.rank)
+        self.buffered_events += n
+
+    def _steps_of(self, info: RankInfo, msg: Msg, records: np.ndarray) -> np.ndarray:
+        if msg == Msg.HW:  # samples carry no step: place them by time like unknown-step kernels
+            return self._place(info, records["ts_ns"])
+        steps = records["step"].astype(np.int64)
+        unknown = steps < 0
+        if unknown.any():
+            steps = steps.copy()
+            steps[unknown] = self._place(info, records["start_ns"][unknown])
+        return steps
+
+    def _place(self, info: RankInfo, ts: np.ndarray) -> np.ndarray:
+        """The step whose start is the latest at or before each timestamp."""
+        if not info.step_starts:
+            return np.full(len(ts), max(info.max_step + 1, 0), np.int64)
+        starts = np.asarray(info.step_starts)
+        idx = np.searchsorted(starts, ts, side="right") - 1
+        ids = np.asarray(info.step_ids)
+        return np.where(idx >= 0, ids[np.maximum(idx, 0)], ids[0]).astype(np.int64)
+
+    def _track_steps(self, info: RankInfo, records: np.ndarray) -> None:
+        done = records[records["end_ns"] >= 0]
+        if len(done):
+            info.max_step = max(info.max_step, int(done["step"].max()))
+        order = np.argsort(records["start_ns"])
+        info.step_starts.extend(records["start_ns"][order].tolist())
+        info.step_ids.extend(records["step"][order].tolist())
+        if len(info.step_starts) > self.keep_steps:
+            del info.step_starts[:-self.keep_steps]
+            del info.step_ids[:-self.keep_steps]
+
+    # -- closing ---------------------------------------------------------------------------
+    def force_all(self) -> list[int]:
+        for w in self.windows.values():
+            w.force = True
+        return sorted(self.windows)
+
+    def ready(self, active: dict[int, RankInfo], final: bool = False) -> list[int]:
+        """Windows that can be written now, oldest first."""
+        now = self.clock()
+        out = []
+        for idx, win in sorted(self.windows.items()):
+            end_step = (idx + 1) * self.window_steps - 1
+            waiting = [r for r in active.values() if r.max_step < end_step + self.close_lag_steps]
+            if final or win.force or not waiting or now - win.opened_at >= self.timeout_s:
+                out.append(idx)
+        return out
+
+    def take(self, index: int) -> tuple[WindowData, set[int]]:
+        """Remove window ``index`` and return it as store tables, with its contributing ranks."""
+        win = self.windows.pop(index)
+        self.buffered_events -= win.events
+        lo = index * self.window_steps
+        data = WindowData(window=index, start_step=lo, end_step=lo + self.window_steps - 1)
+        by_msg: dict[Msg, list] = defaultdict(list)
+        for info, msg, recs, n_names in win.chunks:
+            by_msg[msg].append((info, recs, n_names))
+        for msg, parts in by_msg.items():
+            setattr(data, _TABLE[msg], _materialise(msg, parts))
+        data.drops = self._take_drops(index)
+        return data, win.ranks
+
+    def _take_drops(self, index: int) -> pa.Table | None:
+        keys = [k for k in self.drops if k[0] in (index, -1)]
+        if not keys:
+            return None
+        rows = {"window": [], "rank": [], "host": [], "table": [], "events": [], "batches": [], "reason": []}
+        for key in keys:
+            events, batches = self.drops.pop(key)
+            window, rank, table, reason = key
+            for col, v in zip(rows, (window, rank, self.host, table, events, batches, reason)):
+                rows[col].append(v)
+        return conform("drops", rows)
+
+
+_TABLE = {Msg.STEPS: "steps", Msg.PHASES: "phases", Msg.KERNELS: "kernels", Msg.STACKS: "stacks", Msg.HW: "hw"}
+
+
+def _names(parts: list, field_name: str) -> pa.Array:
+    """Decode interned ids chunk by chunk (each rank has its own name table)."""
+    arrays = []
+    for info, recs, n_names in parts:
+        dictionary = pa.array(info.names[:n_names], pa.string())
+        arrays.append(pa.DictionaryArray.from_arrays(pa.array(recs[field_name], pa.int32()), dictionary)
+                      .cast(pa.string()))
+    return pa.concat_arrays(arrays) if arrays else pa.array([], pa.string())
+
+
+def _codes(values: np.ndarray, table: tuple[str, ...]) -> pa.Array:
+    codes = np.minimum(values.astype(np.int32), len(table) - 1)
+    return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(table)).cast(pa.string())
+
+
+def _materialise(msg: Msg, parts: list) -> pa.Table:
+    recs = np.concatenate([p[1] for p in parts])
+    ranks = np.concatenate([np.full(len(p[1]), p[0].rank, np.int32) for p in parts])
+    if msg == Msg.STEPS:
+        cols = {"rank": ranks, "step": recs["step"], "start_ns": recs["start_ns"], "end_ns": recs["end_ns"]}
+    elif msg == Msg.PHASES:
+        cols = {"rank": ranks, "step": recs["step"], "microbatch": recs["microbatch"], "name": _names(parts, "name"),
+                "category": _codes(recs["category"], CATEGORIES), "group_kind": _codes(recs["group_kind"], GROUP_KINDS),
+                "start_ns": recs["start_ns"], "dur_ns": recs["dur_ns"]}
+    elif msg == Msg.KERNELS:
+        cols = {"rank": ranks, "step": recs["step"], "kind": _codes(recs["kind"], KINDS), "device": recs["device"],
+                "stream": recs["stream"], "name": _names(parts, "name"), "start_ns": recs["start_ns"],
+                "dur_ns": recs["dur_ns"]}
+    elif msg == Msg.STACKS:
+        cols = {"rank": ranks, "step": recs["step"], "start_ns": recs["start_ns"], "end_ns": recs["end_ns"],
+                "thread": _names(parts, "thread"), "frames": _names(parts, "frames"), "count": recs["count"]}
+    else:
+        gpus = np.concatenate([np.full(len(p[1]), p[0].gpu_uuid, object) for p in parts])
+        cols = {"rank": ranks, "gpu_uuid": gpus, "ts_ns": recs["ts_ns"], "metric": _names(parts, "metric"),
+                "value": recs["value"]}
+    return conform(_TABLE[msg], cols)

@@ -1,0 +1,428 @@
+"""The per-host processor daemon: ingest ranks' batches, window them, compress, write.
+
+One thread runs a ``selectors`` loop over a unix socket: it accepts ranks, reassembles
+frames and decodes them with ``np.frombuffer`` into the window assembler. A second thread
+writes closed windows (compression, Parquet, Perfetto evidence) so a slow disk never stalls
+ingestion; the hand-off queue is bounded and what cannot be held is dropped and counted.
+
+Failure model: a rank that disconnects or sends a malformed frame is logged and dropped;
+the others continue. SIGTERM/SIGINT flush every open window before exit. A crash loses at
+most the open windows: every closed window is on disk before it is acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import selectors
+import signal
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from argus.errors import ArgusError, ConfigError, ProtocolError
+from argus.processor.assembler import RankInfo, WindowAssembler
+from argus.processor.protocol import (DROP_TABLES, HEADER, TABLES_BY_MSG, Msg, decode_array, decode_header,
+                                      decode_json, encode_json)
+from argus.processor.window import WindowData, WindowWriter
+from argus.store import Attempt, Store
+from argus.store.files import write_bytes_atomic
+from argus.topology import RunIdentity, Topology, parse_layout
+
+__all__ = ["ProcessorConfig", "Processor", "default_socket_path"]
+
+log = logging.getLogger("argus.processor")
+
+
+def default_socket_path() -> Path:
+    """``$ARGUS_SOCKET``, else a per-user path under the temp directory."""
+    env = os.environ.get("ARGUS_SOCKET")
+    return Path(env) if env else Path(f"/tmp/argus-{os.getuid()}") / "processor.sock"
+
+
+@dataclass(kw_only=True)
+class ProcessorConfig:
+    store: Path
+    socket_path: Path = field(default_factory=default_socket_path)
+    host: str = field(default_factory=socket.gethostname)
+    window_steps: int = 5
+    window_timeout_s: float = 30.0
+    max_buffered_events: int = 20_000_000
+    queue_windows: int = 4
+    raw_kernels: bool = False
+    evidence: bool = True
+    evidence_max_bytes: int = 512 << 20
+    evidence_max_age_s: float = 24 * 3600.0
+    status_interval_s: float = 2.0
+    durable: bool = True
+
+    def __post_init__(self) -> None:
+        self.store, self.socket_path = Path(self.store), Path(self.socket_path)
+        if self.window_steps < 1 or self.window_timeout_s <= 0 or self.max_buffered_events < 1:
+            raise ConfigError("window_steps, window_timeout_s and max_buffered_events must be positive")
+        if self.queue_windows < 1:
+            raise ConfigError("queue_windows must be at least 1")
+        if not self.host or "/" in self.host or self.host.startswith("."):
+            raise ConfigError(f"host name {self.host!r} cannot name a store partition")
+
+
+@dataclass
+class _Conn:
+    sock: socket.socket
+    rx: bytearray = field(default_factory=bytearray)
+    info: RankInfo | None = None
+    attempt_key: tuple[str, str] | None = None
+    flushes: list[tuple[int, set[tuple[tuple[str, str], int]]]] = field(default_factory=list)
+
+
+@dataclass
+class _AttemptState:
+    attempt: Attempt
+    assembler: WindowAssembler
+    writer: WindowWriter
+    topology: Topology
+    new_ranks: list[int] = field(default_factory=list)
+
+
+class Processor:
+    """Run with :meth:`serve_forever`; stop with :meth:`stop` (or SIGTERM)."""
+
+    def __init__(self, config: ProcessorConfig):
+        self.config = config
+        self.store = Store.create(config.store)
+        self._stop = threading.Event()
+        self._sel = selectors.DefaultSelector()
+        self._conns: dict[int, _Conn] = {}
+        self._attempts: dict[tuple[str, str], _AttemptState] = {}
+        self._work: queue.Queue = queue.Queue(maxsize=config.queue_windows)
+        self._done: queue.Queue = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="argus-writer", daemon=True)
+        self.stats: dict[str, Any] = {"started": time.time(), "pid": os.getpid(), "host": config.host,
+                                      "socket": str(config.socket_path), "connections": 0, "ranks_seen": 0,
+                                      "frames": 0, "events": 0, "garbage_frames": 0, "disconnects": 0,
+                                      "windows_written": 0, "acked": [], "write_errors": 0}
+        self._last_status = 0.0
+        self._listener: socket.socket | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+
+    def _listen(self) -> None:
+        path = self.config.socket_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(path))
+                probe.close()
+                raise ArgusError(f"{path}: another processor is already listening there")
+            except (ConnectionRefusedError, FileNotFoundError):
+                path.unlink()  # stale socket of a dead processor
+            finally:
+                probe.close()
+        lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        lst.bind(str(path))
+        lst.listen(256)
+        lst.setblocking(False)
+        self._listener = lst
+        self._sel.register(lst, selectors.EVENT_READ, None)
+
+    def serve_forever(self) -> None:
+        self._listen()
+        self._writer.start()
+        log.info("processor on %s writing %s (host %s)", self.config.socket_path, self.config.store, self.config.host)
+        try:
+            while not self._stop.is_set():
+                self._poll(0.1)
+                self._cycle()
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        for conn in list(self._conns.values()):
+            self._drain(conn)
+        for key, st in self._attempts.items():
+            for idx in st.assembler.ready({}, final=True):
+                self._enqueue(key, idx, block=True)
+        self._work.put(None)
+        self._writer.join()
+        self._handle_done()
+        for conn in list(self._conns.values()):
+            self._close(conn, reason=None)
+        if self._listener is not None:
+            self._sel.unregister(self._listener)
+            self._listener.close()
+            try:
+                self.config.socket_path.unlink()
+            except FileNotFoundError:
+                pass
+        self._write_status(force=True)
+        log.info("processor stopped: %d windows written", self.stats["windows_written"])
+
+    # -- socket loop ---------------------------------------------------------------------
+    def _poll(self, timeout: float) -> None:
+        for key, _ in self._sel.select(timeout):
+            if key.data is None:
+                self._accept()
+            else:
+                self._read(key.data)
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except BlockingIOError:
+                return
+            sock.setblocking(False)
+            conn = _Conn(sock)
+            self._conns[sock.fileno()] = conn
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+            self.stats["connections"] += 1
+
+    def _read(self, conn: _Conn) -> None:
+        try:
+            chunk = conn.sock.recv(1 << 20)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._close(conn, reason="disconnected")
+            return
+        conn.rx += chunk
+        self._drain(conn)
+
+    def _drain(self, conn: _Conn) -> None:
+        """Handle every complete frame in the connection's buffer."""
+        try:
+            while len(conn.rx) >= HEADER.size and conn.sock.fileno() >= 0:
+                msg, length = decode_header(bytes(conn.rx[:HEADER.size]))
+                if len(conn.rx) < HEADER.size + length:
+                    return
+                payload = bytes(conn.rx[HEADER.size:HEADER.size + length])
+                del conn.rx[:HEADER.size + length]
+                self.stats["frames"] += 1
+                self._dispatch(conn, msg, payload)
+        except (ProtocolError, KeyError, ValueError, TypeError) as exc:
+            self.stats["garbage_frames"] += 1
+            who = f"rank {conn.info.rank}" if conn.info else "an unidentified client"
+            log.warning("malformed frame from %s (%s); dropping the connection", who, exc)
+            self._note_drop(conn, "frames", 0, 1, "malformed")
+            conn.rx.clear()
+            self._close(conn, reason=None)
+
+    def _dispatch(self, conn: _Conn, msg: Msg, payload: bytes) -> None:
+        if msg == Msg.HELLO:
+            self._hello(conn, decode_json(payload))
+            return
+        if conn.info is None:
+            raise ProtocolError(f"{msg.name} before HELLO")
+        if msg == Msg.NAMES:
+            for i, name in decode_json(payload):
+                if int(i) != len(conn.info.names):
+                    raise ProtocolError(f"name id {i} out of sequence (expected {len(conn.info.names)})")
+                conn.info.names.append(str(name))
+        elif msg in TABLES_BY_MSG:
+            records = decode_array(msg, payload)
+            self._check_names(conn, msg, records)
+            st = self._attempts[conn.attempt_key]  # type: ignore[index]
+            st.assembler.add(conn.info, msg, records)
+            self.stats["events"] += len(records)
+        elif msg == Msg.DROPS:
+            for row in decode_array(msg, payload):
+                table = DROP_TABLES[min(int(row["table"]), len(DROP_TABLES) - 1)]
+                self._note_drop(conn, table, int(row["events"]), int(row["batches"]), "producer_buffer_full")
+        elif msg == Msg.FLUSH:
+            seq = int(decode_json(payload)["seq"])
+            st = self._attempts[conn.attempt_key]  # type: ignore[index]
+            pending = {(conn.attempt_key, w) for w in st.assembler.force_all()}  # type: ignore[misc]
+            conn.flushes.append((seq, pending))
+            self._maybe_ack_flushes(conn)
+        elif msg == Msg.BYE:
+            self._close(conn, reason=None)
+        else:
+            raise ProtocolError(f"unexpected {msg.name} from a client")
+
+    def _check_names(self, conn: _Conn, msg: Msg, records: np.ndarray) -> None:
+        assert conn.info is not None
+        for fld in ("name", "frames", "thread", "metric"):
+            if fld in records.dtype.names and len(records):
+                ids = records[fld]
+                if ids.min() < 0 or ids.max() >= len(conn.info.names):
+                    raise ProtocolError(f"{msg.name} refers to name id {int(ids.max())} never sent")
+
+    def _hello(self, conn: _Conn, doc: dict[str, Any]) -> None:
+        if conn.info is not None:
+            raise ProtocolError("second HELLO on one connection")
+        rank, world = int(doc["rank"]), int(doc["world_size"])
+        layout = parse_layout(doc.get("layout") or "", world_size=world, order=doc.get("order"))
+        if not 0 <= rank < world:
+            raise ProtocolError(f"rank {rank} outside a world of {world}")
+        key = (str(doc.get("run_id") or "run"), str(doc.get("attempt_id") or "0"))
+        st = self._attempts.get(key)
+        if st is None:
+            attempt = self.store.open_or_create_attempt(RunIdentity(*key), layout, source="processor")
+            st = _AttemptState(attempt=attempt,
+                               assembler=WindowAssembler(self.config.window_steps, self.config.window_timeout_s,
+                                                         self.config.max_buffered_events, host=self.config.host),
+                               writer=WindowWriter(attempt, self.config.host, raw_kernels=self.config.raw_kernels,
+                                                   durable=self.config.durable),
+                               topology=Topology(layout=layout, hosts=np.full(world, "unknown", dtype=object),
+                                                 local_ranks=np.full(world, -1),
+                                                 gpu_uuids=np.full(world, "", dtype=object)))
+            self._attempts[key] = st
+        elif st.attempt.layout != layout:
+            raise ProtocolError(f"rank {rank} reports layout {layout}, the attempt has {st.attempt.layout}")
+        host = str(doc.get("host") or self.config.host)
+        st.topology.hosts[rank] = host
+        st.topology.local_ranks[rank] = int(doc.get("local_rank", -1))
+        st.topology.gpu_uuids[rank] = str(doc.get("gpu_uuid") or "")
+        st.new_ranks.append(rank)
+        conn.info = RankInfo(rank=rank, gpu_uuid=str(doc.get("gpu_uuid") or ""))
+        conn.attempt_key = key
+        self.stats["ranks_seen"] += 1
+        log.info("rank %d of %s/%s connected (pid %s)", rank, key[0], key[1], doc.get("pid"))
+
+    def _close(self, conn: _Conn, reason: str | None) -> None:
+        if conn.sock.fileno() in self._conns:
+            self._sel.unregister(conn.sock)
+            del self._conns[conn.sock.fileno()]
+        if reason == "disconnected":
+            self.stats["disconnects"] += 1
+            if conn.rx:  # a batch cut off mid-frame
+                self._note_drop(conn, "frames", 0, 1, "disconnected")
+            if conn.info is not None:
+                log.warning("rank %d disconnected", conn.info.rank)
+        conn.rx.clear()
+        conn.sock.close()
+
+    def _note_drop(self, conn: _Conn, table: str, events: int, batches: int, reason: str) -> None:
+        key = conn.attempt_key or next(iter(self._attempts), None)
+        if key is None:
+            self.stats.setdefault("drops_before_hello", 0)
+            self.stats["drops_before_hello"] += max(events, batches)
+            return
+        rank = conn.info.rank if conn.info else -1
+        self._attempts[key].assembler.note_drop(-1, rank, table, events, batches, reason)
+
+    def _active(self, key: tuple[str, str]) -> dict[int, RankInfo]:
+        return {c.info.rank: c.info for c in self._conns.values() if c.attempt_key == key and c.info}
+
+    # -- windows -------------------------------------------------------------------------
+    def _cycle(self) -> None:
+        for key, st in self._attempts.items():
+            for idx in st.assembler.ready(self._active(key), final=not self._active(key)):
+                if not self._enqueue(key, idx, block=False):
+                    break
+        self._handle_done()
+        self._write_status()
+
+    def _enqueue(self, key: tuple[str, str], index: int, block: bool) -> bool:
+        """Hand a closed window to the writer; when the writer is behind (and not shutting
+        down) the window stays buffered, and the assembler's memory cap counts what it drops."""
+        if not block and self._work.full():
+            return False
+        st = self._attempts[key]
+        data, ranks = st.assembler.take(index)
+        topo_rows = None
+        if st.new_ranks:
+            topo_rows = st.topology.rows(sorted(set(st.new_ranks)))
+            st.new_ranks.clear()
+        self._work.put((key, data, ranks, topo_rows))  # only this thread puts: there is room
+        return True
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is None:
+                return
+            key, data, ranks, topo_rows = item
+            st = self._attempts[key]
+            try:
+                if topo_rows is not None:
+                    st.writer.writer.write("topology", topo_rows, window=data.window)
+                stats = st.writer.write(data)
+                if self.config.evidence:
+                    self._write_evidence(st, data)
+                self._done.put((key, data.window, data.start_step, data.end_step, ranks, stats.rows))
+            except Exception as exc:  # keep serving: a failed window is logged and counted
+                self.stats["write_errors"] += 1
+                log.exception("writing window %d failed: %s", data.window, exc)
+                self._done.put((key, data.window, data.start_step, data.end_step, set(), None))
+
+    def _write_evidence(self, st: _AttemptState, data: WindowData) -> None:
+        try:
+            from argus.evidence import enforce_retention, write_perfetto_trace
+        except ImportError:  # evidence module not available: keep summaries flowing
+            return
+        directory = st.attempt.path / "evidence" / self.config.host
+        directory.mkdir(parents=True, exist_ok=True)
+        hosts = {int(r): str(h) for r, h in enumerate(st.topology.hosts) if h != "unknown"}
+        path = directory / f"{data.window:09d}-{os.urandom(4).hex()}.pftrace"
+        write_perfetto_trace(path, phases=data.phases, kernels=data.kernels, hosts=hosts,
+                             title=f"{st.attempt.identity.run_id} window {data.window} ({self.config.host})")
+        enforce_retention(directory, max_bytes=self.config.evidence_max_bytes, max_age_s=self.config.evidence_max_age_s)
+
+    def _handle_done(self) -> None:
+        while True:
+            try:
+                key, window, start, end, ranks, rows = self._done.get_nowait()
+            except queue.Empty:
+                return
+            if rows is None:
+                continue
+            self.stats["windows_written"] += 1
+            ack = {"window": window, "start_step": start, "end_step": end, "rows": rows}
+            self.stats["acked"] = (self.stats["acked"] + [ack])[-50:]
+            for conn in list(self._conns.values()):
+                if conn.attempt_key != key or conn.info is None:
+                    continue
+                if conn.info.rank in ranks:
+                    self._send(conn, encode_json(Msg.ACK, ack))
+                for _, pending in conn.flushes:
+                    pending.discard((key, window))
+                self._maybe_ack_flushes(conn)
+
+    def _maybe_ack_flushes(self, conn: _Conn) -> None:
+        done = [seq for seq, pending in conn.flushes if not pending]
+        conn.flushes = [(s, p) for s, p in conn.flushes if p]
+        for seq in done:
+            self._send(conn, encode_json(Msg.ACK, {"seq": seq}))
+
+    def _send(self, conn: _Conn, frame: bytes) -> None:
+        try:
+            conn.sock.setblocking(True)
+            conn.sock.settimeout(1.0)
+            conn.sock.sendall(frame)
+        except OSError:
+            pass  # a client that stopped reading loses its ACKs, nothing else
+        finally:
+            conn.sock.setblocking(False)
+
+    def _write_status(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_status < self.config.status_interval_s:
+            return
+        self._last_status = now
+        doc = dict(self.stats, updated=time.time(), open_windows={
+            f"{k[0]}/{k[1]}": sorted(st.assembler.windows) for k, st in self._attempts.items()},
+            buffered_events=sum(st.assembler.buffered_events for st in self._attempts.values()),
+            config={k: str(v) for k, v in asdict(self.config).items()})
+        path = self.config.store / "processors" / f"{self.config.host}.json"
+        try:
+            write_bytes_atomic(path, json.dumps(doc, indent=1).encode(), durable=False)
+        except OSError as exc:
+            log.warning("cannot write status file %s: %s", path, exc)

@@ -1,0 +1,117 @@
+"""The producer → processor wire format: framed, versioned, packed binary batches.
+
+Every frame is a 12-byte header followed by a payload::
+
+    offset  size  field
+    0       4     magic  b"ARGS"
+    4       2     version (little-endian u16, currently 1)
+    6       2     message type (u16, see ``Msg``)
+    8       4     payload length in bytes (u32, at most ``MAX_PAYLOAD``)
+
+Data payloads are numpy structured arrays with the little-endian, packed dtypes below
+(``np.frombuffer`` decodes a batch without per-record Python work). Strings (phase,
+kernel, metric and frame names) are interned per connection: a ``NAMES`` frame maps ids to
+strings once, and records carry the ids. ``HELLO`` and ``NAMES`` are small JSON documents.
+The server answers ``ACK`` frames (JSON) when a window the client contributed to is on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+from argus.errors import ProtocolError
+
+__all__ = ["MAGIC", "VERSION", "HEADER", "MAX_PAYLOAD", "Msg", "DTYPES", "CATEGORIES", "GROUP_KINDS", "KINDS",
+           "TABLES_BY_MSG", "encode_frame", "encode_json", "encode_array", "decode_header", "decode_json",
+           "decode_array"]
+
+MAGIC = b"ARGS"
+VERSION = 1
+HEADER = struct.Struct("<4sHHI")
+MAX_PAYLOAD = 64 << 20
+
+
+class Msg(IntEnum):
+    HELLO = 1  # JSON: run_id, attempt_id, rank, world_size, host, local_rank, gpu_uuid, layout, order, pid
+    NAMES = 2  # JSON: [[id, "name"], ...]
+    STEPS = 3
+    PHASES = 4
+    KERNELS = 5
+    STACKS = 6
+    HW = 7
+    DROPS = 8  # the producer's own drop counters
+    FLUSH = 9  # JSON {"seq": n}: asks for an ACK once everything sent so far is on disk
+    BYE = 10
+    ACK = 20  # server → client, JSON {"window": w, "start_step": a, "end_step": b} or {"seq": n}
+
+
+DTYPES: dict[Msg, np.dtype] = {
+    Msg.STEPS: np.dtype([("step", "<i8"), ("start_ns", "<i8"), ("end_ns", "<i8")]),
+    Msg.PHASES: np.dtype([("step", "<i8"), ("start_ns", "<i8"), ("dur_ns", "<i8"), ("microbatch", "<i4"),
+                          ("name", "<i4"), ("category", "u1"), ("group_kind", "u1")]),
+    Msg.KERNELS: np.dtype([("step", "<i8"), ("start_ns", "<i8"), ("dur_ns", "<i8"), ("name", "<i4"),
+                           ("stream", "<i4"), ("device", "<i2"), ("kind", "u1")]),
+    Msg.STACKS: np.dtype([("step", "<i8"), ("start_ns", "<i8"), ("end_ns", "<i8"), ("frames", "<i4"),
+                          ("thread", "<i4"), ("count", "<i4")]),
+    Msg.HW: np.dtype([("ts_ns", "<i8"), ("metric", "<i4"), ("value", "<f8")]),
+    Msg.DROPS: np.dtype([("table", "u1"), ("events", "<i8"), ("batches", "<i8")]),
+}
+#: Store table each data message feeds.
+TABLES_BY_MSG = {Msg.STEPS: "steps", Msg.PHASES: "phases", Msg.KERNELS: "kernels", Msg.STACKS: "stacks",
+                 Msg.HW: "hw"}
+#: Code → string for small enumerations carried as bytes.
+CATEGORIES = ("compute", "comm", "host")
+GROUP_KINDS = ("", "tp", "cp", "ep", "dp", "edp", "pp", "world")
+KINDS = ("kernel", "memcpy", "memset", "cpu_op")
+DROP_TABLES = ("steps", "phases", "kernels", "stacks", "hw", "frames")
+
+
+def encode_frame(msg: Msg, payload: bytes) -> bytes:
+    if len(payload) > MAX_PAYLOAD:
+        raise ProtocolError(f"payload of {len(payload)} bytes exceeds the {MAX_PAYLOAD}-byte frame limit")
+    return HEADER.pack(MAGIC, VERSION, int(msg), len(payload)) + payload
+
+
+def encode_json(msg: Msg, doc: Any) -> bytes:
+    return encode_frame(msg, json.dumps(doc, separators=(",", ":")).encode())
+
+
+def encode_array(msg: Msg, records: np.ndarray) -> bytes:
+    dtype = DTYPES[msg]
+    if records.dtype != dtype:
+        records = records.astype(dtype)
+    return encode_frame(msg, records.tobytes())
+
+
+def decode_header(buf: bytes | memoryview) -> tuple[Msg, int]:
+    """``(message type, payload length)`` of a 12-byte header; :class:`ProtocolError` if bad."""
+    magic, version, msg, length = HEADER.unpack(buf)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {bytes(magic)!r}")
+    if version != VERSION:
+        raise ProtocolError(f"unsupported protocol version {version} (this processor speaks {VERSION})")
+    if length > MAX_PAYLOAD:
+        raise ProtocolError(f"frame of {length} bytes exceeds the {MAX_PAYLOAD}-byte limit")
+    try:
+        return Msg(msg), length
+    except ValueError:
+        raise ProtocolError(f"unknown message type {msg}") from None
+
+
+def decode_json(payload: bytes | memoryview) -> Any:
+    try:
+        return json.loads(bytes(payload))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"undecodable JSON payload ({exc})") from None
+
+
+def decode_array(msg: Msg, payload: bytes | memoryview) -> np.ndarray:
+    dtype = DTYPES[msg]
+    if len(payload) % dtype.itemsize:
+        raise ProtocolError(f"{msg.name} payload of {len(payload)} bytes is not a multiple of {dtype.itemsize}")
+    return np.frombuffer(payload, dtype=dtype).copy()
