@@ -23,6 +23,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "store+kernels (also raw kernels)")
     s.set_defaults(func=_run_simulate)
 
+    c = bsub.add_parser("compression", help="summary bytes per rank-step and reconstruction fidelity")
+    c.add_argument("--ranks", type=int, default=64)
+    c.add_argument("--window-steps", type=int, nargs="+", default=[10, 20])
+    c.add_argument("--hosts", type=int, default=1, help="hosts (8 ranks each) to report")
+    c.set_defaults(func=_run_compression)
+
+    p = bsub.add_parser("processor", help="compression rate, socket throughput, CPU at a paced rate, memory")
+    p.add_argument("--modes", default="compression,throughput,paced,long",
+                   help="comma list of: compression, throughput, paced, long")
+    p.add_argument("--events", type=float, default=5e6, help="events for the throughput mode")
+    p.add_argument("--long-events", type=float, default=1e8, help="events for the long (memory) mode")
+    p.add_argument("--rate", type=float, default=100_000, help="events per minute per rank for the paced mode")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of the paced mode")
+    p.add_argument("--no-evidence", action="store_true", help="processor without Perfetto evidence")
+    p.set_defaults(func=_run_processor)
+
 
 def _run_simulate(args: argparse.Namespace) -> int:
     from argus.bench.simulate import run_isolated
@@ -30,4 +46,34 @@ def _run_simulate(args: argparse.Namespace) -> int:
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         result = run_isolated(ranks=args.ranks, steps=args.steps, layout=args.layout, seed=args.seed, mode=mode)
         print(json.dumps(result), flush=True)
+    return 0
+
+
+def _run_compression(args: argparse.Namespace) -> int:
+    from argus.bench.compression import run
+
+    for w in args.window_steps:
+        for row in run(ranks=args.ranks, window_steps=w, hosts=args.hosts):
+            print(json.dumps(row), flush=True)
+    return 0
+
+
+def _run_processor(args: argparse.Namespace) -> int:
+    from argus.bench.processor import run_compression, run_socket
+
+    evidence = not args.no_evidence
+    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+        if mode == "compression":
+            row = run_compression()
+        elif mode == "throughput":
+            row = run_socket("throughput", events=int(args.events), evidence=evidence)
+        elif mode == "paced":
+            row = run_socket("paced", rate_per_min_per_rank=args.rate, duration_s=args.duration, evidence=evidence)
+        elif mode == "long":
+            row = run_socket("long", events=int(args.long_events), evidence=evidence)
+        else:
+            from argus.errors import ConfigError
+
+            raise ConfigError(f"unknown processor bench mode {mode!r}")
+        print(json.dumps(row), flush=True)
     return 0

@@ -35,16 +35,26 @@ def log_grid(lo_ns: float, hi_ns: float, points: int = 512) -> np.ndarray:
 
 
 def mixture_cdf(grid: np.ndarray, dist: np.ndarray, counts: np.ndarray, p50: np.ndarray, p99: np.ndarray,
-                n_dist: int | None = None) -> np.ndarray:
+                n_dist: int | None = None, lo: np.ndarray | None = None, hi: np.ndarray | None = None) -> np.ndarray:
     """CDFs ``(n_dist, len(grid))`` of the log-normal mixtures given by clusters: cluster ``i``
-    belongs to distribution ``dist[i]`` with weight ``counts[i]``."""
+    belongs to distribution ``dist[i]`` with weight ``counts[i]``. With the clusters' observed
+    ``lo``/``hi`` (min/max), each component is truncated to that range: a log-normal fitted to
+    a wide p50→p99 spread otherwise puts mass far beyond anything observed."""
     dist = np.asarray(dist, np.int64)
     n_dist = int(dist.max()) + 1 if n_dist is None else n_dist
     mu = np.log(np.maximum(np.asarray(p50, np.float64), 1.0))
     sigma = (np.log(np.maximum(np.asarray(p99, np.float64), 1.0)) - mu) / _Z99
     sigma = np.maximum(sigma, 1e-4)  # all-equal clusters: a (nearly) sharp step
     lg = np.log(grid)[None, :]
-    comp = norm_cdf((lg - mu[:, None]) / sigma[:, None]) * np.asarray(counts, np.float64)[:, None]
+    comp = norm_cdf((lg - mu[:, None]) / sigma[:, None])
+    if lo is not None and hi is not None:
+        a = norm_cdf((np.log(np.maximum(np.asarray(lo, np.float64), 1.0)) - mu) / sigma)[:, None]
+        b = norm_cdf((np.log(np.maximum(np.asarray(hi, np.float64), 1.0)) - mu) / sigma)[:, None]
+        span = b - a
+        trunc = np.clip((comp - a) / np.where(span > 1e-12, span, 1.0), 0.0, 1.0)
+        step = (lg >= np.log(np.maximum(np.asarray(hi, np.float64), 1.0))[:, None]).astype(np.float64)
+        comp = np.where(span > 1e-12, trunc, step)  # a degenerate range is a step at its value
+    comp = comp * np.asarray(counts, np.float64)[:, None]
     out = np.zeros((n_dist, len(grid)))
     np.add.at(out, dist, comp)
     total = np.bincount(dist, weights=counts, minlength=n_dist)[:, None]

@@ -22,7 +22,7 @@ from argus.compress.names import categorize_kernel, normalize_kernel_name
 from argus.compress.sketch import DEFAULT_SCHEMA, LogSketch, bucket_index
 from argus.store.schema import TABLES
 
-__all__ = ["Cluster", "summarize_kernels", "summarize_durations", "CompressConfig"]
+__all__ = ["Cluster", "CompressConfig", "summarize_durations", "summarize_kernel_arrays", "summarize_kernels"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,26 +114,37 @@ def summarize_kernels(kernels: pa.Table, window: int, start_step: int, end_step:
                       config: CompressConfig = CompressConfig()) -> tuple[pa.Table, pa.Table]:
     """``kernels`` (store schema) → (``kernel_summaries``, ``kernel_sketches``) tables."""
     if kernels.num_rows == 0:
-        return TABLES["kernel_summaries"].schema.empty_table(), TABLES["kernel_sketches"].schema.empty_table()
+        return summarize_kernel_arrays(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64),
+                                       np.empty(0, np.int64), np.empty(0), [], [], window, start_step, end_step, config)
     names = pc.dictionary_encode(kernels.column("name")).combine_chunks()
     kinds = pc.dictionary_encode(kernels.column("kind")).combine_chunks()
-    raw_names = names.dictionary.to_pylist()
-    kind_names = kinds.dictionary.to_pylist()
+    return summarize_kernel_arrays(
+        kernels.column("rank").to_numpy(), kernels.column("stream").to_numpy(), names.indices.to_numpy(),
+        kinds.indices.to_numpy(), kernels.column("dur_ns").to_numpy(), names.dictionary.to_pylist(),
+        kinds.dictionary.to_pylist(), window, start_step, end_step, config)
+
+
+def summarize_kernel_arrays(rank: np.ndarray, stream: np.ndarray, name_id: np.ndarray, kind_id: np.ndarray,
+                            dur_ns: np.ndarray, names: list[str], kinds: list[str], window: int, start_step: int,
+                            end_step: int, config: CompressConfig = CompressConfig()) -> tuple[pa.Table, pa.Table]:
+    """The same, from arrays with names and kinds as ids into ``names``/``kinds`` (no strings
+    per event: the simulator and the processor already hold interned ids)."""
+    if len(dur_ns) == 0:
+        return TABLES["kernel_summaries"].schema.empty_table(), TABLES["kernel_sketches"].schema.empty_table()
+    n_kinds = max(len(kinds), 1)
     # Few distinct (name, kind) pairs: normalise and categorise them once each.
-    pair = names.indices.to_numpy().astype(np.int64) * len(kind_names) + kinds.indices.to_numpy()
+    pair = np.asarray(name_id, np.int64) * n_kinds + np.asarray(kind_id, np.int64)
     upairs, pair_inv = np.unique(pair, return_inverse=True)
     labels = []
     for p in upairs:
-        raw, kind = raw_names[p // len(kind_names)], kind_names[p % len(kind_names)]
+        raw, kind = names[p // n_kinds], kinds[p % n_kinds]
         labels.append((normalize_kernel_name(raw), *categorize_kernel(raw, kind)))
     label_index = {lab: i for i, lab in enumerate(dict.fromkeys(labels))}
     pair_label = np.array([label_index[lab] for lab in labels], np.int64)
     label_of_event = pair_label[pair_inv]
-    rank = kernels.column("rank").to_numpy().astype(np.int64)
-    stream = kernels.column("stream").to_numpy().astype(np.int64)
-    key = (rank << 32) | ((stream & 0xFFFF) << 16) | label_of_event
+    key = (np.asarray(rank, np.int64) << 32) | ((np.asarray(stream, np.int64) & 0xFFFF) << 16) | label_of_event
     ukeys, gid = np.unique(key, return_inverse=True)
-    g = _group_sorted(gid, kernels.column("dur_ns").to_numpy(), len(ukeys))
+    g = _group_sorted(gid, dur_ns, len(ukeys))
     g_rank, g_stream, g_label = ukeys >> 32, (ukeys >> 16) & 0xFFFF, ukeys & 0xFFFF
     label_list = list(label_index)
     short = np.array([lab[0] for lab in label_list], dtype=object)

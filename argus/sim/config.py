@@ -43,6 +43,8 @@ class SimConfig:
     microbatches: int = 8
     seed: int = 0
     kernels: bool = False  # write raw kernel events to the store (small runs)
+    summaries: bool = True  # write compressed kernel summaries and sketches per window
+    window_steps: int = 5  # steps per window of kernel summaries (as the processor's default)
     clock_skew_ms: float = 2.0  # per-host clock offsets, uniform in ±this
     warmup_steps: int = 2  # first steps are slower for everyone (allocator, autotuning)
     checkpoint_every: int = 10  # a checkpoint-save step every N steps (0: never)
@@ -55,7 +57,7 @@ class SimConfig:
     workload: Workload = field(default_factory=Workload)
 
     def __post_init__(self) -> None:
-        for name in ("ranks", "steps", "layers", "microbatches", "gpus_per_host"):
+        for name in ("ranks", "steps", "layers", "microbatches", "gpus_per_host", "window_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"simulator {name} must be a positive integer, got {value!r}")

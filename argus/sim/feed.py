@@ -56,8 +56,7 @@ def step_batches(rec: StepRecords) -> dict[int, dict[Msg, np.ndarray]]:
         keep = np.isfinite(start)
         ph = np.zeros(int(keep.sum()), DTYPES[Msg.PHASES])
         ph["step"] = rec.step
-        ph["start_ns"] = rec.to_ns(r[keep], start[keep])
-        ph["dur_ns"] = np.where(np.isfinite(dur[keep]), dur[keep], -1).astype(np.int64)
+        ph["start_ns"], ph["dur_ns"] = rec.intervals(r[keep], start[keep], dur[keep])
         ph["microbatch"] = np.repeat([c[1] for c in rec.phase_chunks], sizes)[keep]
         ph["name"] = np.repeat([c[2] for c in rec.phase_chunks], sizes)[keep]
         ph["category"] = cat_code[np.repeat([c[3] for c in rec.phase_chunks], sizes)[keep]]
@@ -69,8 +68,7 @@ def step_batches(rec: StepRecords) -> dict[int, dict[Msg, np.ndarray]]:
         keep = np.isfinite(a["start"])
         k = np.zeros(int(keep.sum()), DTYPES[Msg.KERNELS])
         k["step"] = rec.step
-        k["start_ns"] = rec.to_ns(a["rank"][keep], a["start"][keep])
-        k["dur_ns"] = np.where(np.isfinite(a["dur"][keep]), a["dur"][keep], -1).astype(np.int64)
+        k["start_ns"], k["dur_ns"] = rec.intervals(a["rank"][keep], a["start"][keep], a["dur"][keep])
         k["name"] = a["name_id"][keep]
         k["stream"] = a["stream"][keep]
         k["device"] = a["device"][keep]

@@ -75,10 +75,16 @@ class StepRecords:
     def _times(self, ranks: np.ndarray, start: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Keep rows that started; offset starts; unfinished durations become -1."""
         keep = self._keep(start)
-        ranks, start, dur = ranks[keep], start[keep], dur[keep]
+        ranks = ranks[keep]
+        return (ranks, *self.intervals(ranks, start[keep], dur[keep]))
+
+    def intervals(self, ranks: np.ndarray, start: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(start_ns, dur_ns)`` of started intervals; the duration comes from the rounded end,
+        so a child that ends with its parent ends at the same nanosecond (exact nesting)."""
+        start_ns = self.to_ns(ranks, start)
         finite = np.isfinite(dur)
-        dur_ns = dur.astype(np.int64) if finite.all() else np.where(finite, dur, -1).astype(np.int64)
-        return ranks, self.to_ns(ranks, start), dur_ns
+        end_ns = self.to_ns(ranks, start + np.where(finite, dur, 0.0))
+        return start_ns, np.where(finite, end_ns - start_ns, -1)
 
     def steps_table(self) -> pa.Table:
         ranks = np.flatnonzero(np.isfinite(self.step_start))

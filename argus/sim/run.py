@@ -79,6 +79,7 @@ def simulate_to_store(config: SimConfig, scenario: str, out: str | Path,
     result = SimulationResult(truth={}, store_path=out if write else None)
     faulty: list[float] = []
     engine = Engine(config, plan, emit=True, topology=ctx.topology)
+    window: list[dict[str, np.ndarray]] = []
     for rec in engine.run():
         result.steps_done += 1
         result.phase_events += rec.n_phase_events
@@ -94,8 +95,15 @@ def simulate_to_store(config: SimConfig, scenario: str, out: str | Path,
                 writer.write("stacks", rec.stacks, window=w)
             if rec.hw is not None:
                 writer.write("hw", rec.hw, window=w)
+            if config.summaries:
+                window.append(_compact_kernels(rec))
+                if (rec.step + 1) % config.window_steps == 0:
+                    _write_summaries(writer, window, engine.names.names, config.window_steps)
+                    window = []
         if on_step is not None:
             on_step(rec)
+    if writer is not None and window:
+        _write_summaries(writer, window, engine.names.names, config.window_steps)
     base: list[float] = faulty
     if baseline and not plan.empty:
         base = [job_step_times(r) for r in Engine(config, None, emit=False, topology=ctx.topology).run()]
@@ -105,6 +113,38 @@ def simulate_to_store(config: SimConfig, scenario: str, out: str | Path,
         result.bytes_written = writer.bytes_written
         write_bytes_atomic(out / TRUTH_FILE, json.dumps(result.truth, indent=2).encode())
     return result
+
+
+def _compact_kernels(rec: StepRecords) -> dict[str, np.ndarray]:
+    """The columns compression needs, in small dtypes (a window of 10k ranks is ~50 M events)."""
+    a = rec.kernel_arrays()
+    keep = np.isfinite(a["start"])
+    dur = np.where(np.isfinite(a["dur"]), a["dur"], -1.0)
+    return {"step": rec.step, "rank": a["rank"][keep].astype(np.int32), "stream": a["stream"][keep].astype(np.int16),
+            "name": a["name_id"][keep].astype(np.int32), "kind": a["kind_id"][keep].astype(np.int32),
+            "dur": np.rint(dur[keep]).astype(np.int64)}
+
+
+def _write_summaries(writer, steps: list[dict[str, np.ndarray]], names: list[str], window_steps: int,
+                     ranks_per_block: int = 1024) -> None:
+    """Compress one window of kernels, a block of ranks at a time, as the processors would."""
+    from argus.compress import summarize_kernel_arrays
+
+    first = int(steps[0]["step"])
+    index = first // window_steps
+    cols = {k: np.concatenate([s[k] for s in steps]) for k in ("rank", "stream", "name", "kind", "dur")}
+    if len(cols["rank"]) == 0:
+        return
+    hi_rank = int(cols["rank"].max()) + 1
+    for lo in range(0, hi_rank, ranks_per_block):
+        sel = (cols["rank"] >= lo) & (cols["rank"] < lo + ranks_per_block)
+        if not sel.any():
+            continue
+        summaries, sketches = summarize_kernel_arrays(
+            cols["rank"][sel], cols["stream"][sel], cols["name"][sel], cols["kind"][sel], cols["dur"][sel],
+            names, names, index, first, first + len(steps) - 1)
+        writer.write("kernel_summaries", summaries, window=index)
+        writer.write("kernel_sketches", sketches, window=index)
 
 
 def _truth_document(config: SimConfig, name: str, summary: str, klass: str, ctx: ScenarioContext,

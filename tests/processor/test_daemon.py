@@ -135,6 +135,21 @@ def test_processor_survives_a_killed_client_and_a_malformed_frame(processor):
     assert status["garbage_frames"] == 1 and status["disconnects"] >= 1 and status["windows_written"] >= 4
     topo = attempt.topology()
     assert topo.hosts[:7].tolist() == ["node-0000"] * 7
+    _check_evidence(attempt, acked)
+
+
+def _check_evidence(attempt, windows):
+    """Every written window left a Perfetto trace that decodes, with a track per rank."""
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    files = sorted((attempt.path / "evidence" / "node-0000").glob("*.pftrace"))
+    assert {int(f.name.split("-")[0]) for f in files} >= set(windows)
+    trace = pb.Trace()
+    trace.ParseFromString(files[0].read_bytes())
+    names = {p.track_descriptor.name for p in trace.packet if p.HasField("track_descriptor")}
+    assert {f"rank {r} (node-0000)" for r in range(7)} <= names
+    slices = [p for p in trace.packet if p.HasField("track_event")]
+    assert len(slices) > 1000
 
 
 def test_a_killed_processor_keeps_every_window_it_acknowledged(processor):
