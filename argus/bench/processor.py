@@ -115,6 +115,9 @@ def run_socket(mode: str, events: int = 5_000_000, rate_per_min_per_rank: float 
                     clients[r].send_raw(encode_array(msg, recs))
             sent += per_step
             step += 1
+            if step % 50 == 0:
+                for c in clients.values():
+                    c.poll_acks()  # a well-behaved client reads its ACKs
             if elapsed - last_sample >= 1.0:
                 rss.append(_rss_mb(proc.pid))
                 last_sample = elapsed

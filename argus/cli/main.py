@@ -14,11 +14,11 @@ __all__ = ["main", "build_parser"]
 
 def _commands() -> list[tuple[str, Callable[[argparse._SubParsersAction], None]]]:
     # Imported lazily so `argus --help` stays fast.
-    from argus.cli import bench, demo, info, processor, simulate
+    from argus.cli import bench, demo, export, info, ingest, processor, simulate
 
     return [("demo", demo.register), ("simulate", simulate.register_simulate),
             ("scenarios", simulate.register_scenarios), ("info", info.register), ("processor", processor.register),
-            ("bench", bench.register)]
+            ("bench", bench.register), ("ingest", ingest.register), ("export", export.register)]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -73,10 +73,14 @@ class ProcessorConfig:
             raise ConfigError(f"host name {self.host!r} cannot name a store partition")
 
 
+_OUTBOX_LIMIT = 256 << 10  # a client that stops reading its ACKs loses them beyond this
+
+
 @dataclass
 class _Conn:
     sock: socket.socket
     rx: bytearray = field(default_factory=bytearray)
+    tx: bytearray = field(default_factory=bytearray)
     info: RankInfo | None = None
     attempt_key: tuple[str, str] | None = None
     flushes: list[tuple[int, set[tuple[tuple[str, str], int]]]] = field(default_factory=list)
@@ -323,6 +327,9 @@ class Processor:
 
     # -- windows -------------------------------------------------------------------------
     def _cycle(self) -> None:
+        for conn in list(self._conns.values()):
+            if conn.tx:
+                self._push(conn)
         for key, st in self._attempts.items():
             for idx in st.assembler.ready(self._active(key), final=not self._active(key)):
                 if not self._enqueue(key, idx, block=False):
@@ -403,14 +410,21 @@ class Processor:
             self._send(conn, encode_json(Msg.ACK, {"seq": seq}))
 
     def _send(self, conn: _Conn, frame: bytes) -> None:
+        """Queue a frame and push what the socket takes now: never block the loop on a client."""
+        if len(conn.tx) + len(frame) > _OUTBOX_LIMIT:
+            self.stats["acks_dropped"] = self.stats.get("acks_dropped", 0) + 1
+            return  # a client that stopped reading loses ACKs, nothing else
+        conn.tx += frame
+        self._push(conn)
+
+    def _push(self, conn: _Conn) -> None:
         try:
-            conn.sock.setblocking(True)
-            conn.sock.settimeout(1.0)
-            conn.sock.sendall(frame)
+            sent = conn.sock.send(conn.tx)
+            del conn.tx[:sent]
+        except (BlockingIOError, InterruptedError):
+            pass
         except OSError:
-            pass  # a client that stopped reading loses its ACKs, nothing else
-        finally:
-            conn.sock.setblocking(False)
+            conn.tx.clear()
 
     def _write_status(self, force: bool = False) -> None:
         now = time.monotonic()

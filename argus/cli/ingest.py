@@ -1,0 +1,106 @@
+"""``argus ingest FORMAT``: import traces written by other tools into a store (today: Kineto)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Callable
+
+from argus.cli.progress import progress_bar, stderr_console, stdout_console
+
+__all__ = ["register"]
+
+_MB = 1 << 20
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ingest", help="import traces from other tools into a store",
+                       description="Import traces recorded by other tools into an Argus store.")
+    fmt = p.add_subparsers(dest="format", metavar="FORMAT")
+    fmt.required = True
+    k = fmt.add_parser(
+        "kineto", help="PyTorch Profiler (Kineto) Chrome-trace JSON, one file per rank",
+        description="Import per-rank PyTorch Profiler / Kineto traces (.json or .json.gz): steps from "
+                    "ProfilerStep#N, phases from record_function annotations, kernels with their streams. "
+                    "Files that cannot be read are reported at the end (exit code 1); the others are imported.")
+    k.add_argument("paths", nargs="+", metavar="PATH", help="trace files, or directories holding them")
+    k.add_argument("--out", required=True, help="store directory (new, empty, or an existing store)")
+    k.add_argument("--layout", required=True,
+                   help="parallel layout of the job, e.g. 'tp=2,pp=4,dp=8' (sizes multiply to the world size; "
+                        "dp may be left out when the traces carry distributedInfo.world_size)")
+    k.add_argument("--order", help="rank order, fastest axis first (default tp-cp-ep-dp-pp)")
+    k.add_argument("--gpus-per-host", type=int, default=8, help="ranks per host (default 8)")
+    k.add_argument("--run-id", help="run id for the imported attempt (default: kineto-<random>)")
+    k.add_argument("--jobs", type=int, help="parsing processes (default: automatic, parallel for big inputs)")
+    k.add_argument("--json", action="store_true", help="print the import summary as JSON on stdout")
+    k.set_defaults(func=run_ingest_kineto)
+
+
+class _ByteProgress:
+    """Adapts byte counts to a progress bar counted in MB."""
+
+    def __init__(self, advance: Callable[..., None]):
+        self._advance, self._bytes, self._shown = advance, 0, 0
+
+    def __call__(self, n: int) -> None:
+        self._bytes += n
+        mb = self._bytes // _MB
+        if mb > self._shown:
+            self._advance(mb - self._shown)
+            self._shown = mb
+
+
+def run_ingest_kineto(args: argparse.Namespace) -> int:
+    from argus.kineto import find_trace_files, import_traces, read_traces
+    from argus.store import Store
+    from argus.topology import parse_layout
+
+    parse_layout(args.layout, order=args.order)  # a typo fails now, not after minutes of parsing
+    files = find_trace_files(args.paths)
+    Store.create(args.out)  # so does an --out that is not a store
+    total = sum(os.path.getsize(f) for f in files)
+    t0 = time.perf_counter()
+    with progress_bar(f"reading {len(files)} trace file{'s' * (len(files) != 1)}", max(1, total // _MB)) as adv:
+        traces, failures = read_traces(files, jobs=args.jobs, on_bytes=_ByteProgress(adv))
+    parse_s = time.perf_counter() - t0
+    steps = {int(s) for t in traces for s in t.steps.step}
+    with progress_bar("writing windows", max(1, len(steps))) as adv:
+        result = import_traces(traces, args.out, args.layout, order=args.order, gpus_per_host=args.gpus_per_host,
+                               run_id=args.run_id, failures=failures, on_window=lambda step: adv())
+    err = stderr_console()
+    if args.json:
+        print(json.dumps({
+            "store": str(result.store), "run_id": result.run_id, "attempt_id": result.attempt_id,
+            "layout": result.layout, "world_size": result.world_size, "ranks": result.ranks, "rows": result.rows,
+            "parse_s": round(parse_s, 3), "write_s": round(result.write_s, 3),
+            "files": [f.__dict__ for f in result.files],
+            "failures": [{"path": f.path, "problem": str(f)} for f in result.failures]}, indent=2))
+    else:
+        from rich.table import Table
+
+        out = stdout_console()
+        table = Table(title=f"imported into {result.store} (run {result.run_id}, layout {result.layout})",
+                      title_justify="left")
+        for col in ("rank", "file", "steps", "phases", "kernels", "MB", "MB/s"):
+            table.add_column(col, justify="left" if col == "file" else "right")
+        for f in result.files:
+            rate = f.bytes_read / f.parse_s / 1e6 if f.parse_s > 0 else 0.0
+            table.add_row(str(f.rank), os.path.basename(f.path), str(f.steps), f"{f.phases:,}", f"{f.kernels:,}",
+                          f"{f.bytes_read / 1e6:.1f}", f"{rate:.0f}")
+        out.print(table)
+        out.print(f"{len(result.files)} rank{'s' * (len(result.files) != 1)} of {result.world_size}; "
+                  + ", ".join(f"{n:,} {t}" for t, n in result.rows.items())
+                  + f"; parsed in {parse_s:.2f} s, written in {result.write_s:.2f} s")
+        for f in result.files:
+            for note in f.notes:
+                err.print(f"[yellow]note[/yellow] {f.path}: {note}")
+            for what, n in f.dropped.items():
+                err.print(f"[yellow]note[/yellow] {f.path}: {n:,} {what} outside every ProfilerStep were left out")
+    for failure in result.failures:
+        err.print(f"[red]failed[/red] {failure}")
+    if result.failures:
+        err.print(f"[red]{len(result.failures)} of {len(files)} files not imported[/red]")
+        return 1
+    return 0

@@ -1,0 +1,335 @@
+"""``argus ingest kineto``: per-rank PyTorch Profiler traces → a run store.
+
+Three stages, each usable alone: find the files, read them (in parallel processes when there
+are many big ones — parsing is CPU-bound), then place the ranks in a topology and write one
+window per profiler step through :class:`~argus.processor.window.WindowWriter`, the path the
+live processor uses, so an imported store looks like a recorded one (kernel summaries
+included). A file that cannot be read is reported and skipped; the other ranks still land.
+
+Memory: every parsed rank is held until the write (≈40 bytes per kernel event, plus phases),
+because a step's window gathers all ranks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from argus.errors import IngestError, LayoutError
+from argus.kineto.format import KIND_CODES, KIND_NAMES
+from argus.kineto.reader import RankTrace, read_trace
+from argus.store import Store
+from argus.topology import Layout, RunIdentity, Topology, new_run_id, parse_layout
+
+__all__ = ["Failure", "FileReport", "ImportResult", "find_trace_files", "read_traces", "import_traces",
+           "import_kineto", "WRITER_ID", "group_kind_of"]
+
+#: Writer partition of imported files in the store.
+WRITER_ID = "kineto"
+_SUFFIXES = (".json", ".json.gz")
+_CPU_OP = KIND_CODES["cpu_op"]
+_PARALLEL_MIN_BYTES = 32 << 20  # below this, starting worker processes costs more than it saves
+# Most specific first: a DDP job's one process group is its ``dp`` group, not ``world``.
+_GROUP_PREFERENCE = ("tp", "cp", "ep", "pp", "dp", "edp", "world")
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A file that was not imported, and why."""
+
+    path: str
+    problem: str
+
+    def __str__(self) -> str:
+        return self.problem if self.problem.startswith(self.path) else f"{self.path}: {self.problem}"
+
+
+@dataclass(frozen=True)
+class FileReport:
+    path: str
+    rank: int
+    rank_source: str
+    steps: int
+    phases: int
+    kernels: int
+    events: int
+    bytes_read: int
+    file_bytes: int
+    parse_s: float
+    dropped: dict[str, int]
+    notes: list[str]
+
+
+@dataclass
+class ImportResult:
+    store: Path
+    run_id: str
+    attempt_id: str
+    layout: str
+    world_size: int
+    files: list[FileReport] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    rows: dict[str, int] = field(default_factory=dict)
+    windows: int = 0
+    bytes_written: int = 0
+    parse_s: float = 0.0
+    write_s: float = 0.0
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(f.rank for f in self.files)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+# --------------------------------------------------------------------------------------- files
+def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
+    """Expand the command line: files as given, directories to their ``*.json`` / ``*.json.gz``
+    (not recursive, hidden files skipped). A missing path or an empty directory is an error."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            found = sorted(f for f in p.iterdir()
+                           if f.is_file() and f.name.endswith(_SUFFIXES) and not f.name.startswith("."))
+            if not found:
+                raise IngestError(f"{p}: no .json or .json.gz trace files in this directory")
+            out.extend(found)
+        elif p.exists():
+            out.append(p)
+        else:
+            raise IngestError(f"{p}: no such file or directory")
+    seen: set[Path] = set()
+    unique = []
+    for f in out:
+        key = f.resolve()
+        if key not in seen:
+            seen.add(key)
+            unique.append(f)
+    return unique
+
+
+def _read_one(path: str) -> RankTrace | Failure:
+    try:
+        return read_trace(path)
+    except IngestError as exc:
+        return Failure(path, str(exc))
+
+
+def read_traces(files: Sequence[str | Path], jobs: int | None = None,
+                on_bytes: Callable[[int], None] | None = None) -> tuple[list[RankTrace], list[Failure]]:
+    """Parse every file; failures are collected, not raised. ``jobs`` > 1 parses in that many
+    processes (default: automatic — parallel only for several files totalling ≥ 32 MB).
+    ``on_bytes(n)`` reports progress in bytes of the files on disk."""
+    files = [str(f) for f in files]
+    sizes = {f: (os.path.getsize(f) if os.path.exists(f) else 0) for f in files}
+    if jobs is None:
+        big = sum(sizes.values()) >= _PARALLEL_MIN_BYTES
+        jobs = min(len(files), os.cpu_count() or 1, 8) if big else 1
+    traces: list[RankTrace] = []
+    failures: list[Failure] = []
+    if jobs <= 1 or len(files) <= 1:
+        for f in files:
+            try:
+                traces.append(read_trace(f, on_bytes=on_bytes))
+            except IngestError as exc:
+                failures.append(Failure(f, str(exc)))
+    else:
+        # spawn, not fork: the caller may run threads (progress display), which fork would copy mid-state.
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+            futures = {pool.submit(_read_one, f): f for f in files}
+            for fut in as_completed(futures):
+                res = fut.result()
+                (failures if isinstance(res, Failure) else traces).append(res)  # type: ignore[arg-type]
+                if on_bytes is not None:
+                    on_bytes(sizes[futures[fut]])
+    traces.sort(key=lambda t: t.path)
+    failures.sort(key=lambda f: f.path)
+    return traces, failures
+
+
+# --------------------------------------------------------------------------------------- topology
+def group_kind_of(layout: Layout, rank: int, members: Sequence[int]) -> str:
+    """The layout's group kind whose group of ``rank`` has exactly ``members``; empty if none."""
+    want = set(int(m) for m in members)
+    if rank not in want:
+        return ""
+    for kind in _GROUP_PREFERENCE:
+        if layout.group_size(kind) == len(want) and set(layout.group_of(kind, rank).tolist()) == want:
+            return kind
+    return ""
+
+
+def _resolve_layout(text: str | Mapping[str, int], order: str | None, traces: list[RankTrace]) -> Layout:
+    parse_layout(text, order=order)  # syntax first: a typo is reported as such
+    sized = [t for t in traces if t.world_size]
+    worlds = {t.world_size for t in sized}
+    if len(worlds) > 1:
+        a = next(t for t in sized if t.world_size == min(worlds))
+        b = next(t for t in sized if t.world_size == max(worlds))
+        raise IngestError(f"traces from different jobs? {a.path} says world_size {a.world_size}, "
+                          f"{b.path} says {b.world_size}")
+    if worlds:
+        world = worlds.pop()
+        try:
+            layout = parse_layout(text, world_size=world, order=order)
+        except LayoutError as exc:
+            raise LayoutError(f"{exc} (distributedInfo.world_size of {sized[0].path}); "
+                              "give a --layout whose sizes multiply to it") from None
+    else:
+        layout = parse_layout(text, order=order)
+    for t in traces:
+        assert t.rank is not None
+        if t.rank >= layout.world_size:
+            raise LayoutError(f"{t.path}: rank {t.rank} is outside layout {layout} "
+                              f"({layout.world_size} ranks); give a --layout that covers it")
+    return layout
+
+
+def _topology(layout: Layout, gpus_per_host: int, traces: list[RankTrace]) -> Topology:
+    """Uniform placement, with the host names the traces give (``host_name``); a CPU-only job
+    (gloo, no device activity) gets ``cpu-…`` ids instead of made-up GPU UUIDs."""
+    topo = Topology.uniform(layout, gpus_per_host)
+    named = [(t.rank, t.hostname) for t in traces if t.hostname]
+    cpu_only = all(t.backend in (None, "gloo") and not (t.kernels.kind != _CPU_OP).any() for t in traces) and any(
+        t.backend == "gloo" for t in traces)
+    if not named and not cpu_only:
+        return topo
+    hosts = topo.hosts.astype(object)
+    for rank, host in named:
+        hosts[rank] = host
+    uuids = topo.gpu_uuids
+    if cpu_only:
+        uuids = np.array([f"cpu-{h}-{lr}" for h, lr in zip(hosts, topo.local_ranks)])
+    return Topology(layout=layout, hosts=np.asarray(hosts.tolist()), local_ranks=topo.local_ranks, gpu_uuids=uuids)
+
+
+# --------------------------------------------------------------------------------------- tables
+def _by_step(table: pa.Table, steps: np.ndarray) -> dict[int, pa.Table]:
+    """Split ``table`` into one slice per step (one sort, no per-row work)."""
+    if table.num_rows == 0:
+        return {}
+    order = np.argsort(steps, kind="stable")
+    table = table.take(pa.array(order))
+    sorted_steps = steps[order]
+    uniq, first = np.unique(sorted_steps, return_index=True)
+    bounds = list(first) + [len(sorted_steps)]
+    return {int(s): table.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i])) for i, s in enumerate(uniq)}
+
+
+def _rank_tables(t: RankTrace, layout: Layout) -> tuple[dict[int, pa.Table], dict[int, pa.Table], dict[int, pa.Table]]:
+    assert t.rank is not None
+    rank = t.rank
+    s = t.steps
+    steps = pa.table({"rank": pa.array(np.full(len(s.step), rank, np.int32)), "step": s.step,
+                      "start_ns": s.start_ns, "end_ns": s.end_ns})
+    p = t.phases
+    kinds = p.group_kind.copy()
+    if len(p) and (p.group_ref >= 0).any():
+        by_ref = np.array([group_kind_of(layout, rank, g) for g in t.groups] + [""], dtype=object)
+        ref = p.group_ref
+        kinds = np.where(ref >= 0, by_ref[ref], kinds)
+    phases = pa.table({
+        "rank": pa.array(np.full(len(p), rank, np.int32)), "step": p.step, "microbatch": p.microbatch,
+        "name": pa.array(p.name.tolist(), pa.string()), "category": pa.array(p.category.tolist(), pa.string()),
+        "group_kind": pa.array(kinds.tolist(), pa.string()), "start_ns": p.start_ns, "dur_ns": p.dur_ns})
+    k = t.kernels
+    names = pa.DictionaryArray.from_arrays(pa.array(k.name_id, pa.int32()), pa.array(k.names, pa.string()))
+    kind = pa.DictionaryArray.from_arrays(pa.array(k.kind.astype(np.int32)), pa.array(list(KIND_NAMES)))
+    kernels = pa.table({
+        "rank": pa.array(np.full(len(k), rank, np.int32)), "step": k.step, "kind": kind.cast(pa.string()),
+        "device": k.device, "stream": k.stream, "name": names.cast(pa.string()),
+        "start_ns": k.start_ns, "dur_ns": k.dur_ns})
+    return _by_step(steps, s.step), _by_step(phases, p.step), _by_step(kernels, k.step)
+
+
+def _concat(parts: list[pa.Table]) -> pa.Table | None:
+    return pa.concat_tables(parts) if parts else None
+
+
+# --------------------------------------------------------------------------------------- import
+def import_traces(traces: list[RankTrace], out: str | Path, layout: str | Mapping[str, int], *,
+                  order: str | None = None, gpus_per_host: int = 8, run_id: str | None = None,
+                  failures: Sequence[Failure] = (), on_window: Callable[[int], None] | None = None) -> ImportResult:
+    """Write parsed traces into the store at ``out`` as a new run attempt (source ``kineto``).
+
+    Traces without a rank become failures. Two traces of one rank, or a layout that cannot hold
+    the ranks, are errors (nothing is written). ``on_window(step)`` reports progress."""
+    from argus.processor.window import WindowData, WindowWriter
+
+    t0 = time.perf_counter()
+    failures = list(failures)
+    ranked: list[RankTrace] = []
+    by_rank: dict[int, RankTrace] = {}
+    for t in traces:
+        if t.rank is None:
+            failures.append(Failure(t.path, f"{t.path}: no rank: neither distributedInfo.rank in the trace nor "
+                                            "rank<N> in the file name"))
+            continue
+        if t.rank in by_rank:
+            raise IngestError(f"rank {t.rank} claimed by two files: {by_rank[t.rank].path} and {t.path}")
+        by_rank[t.rank] = t
+        ranked.append(t)
+    if not ranked:
+        detail = "; ".join(str(f) for f in failures) or "no trace files given"
+        raise IngestError(f"nothing imported: {detail}")
+    lay = _resolve_layout(layout, order, ranked)
+    topology = _topology(lay, gpus_per_host, ranked)
+    store = Store.create(out)
+    identity = RunIdentity(run_id or new_run_id("kineto"))
+    attempt = store.create_attempt(identity, topology, source="kineto", extra={
+        "imported_ranks": len(ranked), "traced_world_size": max((t.world_size or 0) for t in ranked) or None})
+    writer = WindowWriter(attempt, WRITER_ID, raw_kernels=True)
+
+    per_rank = [_rank_tables(t, lay) for t in ranked]
+    all_steps = sorted(set().union(*(set(s) | set(p) | set(k) for s, p, k in per_rank)))
+    result = ImportResult(store=Path(out), run_id=identity.run_id, attempt_id=identity.attempt_id,
+                          layout=str(lay), world_size=lay.world_size, failures=failures)
+    for step in all_steps:
+        data = WindowData(
+            window=step, start_step=step, end_step=step,
+            steps=_concat([s[step] for s, _, _ in per_rank if step in s]),
+            phases=_concat([p[step] for _, p, _ in per_rank if step in p]),
+            kernels=_concat([k[step] for _, _, k in per_rank if step in k]))
+        stats = writer.write(data)
+        for table, n in stats.rows.items():
+            result.rows[table] = result.rows.get(table, 0) + n
+        result.windows += 1
+        if on_window is not None:
+            on_window(step)
+    result.bytes_written = writer.writer.bytes_written
+    result.files = [FileReport(path=t.path, rank=int(t.rank), rank_source=t.rank_source,  # type: ignore[arg-type]
+                               steps=len(t.steps.step), phases=len(t.phases), kernels=len(t.kernels),
+                               events=t.events, bytes_read=t.bytes_read, file_bytes=t.file_bytes,
+                               parse_s=t.parse_s, dropped=dict(t.dropped), notes=list(t.notes))
+                    for t in sorted(ranked, key=lambda t: t.rank or 0)]
+    result.write_s = time.perf_counter() - t0
+    return result
+
+
+def import_kineto(paths: Iterable[str | Path] | str | Path, out: str | Path, layout: str | Mapping[str, int], *,
+                  order: str | None = None, gpus_per_host: int = 8, run_id: str | None = None,
+                  jobs: int | None = None) -> ImportResult:
+    """Find, read and import Kineto traces into the store at ``out`` (see :func:`import_traces`).
+
+    Per-file problems end up in ``result.failures``; the other ranks are imported."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    parse_layout(layout, order=order)  # fail on a bad layout before reading gigabytes
+    files = find_trace_files(paths)
+    t0 = time.perf_counter()
+    traces, failures = read_traces(files, jobs=jobs)
+    parse_s = time.perf_counter() - t0
+    result = import_traces(traces, out, layout, order=order, gpus_per_host=gpus_per_host, run_id=run_id,
+                           failures=failures)
+    result.parse_s = parse_s
+    return result
