@@ -65,10 +65,10 @@ def run_compression(repeat: int = 5) -> dict:
             "events_per_s_per_core": round(k.num_rows / best)}
 
 
-def run_socket(mode: str, events: int = 5_000_000, rate_per_min_per_rank: float | None = None,
-               duration_s: float = 20.0, evidence: bool = True, window_steps: int = 5) -> dict:
-    """Stream through a real processor. ``rate_per_min_per_rank=None``: as fast as possible
-    until ``events``; else paced at that rate for ``duration_s``."""
+def run_socket(mode: str, events: int | None = 5_000_000, rate_per_min_per_rank: float | None = None,
+               duration_s: float | None = None, evidence: bool = True, window_steps: int = 5) -> dict:
+    """Stream through a real processor, as fast as possible or paced at
+    ``rate_per_min_per_rank``, until ``events`` are sent or ``duration_s`` has passed."""
     engine, steps = _window()
     ranks = sorted(steps[0])
     names = engine.names.names
@@ -98,11 +98,9 @@ def run_socket(mode: str, events: int = 5_000_000, rate_per_min_per_rank: float 
         last_sample = 0.0
         while True:
             elapsed = time.perf_counter() - t0
-            if rate_per_min_per_rank is None and sent >= events:
+            if (events is not None and sent >= events) or (duration_s is not None and elapsed >= duration_s):
                 break
             if rate_per_min_per_rank is not None:
-                if elapsed >= duration_s:
-                    break
                 target = rate_per_min_per_rank / 60 * len(ranks) * elapsed
                 if sent > target:
                     time.sleep(min(0.05, (sent - target) / (rate_per_min_per_rank / 60 * len(ranks))))
@@ -133,6 +131,7 @@ def run_socket(mode: str, events: int = 5_000_000, rate_per_min_per_rank: float 
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
         third = max(len(rss) // 3, 1)
+        mid = rss[third:-third] or rss
         return {
             "bench": "processor", "mode": mode, "ranks": len(ranks), "evidence": evidence,
             "window_steps": window_steps, "events": sent, "steps": step, "wall_s": round(wall, 2),
@@ -140,7 +139,8 @@ def run_socket(mode: str, events: int = 5_000_000, rate_per_min_per_rank: float 
             "events_per_cpu_s": round(sent / cpu) if cpu else None,
             "processor_core_pct": round(100 * cpu / wall, 2),
             "rate_per_min_per_rank": rate_per_min_per_rank,
-            "rss_mb_first_third_max": round(max(rss[:third]), 1), "rss_mb_last_third_max": round(max(rss[-third:]), 1),
+            "rss_mb_first_third_max": round(max(rss[:third]), 1), "rss_mb_middle_third_max": round(max(mid), 1),
+            "rss_mb_last_third_max": round(max(rss[-third:]), 1),
             "rss_mb_max": round(max(rss), 1), "rss_samples": len(rss),
         }
     finally:

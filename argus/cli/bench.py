@@ -34,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="comma list of: compression, throughput, paced, long")
     p.add_argument("--events", type=float, default=5e6, help="events for the throughput mode")
     p.add_argument("--long-events", type=float, default=1e8, help="events for the long (memory) mode")
+    p.add_argument("--long-rate", type=float, default=500_000,
+                   help="events per second (all ranks) for the long mode: a rate the writer sustains")
     p.add_argument("--rate", type=float, default=100_000, help="events per minute per rank for the paced mode")
     p.add_argument("--duration", type=float, default=30.0, help="seconds of the paced mode")
     p.add_argument("--no-evidence", action="store_true", help="processor without Perfetto evidence")
@@ -68,9 +70,11 @@ def _run_processor(args: argparse.Namespace) -> int:
         elif mode == "throughput":
             row = run_socket("throughput", events=int(args.events), evidence=evidence)
         elif mode == "paced":
-            row = run_socket("paced", rate_per_min_per_rank=args.rate, duration_s=args.duration, evidence=evidence)
+            row = run_socket("paced", events=None, rate_per_min_per_rank=args.rate, duration_s=args.duration,
+                             evidence=evidence)
         elif mode == "long":
-            row = run_socket("long", events=int(args.long_events), evidence=evidence)
+            row = run_socket("long", events=int(args.long_events), rate_per_min_per_rank=args.long_rate * 60 / 8,
+                             evidence=evidence)
         else:
             from argus.errors import ConfigError
 

@@ -132,16 +132,16 @@ def _write_summaries(writer, steps: list[dict[str, np.ndarray]], names: list[str
 
     first = int(steps[0]["step"])
     index = first // window_steps
-    cols = {k: np.concatenate([s[k] for s in steps]) for k in ("rank", "stream", "name", "kind", "dur")}
-    if len(cols["rank"]) == 0:
-        return
-    hi_rank = int(cols["rank"].max()) + 1
+    hi_rank = max((int(s["rank"].max()) + 1 for s in steps if len(s["rank"])), default=0)
     for lo in range(0, hi_rank, ranks_per_block):
-        sel = (cols["rank"] >= lo) & (cols["rank"] < lo + ranks_per_block)
-        if not sel.any():
+        # Gather one block of ranks from each step: never a copy of the whole window.
+        masks = [(s["rank"] >= lo) & (s["rank"] < lo + ranks_per_block) for s in steps]
+        cols = {k: np.concatenate([s[k][m] for s, m in zip(steps, masks)])
+                for k in ("rank", "stream", "name", "kind", "dur")}
+        if len(cols["rank"]) == 0:
             continue
         summaries, sketches = summarize_kernel_arrays(
-            cols["rank"][sel], cols["stream"][sel], cols["name"][sel], cols["kind"][sel], cols["dur"][sel],
+            cols["rank"], cols["stream"], cols["name"], cols["kind"], cols["dur"],
             names, names, index, first, first + len(steps) - 1)
         writer.write("kernel_summaries", summaries, window=index)
         writer.write("kernel_sketches", sketches, window=index)
