@@ -1,0 +1,133 @@
+"""Columnar views of a store that the detectors share, built once per window.
+
+``StepFrame`` is every rank's step durations as a ``(steps, ranks)`` matrix. ``PhaseFrame``
+is one window's phases as arrays sorted by (rank, start), with each compute or host phase's
+**busy** time: its duration minus the communication phases nested inside it (time blocked
+in a collective or a pipeline receive is waiting, not work). Nesting is found with one
+``searchsorted`` over (rank, start) keys — no per-rank loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from argus.store import Attempt
+
+__all__ = ["StepFrame", "PhaseFrame", "load_steps", "load_phases", "encode"]
+
+
+def encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
+    """Strings → (int ids, vocabulary)."""
+    d = pc.dictionary_encode(col)
+    if isinstance(d, pa.ChunkedArray):
+        d = d.combine_chunks()
+    return d.indices.to_numpy(zero_copy_only=False).astype(np.int32), d.dictionary.to_pylist()
+
+
+@dataclass
+class StepFrame:
+    steps: np.ndarray  # sorted step numbers
+    dur_s: np.ndarray  # (n_steps, world): seconds; nan = no record, inf = never finished
+    world: int
+
+    @property
+    def job_step_time(self) -> np.ndarray:
+        """Median over ranks with a record (inf if any rank never finished the step)."""
+        out = np.full(len(self.steps), np.nan)
+        for i, row in enumerate(self.dur_s):
+            have = row[~np.isnan(row)]
+            if have.size:
+                out[i] = np.inf if np.isinf(have).any() else float(np.median(have))
+        return out
+
+
+def load_steps(attempt: Attempt) -> StepFrame:
+    t = attempt.read("steps", columns=["rank", "step", "start_ns", "end_ns"])
+    world = attempt.layout.world_size
+    if t.num_rows == 0:
+        return StepFrame(np.empty(0, np.int64), np.empty((0, world)), world)
+    rank = t.column("rank").to_numpy()
+    step = t.column("step").to_numpy()
+    start, end = t.column("start_ns").to_numpy(), t.column("end_ns").to_numpy()
+    steps, idx = np.unique(step, return_inverse=True)
+    dur = np.full((len(steps), world), np.nan)
+    dur[idx, rank] = np.where(end >= 0, (end - start) / 1e9, np.inf)
+    return StepFrame(steps, dur, world)
+
+
+@dataclass
+class PhaseFrame:
+    lo: int
+    hi: int
+    rank: np.ndarray
+    step: np.ndarray
+    mb: np.ndarray
+    name: np.ndarray  # ids into names
+    cat: np.ndarray  # ids into cats
+    group: np.ndarray  # ids into groups
+    start: np.ndarray  # ns, host clock
+    dur: np.ndarray  # ns; -1 = never finished
+    busy: np.ndarray  # ns for compute/host phases (dur minus nested comm); nan for comm
+    names: list[str]
+    cats: list[str]
+    groups: list[str]
+
+    @property
+    def n(self) -> int:
+        return len(self.rank)
+
+    def cat_id(self, category: str) -> int:
+        return self.cats.index(category) if category in self.cats else -1
+
+    @property
+    def is_comm(self) -> np.ndarray:
+        return self.cat == self.cat_id("comm")
+
+    def name_id(self, name: str) -> int:
+        return self.names.index(name) if name in self.names else -1
+
+
+def load_phases(attempt: Attempt, lo: int, hi: int) -> PhaseFrame:
+    """Phases of steps ``lo..hi`` sorted by (rank, start), with busy times."""
+    con = attempt.duckdb()
+    try:
+        t = con.sql(f"SELECT rank, step, microbatch, name, category, group_kind, start_ns, dur_ns FROM phases "
+                    f"WHERE step BETWEEN {int(lo)} AND {int(hi)} ORDER BY rank, start_ns, dur_ns DESC").to_arrow_table()
+    finally:
+        con.close()
+    name, names = encode(t.column("name"))
+    cat, cats = encode(t.column("category"))
+    grp, groups = encode(t.column("group_kind"))
+    f = PhaseFrame(lo, hi, t.column("rank").to_numpy().astype(np.int64), t.column("step").to_numpy(),
+                   t.column("microbatch").to_numpy(), name, cat, grp, t.column("start_ns").to_numpy(),
+                   t.column("dur_ns").to_numpy(), np.empty(0), names, cats, groups)
+    f.busy = _busy(f)
+    return f
+
+
+def _busy(f: PhaseFrame) -> np.ndarray:
+    """dur − Σ dur of finished comm phases that start inside it (same rank)."""
+    busy = np.full(f.n, np.nan)
+    if f.n == 0:
+        return busy
+    comm = f.is_comm
+    base = int(f.start.min())
+    rel = f.start - base
+    # (rank, relative start) in one int64: ranks < 2^17, windows < 2^46 ns (19.5 hours).
+    key = (f.rank << 46) | rel
+    c = np.flatnonzero(comm)
+    ckey = key[c]  # sorted: the frame is sorted by (rank, start)
+    cdur = np.where(f.dur[c] > 0, f.dur[c], 0).astype(np.float64)
+    cum = np.concatenate([[0.0], np.cumsum(cdur)])
+    work = np.flatnonzero(~comm)
+    end = rel[work] + np.maximum(f.dur[work], 0)
+    lo_i = np.searchsorted(ckey, key[work], side="left")
+    hi_i = np.searchsorted(ckey, (f.rank[work] << 46) | end, side="left")
+    waited = cum[hi_i] - cum[lo_i]
+    d = f.dur[work].astype(np.float64)
+    busy[work] = np.where(d >= 0, np.maximum(d - waited, 0.0), np.nan)
+    return busy

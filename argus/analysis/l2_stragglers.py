@@ -1,0 +1,237 @@
+"""L2: straggler ranks and the bottleneck phase, by comparing each rank with its peers.
+
+Work is compared, waiting is not blamed. For every phase, each rank's per-step total of
+**busy** time (compute/host phases minus the collectives nested in them) is compared with
+its peer group's (DESIGN.md §3 routing: MoE phases within the EP group, everything else
+within the peer set — same stage, same TP shard), per step and, for per-microbatch phases,
+per microbatch. A group is examined only when its coefficient of variation exceeds a gate;
+a rank is flagged by robust z (median/MAD) with a minimum relative excess and a minimum
+absolute cost (its excess must matter against the step time). Persistence over the window's
+steps separates a slow component from a one-off stall.
+
+Collectives name the rank the others wait for through **arrival skew**: the members of
+each collective instance (matched by name, step, microbatch, group and occurrence) arrive
+at different times; after correcting per-host clock offsets (estimated from the fact that a
+collective ends for all its members at once), a rank that arrives late again and again is
+the suspect — however short its own collective kernels look.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from argus.analysis.collectives import host_clock_offsets, match_instances
+from argus.analysis.frames import PhaseFrame
+from argus.analysis.links import LinkFinding, detect_link_shifts
+from argus.topology import Layout
+
+__all__ = ["L2Config", "Finding", "L2Result", "detect_stragglers", "peer_kind"]
+
+_MOE_WORDS = ("moe", "expert", "grouped_mlp")
+
+
+@dataclass(frozen=True, slots=True)
+class L2Config:
+    z: float = 4.0  # robust z to flag a rank within its peer group
+    min_ratio: float = 1.2  # persistent: at least this × the peer median
+    spike_ratio: float = 2.0  # a single step this far out is an intermittent finding
+    cv_gate: float = 0.03  # groups whose std/mean is below this are left alone
+    min_excess_frac: float = 0.03  # a rank's excess must be ≥ this share of the step time
+    persist_frac: float = 0.6  # flagged in this share of the window's steps: persistent
+    mad_floor: float = 0.01  # MAD floor as a share of the median (timer noise)
+
+
+@dataclass
+class Finding:
+    kind: str  # "busy" (work on the rank is long) | "arrival" (the rank arrives late at collectives)
+    rank: int
+    name: str  # phase (busy) or "collectives" (arrival)
+    category: str
+    microbatch: int  # -1: per-step totals
+    steps: list[int]
+    ratio: float  # median over flagged steps of rank / peer median
+    z: float  # max robust z
+    excess_s: float  # mean excess per flagged step, seconds
+    peer_kind: str
+    persistent: bool
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "rank": self.rank, "phase": self.name, "category": self.category,
+                "microbatch": self.microbatch, "steps": self.steps, "ratio": round(self.ratio, 3),
+                "z": round(self.z, 2), "excess_s": round(self.excess_s, 6), "peers": self.peer_kind,
+                "persistent": self.persistent}
+
+
+@dataclass
+class L2Result:
+    lo: int
+    hi: int
+    findings: list[Finding] = field(default_factory=list)
+    clock_offset_ns: dict[str, float] = field(default_factory=dict)
+    links: list[LinkFinding] = field(default_factory=list)
+    phase_ratio: dict[tuple[int, str], float] = field(default_factory=dict)  # (rank, name) → median ratio
+
+
+def peer_kind(name: str, layout: Layout) -> str:
+    """Which group a phase is compared within (DESIGN.md §3)."""
+    low = name.lower()
+    if layout.ep > 1 and any(w in low for w in _MOE_WORDS):
+        return "ep"
+    return "dp"
+
+
+def _group_stats(values: np.ndarray, groups: np.ndarray, mad_floor: float):
+    """Per rank: peer median, robust z, ratio and the group's coefficient of variation."""
+    g = values[..., groups]  # (..., nG, size)
+    with np.errstate(invalid="ignore", divide="ignore"), _quiet():
+        med = np.nanmedian(g, axis=-1, keepdims=True)
+        mad = np.nanmedian(np.abs(g - med), axis=-1, keepdims=True)
+        scale = np.maximum(1.4826 * mad, mad_floor * np.abs(med)) + 1e-9
+        z = (g - med) / scale
+        cv = np.nanstd(g, axis=-1, keepdims=True) / np.abs(np.nanmean(g, axis=-1, keepdims=True))
+    out_shape = values.shape
+    flat = lambda a: _scatter(np.broadcast_to(a, g.shape), groups, out_shape)  # noqa: E731
+    return flat(med), flat(z), flat(cv)
+
+
+class _quiet:
+    def __enter__(self):
+        import warnings
+
+        self._w = warnings.catch_warnings()
+        self._w.__enter__()
+        warnings.simplefilter("ignore", RuntimeWarning)
+
+    def __exit__(self, *a):
+        self._w.__exit__(*a)
+
+
+def _scatter(g: np.ndarray, groups: np.ndarray, shape: tuple) -> np.ndarray:
+    out = np.full(shape, np.nan)
+    out[..., groups] = g
+    return out
+
+
+def detect_stragglers(f: PhaseFrame, layout: Layout, hosts: np.ndarray, job_step_s: dict[int, float],
+                      config: L2Config = L2Config()) -> L2Result:
+    """L2 over one window's phases. ``job_step_s``: job step time per step (for cost gates)."""
+    res = L2Result(f.lo, f.hi)
+    if f.n == 0:
+        return res
+    world = layout.world_size
+    steps = np.unique(f.step)
+    step_i = np.searchsorted(steps, f.step)
+    S, N, K = len(steps), world, len(f.names)
+    comm = f.is_comm
+    value = np.where(comm, np.maximum(f.dur, 0), f.busy).astype(np.float64)
+    value = np.nan_to_num(value)
+    step_time = np.array([job_step_s.get(int(s), np.nan) for s in steps])
+
+    # Per-step totals per (phase, step, rank).
+    idx = (f.name.astype(np.int64) * S + step_i) * N + f.rank
+    tot = np.bincount(idx, weights=value, minlength=K * S * N).reshape(K, S, N)
+    cnt = np.bincount(idx, minlength=K * S * N).reshape(K, S, N)
+    tot = np.where(cnt > 0, tot, np.nan)
+    cat_of = np.zeros(K, np.int64)
+    cat_of[f.name] = f.cat
+    for k in range(K):
+        if not np.isfinite(tot[k]).any():
+            continue
+        category = f.cats[cat_of[k]]
+        kind = peer_kind(f.names[k], layout)
+        groups = layout.groups(kind if layout.group_size(kind) > 1 else "dp")
+        med, z, cv = _group_stats(tot[k] / 1e9, groups, config.mad_floor)
+        ratio = (tot[k] / 1e9) / med
+        for r in np.flatnonzero(np.isfinite(ratio).any(axis=0)):
+            res.phase_ratio[(int(r), f.names[k])] = float(np.nanmedian(ratio[:, r]))
+        if category == "comm":
+            continue  # waiting is not blamed; arrival skew names who is waited for
+        _flag(res, f.names[k], category, -1, kind, steps, tot[k] / 1e9, med, z, cv, step_time, config)
+
+    # Per-microbatch phases (one occurrence per rank, step and microbatch): compare per mb.
+    mb_ok = f.mb >= 0
+    if mb_ok.any():
+        M = int(f.mb[mb_ok].max()) + 1
+        key = ((f.name.astype(np.int64) * S + step_i) * M + np.maximum(f.mb, 0)) * N + f.rank
+        c = np.bincount(key[mb_ok], minlength=K * S * M * N).reshape(K, S, M, N)
+        single = [k for k in range(K) if c[k].max() == 1 and f.cats[cat_of[k]] != "comm"]
+        if single:
+            v = np.bincount(key[mb_ok], weights=value[mb_ok], minlength=K * S * M * N).reshape(K, S, M, N)
+            for k in single:
+                vals = np.where(c[k] > 0, v[k], np.nan) / 1e9  # (S, M, N)
+                kind = peer_kind(f.names[k], layout)
+                groups = layout.groups(kind if layout.group_size(kind) > 1 else "dp")
+                med, z, cv = _group_stats(vals, groups, config.mad_floor)
+                for m in range(M):
+                    _flag(res, f.names[k], f.cats[cat_of[k]], m, kind, steps, vals[:, m], med[:, m], z[:, m],
+                          cv[:, m], step_time, config)
+
+    _arrival_skew(res, f, layout, hosts, steps, step_i, step_time, config)
+    return res
+
+
+def _flag(res: L2Result, name: str, category: str, mb: int, kind: str, steps: np.ndarray, vals: np.ndarray,
+          med: np.ndarray, z: np.ndarray, cv: np.ndarray, step_time: np.ndarray, config: L2Config) -> None:
+    """Flag ranks whose value (S, N) stands out in enough steps, or hugely in one."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = vals / med
+        excess = vals - med
+        costly = excess >= config.min_excess_frac * step_time[:, None]
+        flagged = (z >= config.z) & (ratio >= config.min_ratio) & (cv >= config.cv_gate) & costly
+        spike = flagged & (ratio >= config.spike_ratio)
+    present = np.isfinite(vals).sum(axis=0)
+    n_flag = flagged.sum(axis=0)
+    candidates = np.flatnonzero((n_flag > 0) & ((n_flag >= config.persist_frac * present) | spike.any(axis=0)))
+    for r in candidates:
+        rows = np.flatnonzero(flagged[:, r])
+        persistent = bool(n_flag[r] >= config.persist_frac * present[r])
+        res.findings.append(Finding(
+            kind="busy", rank=int(r), name=name, category=category, microbatch=mb,
+            steps=[int(steps[i]) for i in rows], ratio=float(np.median(ratio[rows, r])),
+            z=float(np.max(z[rows, r])), excess_s=float(np.mean(excess[rows, r])), peer_kind=kind,
+            persistent=persistent))
+
+
+def _arrival_skew(res: L2Result, f: PhaseFrame, layout: Layout, hosts: np.ndarray, steps: np.ndarray,
+                  step_i: np.ndarray, step_time: np.ndarray, config: L2Config) -> None:
+    """Per rank: how much later than the other members it arrives at its collectives, counting
+    only the lateness it adds itself (its gap since its previous collective, against the other
+    members' gaps in the same instance): lateness inherited from waiting does not count."""
+    inst = match_instances(f, layout, step_i)
+    res.links = detect_link_shifts(f, inst, layout, hosts, steps, step_i)
+    if inst is None:
+        return
+    res.clock_offset_ns = host_clock_offsets(f, inst, hosts)
+    gap, inv = inst.gap_ns, inst.inv
+    valid = np.isfinite(gap) & (inst.size[inv] > 1)
+    gsum = np.bincount(inv[valid], weights=gap[valid], minlength=len(inst.size))
+    gcnt = np.bincount(inv[valid], minlength=len(inst.size))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        others = (gsum[inv] - np.where(valid, gap, 0.0)) / (gcnt[inv] - valid)
+        late = np.where(valid & (gcnt[inv] > 1), gap - others, np.nan)
+    rank = f.rank[inst.rows]
+    si = step_i[inst.rows]
+    S, N = len(steps), layout.world_size
+    ok = np.isfinite(late)
+    per = np.bincount(si[ok] * N + rank[ok], weights=late[ok] / 1e9, minlength=S * N).reshape(S, N)
+    n = np.bincount(si[ok] * N + rank[ok], minlength=S * N).reshape(S, N)
+    per = np.where(n > 0, per, np.nan)
+    groups = layout.groups("dp")
+    with _quiet():
+        med = np.nanmedian(per[:, groups], axis=-1, keepdims=True)
+        mad = np.nanmedian(np.abs(per[:, groups] - med), axis=-1, keepdims=True)
+    z = _scatter((per[:, groups] - med) / (1.4826 * mad + 1e-4), groups, per.shape)
+    excess = per - _scatter(np.broadcast_to(med, per[:, groups].shape), groups, per.shape)
+    with np.errstate(invalid="ignore"):
+        flagged = (z >= config.z) & (excess >= config.min_excess_frac * step_time[:, None])
+    present = np.isfinite(per).sum(axis=0)
+    n_flag = flagged.sum(axis=0)
+    for r in np.flatnonzero(n_flag > 0):
+        rows_r = np.flatnonzero(flagged[:, r])
+        res.findings.append(Finding(
+            kind="arrival", rank=int(r), name="collectives", category="comm", microbatch=-1,
+            steps=[int(steps[i]) for i in rows_r], ratio=float("nan"), z=float(np.max(z[rows_r, r])),
+            excess_s=float(np.mean(excess[rows_r, r])), peer_kind="dp",
+            persistent=bool(n_flag[r] >= config.persist_frac * present[r])))

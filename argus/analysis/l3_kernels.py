@@ -1,0 +1,273 @@
+"""L3: degraded kernels, from the per-window kernel summaries.
+
+For each kernel (and stream), every rank's distribution is rebuilt from its KDE summary (a
+truncated log-normal mixture) on one log grid; each rank is compared with the pointwise
+median CDF of its peer group by W₁ — O(n) per kernel, so 10,000 ranks cost little. A rank is
+an outlier above the group's IQR fence (Q3 + 1.5·IQR) when the distance is also a real
+effect (a minimum share of the kernel's duration and an absolute floor): compute kernels
+that are *slower* than the peers point at the GPU.
+
+Communication kernels in synchronous training mostly measure waiting, so single ranks are
+not blamed on them. Instead, L3 looks for a **group-level shift**: ranks partitioned by a
+group kind (tp, ep, dp, edp, pp) or by host; when a few groups' members are all shifted
+together (small spread inside them, large between them), the shared link is the suspect.
+Intersecting the hosts of the shifted groups over several kernels narrows the culprit down
+(e.g. dp groups say "hosts 0–3", pipeline send/recv says "hosts 0, 1, 4, 5": hosts 0 and 1).
+This runs on every window, not only on L1/L2 triggers: a link slow from the first step
+never makes a spike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from argus.compress import log_grid, mixture_cdf, w1, w1_matrix
+from argus.topology import Layout
+
+__all__ = ["CollectiveCalls", "GroupShift", "KernelOutlier", "L3Config", "L3Result", "collective_calls",
+           "detect_kernels", "kinds_for", "w1_matrix_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class L3Config:
+    min_effect: float = 0.10  # W₁ at least this share of the peer median's mean duration
+    min_w1_ns: float = 2_000.0  # and at least 2 µs
+    fence: float = 1.5  # IQR fence multiplier
+    grid: int = 256
+    shift_effect: float = 0.3  # a shifted group's transfer floor is ≥ 30% above the others'
+    shift_separation: float = 4.0  # … and this many robust spreads of the group floors
+    max_shifted_share: float = 0.5  # a shift concerns a minority of the groups
+
+
+@dataclass
+class KernelOutlier:
+    rank: int
+    kernel: str
+    stream: int
+    category: str
+    w1_ns: float
+    rel: float  # W₁ / peer mean duration
+    slower: bool  # the rank's mean duration is above the peers'
+    peer_kind: str
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "kernel": self.kernel, "stream": self.stream, "category": self.category,
+                "w1_ns": round(self.w1_ns, 1), "rel": round(self.rel, 4), "slower": self.slower,
+                "peers": self.peer_kind}
+
+
+@dataclass
+class GroupShift:
+    kernel: str
+    stream: int
+    op: str
+    group_kind: str
+    ranks: list[int]  # members of the shifted groups
+    hosts: list[str]
+    shift_rel: float  # how much longer the shifted groups' transfer floor is (0.5: 50% longer)
+    within_rel: float  # robust spread of the group floors (log units)
+    extra_ns_per_event: float  # how much longer the shifted groups' fastest events are
+
+    def to_json(self) -> dict:
+        return {"kernel": self.kernel, "stream": self.stream, "op": self.op, "group_kind": self.group_kind,
+                "ranks": self.ranks[:64], "n_ranks": len(self.ranks), "hosts": self.hosts,
+                "shift_rel": round(self.shift_rel, 4), "within_rel": round(self.within_rel, 4),
+                "extra_ns_per_event": round(self.extra_ns_per_event, 1)}
+
+
+@dataclass
+class L3Result:
+    window: int
+    start_step: int
+    end_step: int
+    outliers: list[KernelOutlier] = field(default_factory=list)
+    shifts: list[GroupShift] = field(default_factory=list)
+    events_per_step: dict[tuple[str, int], float] = field(default_factory=dict)  # (kernel, stream) → per rank
+
+
+def _rank_cdfs(rows: dict[str, np.ndarray], grid: np.ndarray, world: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """CDF per rank present (R, G), the ranks, and each rank's mean duration."""
+    ranks, dist = np.unique(rows["rank"], return_inverse=True)
+    cdf = mixture_cdf(grid, dist, rows["count"], rows["p50_ns"], rows["p99_ns"], n_dist=len(ranks),
+                      lo=rows["min_ns"], hi=rows["max_ns"])
+    # mean of a truncated component ≈ its median for tight clusters; weighted by counts
+    w = rows["count"].astype(np.float64)
+    mean = np.bincount(dist, weights=w * rows["p50_ns"], minlength=len(ranks)) / np.bincount(
+        dist, weights=w, minlength=len(ranks))
+    return cdf, ranks, mean
+
+
+def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, window: int, start_step: int,
+                   end_step: int, calls: list[CollectiveCalls] | None = None,
+                   config: L3Config = L3Config()) -> L3Result:
+    """L3 over one window's ``kernel_summaries`` rows. ``calls``: the window's collective phases
+    (:func:`collective_calls`), to tell which communicator ran each kernel."""
+    res = L3Result(window, start_step, end_step)
+    if summaries.num_rows == 0:
+        return res
+    cols = {c: summaries.column(c).to_numpy(zero_copy_only=False) for c in
+            ("rank", "stream", "kernel", "category", "op", "count", "p50_ns", "p99_ns", "min_ns", "max_ns")}
+    n_steps = max(end_step - start_step + 1, 1)
+    key = np.char.add(cols["kernel"].astype(str), np.char.add("|", cols["stream"].astype(str)))
+    for k in np.unique(key):
+        sel = key == k
+        rows = {c: v[sel] for c, v in cols.items()}
+        kernel, stream = str(rows["kernel"][0]), int(rows["stream"][0])
+        category, op = str(rows["category"][0]), str(rows["op"][0])
+        grid = log_grid(max(float(rows["min_ns"].min()) * 0.9, 1.0), float(rows["max_ns"].max()) * 1.1, config.grid)
+        cdf, ranks, mean = _rank_cdfs(rows, grid, layout.world_size)
+        floor = np.full(len(ranks), np.inf)
+        np.minimum.at(floor, np.searchsorted(ranks, rows["rank"]), rows["min_ns"])
+        res.events_per_step[(kernel, stream)] = float(rows["count"].sum()) / len(ranks) / n_steps
+        if len(ranks) < 3:
+            continue
+        if category == "comm":
+            kinds = kinds_for(op, res.events_per_step[(kernel, stream)], calls)
+            shift = _group_shift(ranks, floor, layout, hosts, kernel, stream, op, kinds, config)
+            if shift is not None:
+                res.shifts.append(shift)
+        else:
+            res.outliers += _outliers(cdf, ranks, mean, grid, layout, kernel, stream, category, config)
+    return res
+
+
+def _peer_table(ranks: np.ndarray, layout: Layout, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """Position of each present rank and its group (of ``kind``) index, for grouping rows."""
+    return layout.group_index(kind)[ranks], np.arange(len(ranks))
+
+
+def _group_median_cdf(cdf: np.ndarray, gid: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pointwise median CDF per group, and the inverse index (rank row → group row)."""
+    ug, inv = np.unique(gid, return_inverse=True)
+    med = np.empty((len(ug), cdf.shape[1]))
+    order = np.argsort(inv, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(inv, minlength=len(ug)))])
+    sorted_cdf = cdf[order]
+    for g in range(len(ug)):  # groups ≪ ranks; each median is vectorised over its members
+        med[g] = np.median(sorted_cdf[bounds[g]:bounds[g + 1]], axis=0)
+    return med, inv
+
+
+def _outliers(cdf, ranks, mean, grid, layout: Layout, kernel, stream, category, config: L3Config) -> list[KernelOutlier]:
+    kind = "dp"
+    gid, _ = _peer_table(ranks, layout, kind)
+    med_cdf, inv = _group_median_cdf(cdf, gid)
+    dist = w1(cdf, med_cdf[inv], grid)
+    peer_mean = np.array([np.median(mean[inv == g]) for g in range(med_cdf.shape[0])])[inv]
+    out = []
+    for g in np.unique(inv):
+        members = np.flatnonzero(inv == g)
+        if members.size < 3:
+            continue
+        d = dist[members]
+        q1, q3 = np.percentile(d, [25, 75])
+        fence = q3 + config.fence * (q3 - q1)
+        for m in members[(d > fence) & (d >= config.min_w1_ns) & (d >= config.min_effect * peer_mean[members])]:
+            out.append(KernelOutlier(int(ranks[m]), kernel, stream, category, float(dist[m]),
+                                     float(dist[m] / peer_mean[m]), bool(mean[m] > peer_mean[m]), kind))
+    return out
+
+
+def _group_shift(ranks, floor, layout: Layout, hosts, kernel, stream, op, kinds: tuple[str, ...],
+                 config: L3Config) -> GroupShift | None:
+    """The partition (group kind or host) in which a minority of groups is shifted as a whole.
+
+    Compared is each group's **floor**: its fastest event of the window. In every collective
+    one member arrives last and moves data without waiting, so a group's fastest event is its
+    transfer time, whatever its members' positions in the schedule. Transfer time changes
+    only with the links a group crosses; a straggler does not raise it (the straggler itself
+    is the member that arrives last). Only the group kinds that run this collective are
+    tried (``kinds``): in any other partition a group's members do not share instances and
+    its floor still contains waiting."""
+    best = None
+    partitions = {kind: layout.group_index(kind)[ranks] for kind in kinds
+                  if kind in ("tp", "ep", "dp", "edp", "pp", "cp") and layout.group_size(kind) > 1}
+    min_shift = np.log1p(config.shift_effect)
+    for kind, gid in partitions.items():
+        ug, inv = np.unique(gid, return_inverse=True)
+        if len(ug) < 3:
+            continue
+        gfloor = np.full(len(ug), np.inf)
+        np.minimum.at(gfloor, inv, floor)
+        v = np.log(np.maximum(gfloor, 1.0))
+        center = float(np.quantile(v, 0.25))  # faults only lengthen transfers: the low side is healthy
+        low = v[v <= np.median(v)]
+        spread = 1.4826 * float(np.median(np.abs(low - np.median(low)))) + 1e-3
+        shift = v - center
+        shifted = np.flatnonzero((shift >= min_shift) & (shift >= config.shift_separation * spread))
+        if shifted.size == 0 or shifted.size > config.max_shifted_share * len(ug):
+            continue
+        score = float(np.median(shift[shifted])) / spread
+        if best is None or score > best[0]:
+            members = np.flatnonzero(np.isin(inv, shifted))
+            extra = float(np.median(gfloor[shifted]) - np.exp(center))
+            best = (score, kind, members, float(np.expm1(np.median(shift[shifted]))), spread, extra)
+    if best is None:
+        return None
+    _, kind, members, shift_rel, within, extra = best
+    member_ranks = ranks[members]
+    return GroupShift(kernel, stream, op, kind, sorted(int(r) for r in member_ranks),
+                      sorted({str(h) for h in np.asarray(hosts)[member_ranks]}), shift_rel, within, extra)
+
+
+#: Phase-name words that identify the op a collective phase launches.
+_OP_WORDS = {"reduce_scatter": ("reduce-scatter", "reduce_scatter", "reducescatter"),
+             "all_gather": ("allgather", "all-gather", "all_gather"),
+             "all_reduce": ("allreduce", "all-reduce", "all_reduce", "barrier"),
+             "send_recv": ("send", "recv", "alltoall", "all-to-all", "all_to_all"),
+             "all_to_all": ("alltoall", "all-to-all", "all_to_all"),
+             "broadcast": ("broadcast",)}
+
+
+@dataclass(frozen=True)
+class CollectiveCalls:
+    """One collective phase as the framework saw it: its op, group kind and calls per rank-step."""
+
+    op: str
+    group_kind: str
+    per_rank_step: float
+
+
+def collective_calls(names: list[str], groups: list[str], per_rank_step: list[float]) -> list[CollectiveCalls]:
+    """Collective phases (name, group kind, calls per rank-step) → op-level call rates, summed
+    per (op, group kind): pp-send and pp-recv both launch SendRecv kernels on one stream."""
+    acc: dict[tuple[str, str], float] = {}
+    for name, group, rate in zip(names, groups, per_rank_step):
+        low = name.lower()
+        for op, words in _OP_WORDS.items():
+            if group and any(w in low for w in words):
+                acc[(op, group)] = acc.get((op, group), 0.0) + float(rate)
+                break
+    return [CollectiveCalls(op, g, r) for (op, g), r in acc.items()]
+
+
+def kinds_for(op: str, events_per_rank_step: float, calls: list[CollectiveCalls] | None) -> tuple[str, ...]:
+    """Group kinds whose collective phases launch as many kernels of ``op`` per rank-step as
+    this kernel has (NCCL runs one kernel per call); all kinds when nothing is known."""
+    every = ("tp", "ep", "dp", "edp", "pp", "cp")
+    if not calls:
+        return every
+    alias = {"send_recv": ("send_recv", "all_to_all"), "all_to_all": ("all_to_all", "send_recv")}.get(op, (op,))
+    same_op = [c for c in calls if c.op in alias]
+    match = [c.group_kind for c in same_op
+             if abs(c.per_rank_step - events_per_rank_step) <= 0.25 * max(c.per_rank_step, 1.0)]
+    if match:
+        return tuple(sorted(set(match)))
+    if same_op:  # no rate within 25%: the closest one
+        closest = min(same_op, key=lambda c: abs(np.log(max(c.per_rank_step, 1e-9) / max(events_per_rank_step, 1e-9))))
+        return (closest.group_kind,)
+    return every
+
+
+def w1_matrix_for(summaries: pa.Table, kernel: str, stream: int, ranks: list[int], points: int = 256) -> np.ndarray:
+    """Full pairwise W₁ matrix of one kernel over the given ranks — O(n²), for display only."""
+    t = summaries.filter((pa.compute.equal(summaries.column("kernel"), kernel))
+                         & pa.compute.equal(summaries.column("stream"), stream))
+    t = t.filter(pa.compute.is_in(t.column("rank"), pa.array(ranks, pa.int32())))
+    rows = {c: t.column(c).to_numpy() for c in ("rank", "count", "p50_ns", "p99_ns", "min_ns", "max_ns")}
+    grid = log_grid(max(float(rows["min_ns"].min()) * 0.9, 1.0), float(rows["max_ns"].max()) * 1.1, points)
+    cdf, _, _ = _rank_cdfs(rows, grid, 0)
+    return w1_matrix(cdf, grid)
