@@ -143,7 +143,8 @@ def detect_stragglers(f: PhaseFrame, layout: Layout, hosts: np.ndarray, job_step
         kind = peer_kind(f.names[k], layout)
         groups = layout.groups(kind if layout.group_size(kind) > 1 else "dp")
         med, z, cv = _group_stats(tot[k] / 1e9, groups, config.mad_floor)
-        ratio = (tot[k] / 1e9) / med
+        with np.errstate(invalid="ignore", divide="ignore"):
+            ratio = (tot[k] / 1e9) / med
         for r in np.flatnonzero(np.isfinite(ratio).any(axis=0)):
             res.phase_ratio[(int(r), f.names[k])] = float(np.nanmedian(ratio[:, r]))
         if category == "comm":

@@ -32,10 +32,12 @@ class LinkFinding:
     ranks: list[int]
     hosts: list[str]
     shift: float  # transfer / healthy transfer − 1
+    extra_ns: float  # how much longer each transfer of the shifted groups took
 
     def to_json(self) -> dict:
         return {"collective": self.collective, "group_kind": self.group_kind, "step": self.step,
-                "n_ranks": len(self.ranks), "hosts": self.hosts, "shift": round(self.shift, 3)}
+                "n_ranks": len(self.ranks), "hosts": self.hosts, "shift": round(self.shift, 3),
+                "extra_ms": round(self.extra_ns / 1e6, 3)}
 
 
 _PP = 6  # kind code of pipeline p2p in ``Instances.kind_name``
@@ -96,6 +98,8 @@ def detect_link_shifts(f: PhaseFrame, inst: Instances | None, layout: Layout, ho
         kind = Instances.kind_name(kind_code)
         table = layout.groups(kind)
         ranks = sorted(int(r) for r in table[g[shifted]].ravel())
-        out.append(LinkFinding(names[name_id], kind, int(steps[si]), ranks,
-                               sorted({hosts[r] for r in ranks}), float(np.expm1(np.median(v[shifted] - center)))))
+        healthy = float(np.exp(center))
+        out.append(LinkFinding(names[name_id], kind, int(steps[si]), ranks, sorted({str(hosts[r]) for r in ranks}),
+                               float(np.expm1(np.median(v[shifted] - center))),
+                               float(np.exp(np.median(v[shifted])) - healthy)))
     return out

@@ -1,0 +1,138 @@
+"""Progressive diagnosis of one run attempt: L1 over the whole step series, then L2 and L3 on
+every window (not only where L1 fires: a link slow from the first step never spikes), then
+root cause into incidents, stored in the store's ``incidents`` table."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow.compute as pc
+
+from argus.analysis.frames import load_phases, load_steps
+from argus.analysis.incident import Incident, incidents_document, incidents_table
+from argus.analysis.l1_windows import L1Config, L1Result, detect_windows
+from argus.analysis.l2_stragglers import L2Config, detect_stragglers
+from argus.analysis.l3_kernels import L3Config, collective_calls, detect_kernels
+from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents
+from argus.analysis.signals import HwSignals, load_hw_signals
+from argus.errors import ConfigError
+from argus.store import Attempt
+
+__all__ = ["DiagnoseConfig", "Diagnosis", "diagnose"]
+
+
+@dataclass(kw_only=True)
+class DiagnoseConfig:
+    window_steps: int | None = None  # default: the store's summary windows (at least 5 steps)
+    store_incidents: bool = True
+    l1: L1Config = field(default_factory=L1Config)
+    l2: L2Config = field(default_factory=L2Config)
+    l3: L3Config = field(default_factory=L3Config)
+    rootcause: RootCauseConfig = field(default_factory=RootCauseConfig)
+
+    def __post_init__(self) -> None:
+        if self.window_steps is not None and self.window_steps < 1:
+            raise ConfigError(f"window_steps must be at least 1, got {self.window_steps}")
+
+
+@dataclass
+class Diagnosis:
+    attempt: Attempt
+    l1: L1Result
+    windows: list[WindowAnalysis]
+    incidents: list[Incident]
+    hw: HwSignals
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    def document(self) -> dict[str, Any]:
+        a = self.attempt
+        return incidents_document(a.identity.run_id, a.identity.attempt_id, a.layout.world_size, self.incidents, {
+            "layout": str(a.layout), "steps": [int(self.l1.steps.min()), int(self.l1.steps.max())]
+            if len(self.l1.steps) else [],
+            "baseline_step_s": None if not np.isfinite(self.l1.baseline_s) else round(self.l1.baseline_s, 6),
+            "l1": [w.to_json() for w in self.l1.windows],
+        })
+
+
+def _checkpoint_steps(attempt: Attempt, world: int) -> set[int]:
+    """Steps in which every rank ran a checkpoint/save host phase."""
+    rows = attempt.sql("SELECT step, count(DISTINCT rank) AS n FROM phases WHERE category = 'host' AND "
+                       "(lower(name) LIKE '%checkpoint%' OR lower(name) LIKE '%save%') GROUP BY step").to_pylist()
+    return {int(r["step"]) for r in rows if r["n"] >= 0.9 * world}
+
+
+def _windows(attempt: Attempt, steps: np.ndarray, window_steps: int | None) -> list[tuple[int, int]]:
+    if len(steps) == 0:
+        return []
+    if window_steps is None:
+        rows = attempt.sql("SELECT DISTINCT start_step, end_step FROM kernel_summaries").to_pylist()
+        lengths = [r["end_step"] - r["start_step"] + 1 for r in rows]
+        window_steps = max([5, *lengths])
+    lo, hi = int(steps.min()), int(steps.max())
+    first = lo - lo % window_steps
+    return [(a, min(a + window_steps - 1, hi)) for a in range(first, hi + 1, window_steps)]
+
+
+def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,
+             on_window: Callable[[int, int], None] | None = None) -> Diagnosis:
+    """L1–L3 and root cause over ``attempt``; ``on_window(done, total)`` reports progress."""
+    config = config or DiagnoseConfig()
+    t0 = time.perf_counter()
+    layout, topology = attempt.layout, attempt.topology()
+    sf = load_steps(attempt)
+    job = sf.job_step_time
+    step_time = {int(s): float(t) for s, t in zip(sf.steps, job)}
+    l1 = detect_windows(sf.steps, job, _checkpoint_steps(attempt, layout.world_size), config.l1)
+    timings = {"l1": time.perf_counter() - t0}
+    calls_rows = attempt.sql(
+        "SELECT name, group_kind, count(*) * 1.0 / (SELECT count(*) FROM steps) AS rate FROM phases "
+        "WHERE category = 'comm' GROUP BY name, group_kind").to_pylist()
+    calls = collective_calls([r["name"] for r in calls_rows], [r["group_kind"] for r in calls_rows],
+                             [r["rate"] for r in calls_rows])
+    windows: list[WindowAnalysis] = []
+    finished = sf.steps[~np.isin(sf.steps, l1.hung_steps)]
+    spans = _windows(attempt, finished, config.window_steps)
+    t_l2 = t_l3 = 0.0
+    for i, (lo, hi) in enumerate(spans):
+        t = time.perf_counter()
+        frame = load_phases(attempt, lo, hi)
+        l2 = detect_stragglers(frame, layout, topology.hosts, step_time, config.l2)
+        del frame
+        t_l2 += time.perf_counter() - t
+        t = time.perf_counter()
+        summ = attempt.read("kernel_summaries", filter=(pc.field("start_step") >= lo) & (pc.field("start_step") <= hi)
+                            & (pc.field("end_step") <= hi))
+        special = sum(1 for s_ in range(lo, hi + 1) if not l1.is_normal_step(s_))
+        usable = summ.num_rows and special <= 0.25 * (hi - lo + 1)  # warm-up mixes regimes into every kernel
+        l3 = detect_kernels(summ, layout, topology.hosts, i, lo, hi, calls, config.l3) if usable else None
+        t_l3 += time.perf_counter() - t
+        windows.append(WindowAnalysis(lo, hi, l2, l3))
+        if on_window is not None:
+            on_window(i + 1, len(spans))
+    timings.update(l2=t_l2, l3=t_l3)
+    t = time.perf_counter()
+    first_step = {}
+    st = attempt.read("steps", columns=["rank", "step", "start_ns"])
+    if st.num_rows:
+        r, s, ts = (st.column(c).to_numpy() for c in ("rank", "step", "start_ns"))
+        order = np.lexsort((ts, r))
+        first_step = {"rank": r[order], "step": s[order], "ts": ts[order]}
+
+    def step_of_ts(rank: int, ts: int) -> int:
+        if not first_step:
+            return -1
+        m = first_step["rank"] == rank
+        idx = np.searchsorted(first_step["ts"][m], ts, side="right") - 1
+        return int(first_step["step"][m][max(idx, 0)]) if m.any() else -1
+
+    hw = load_hw_signals(attempt, step_of_ts)
+    incidents = build_incidents(attempt, topology, l1, windows, hw, step_time, config.rootcause)
+    timings["rootcause"] = time.perf_counter() - t
+    if config.store_incidents and incidents:
+        n = len(attempt.files("incidents"))
+        attempt.writer("diagnose").write("incidents", incidents_table(incidents), window=n)
+    timings["total"] = time.perf_counter() - t0
+    return Diagnosis(attempt, l1, windows, incidents, hw, timings)

@@ -1,0 +1,400 @@
+"""Root cause: combine L1–L3 findings, hardware and stack signals into incidents.
+
+Rules, in the order they are applied:
+
+* **hang** — steps that never finished: the culprits are the ranks that never entered the
+  collective the others are blocked in.
+* **compute** — a rank whose *busy* time is persistently above its peers' (L2), or whose
+  compute kernels are slower than its peers' (L3, at least two kernels): the GPU or its
+  work is slow. If the excess sits in one pass only (backward ≫ peers, forward ≈ peers) the
+  class is ``pipeline_imbalance`` (its bubbles amplify along the pipeline), otherwise
+  ``compute_straggler``. Communication that looks *shorter* on those ranks is a symptom:
+  a compute culprit is never classed ``link_degradation``.
+* **host stall** — a rank with huge intermittent busy excess (≥ 20% of the step) while its
+  kernels are normal: the host stopped launching work. CPU stacks name the cause.
+* **link** — per-step transfer times of a minority of groups well above the rest (L2) or a
+  communicator's floor shifted (L3); the hosts common to the shifted groups of different
+  collectives are the culprits; a degraded PCIe link or a NIC alarm on them confirms.
+
+State: ``confirmed`` when independent evidence agrees (L2 and L3, persistence over
+windows, a hardware signal, a classified stack), else ``suspected``. Impact: extra job time
+over the affected steps against L1's healthy level, or — when the fault spans the whole
+run and no healthy level exists — the measured excess (busy time, transfer time).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from argus.analysis.frames import load_phases
+from argus.analysis.incident import Incident
+from argus.analysis.l1_windows import L1Result
+from argus.analysis.l2_stragglers import Finding, L2Result
+from argus.analysis.l3_kernels import L3Result
+from argus.analysis.signals import HwSignals, stack_cause
+from argus.store import Attempt
+from argus.topology import Topology
+
+__all__ = ["WindowAnalysis", "RootCauseConfig", "build_incidents"]
+
+
+@dataclass
+class WindowAnalysis:
+    lo: int
+    hi: int
+    l2: L2Result
+    l3: L3Result | None
+
+
+@dataclass(frozen=True, slots=True)
+class RootCauseConfig:
+    stall_share: float = 0.2  # an intermittent excess this share of the step is a host stall
+    min_kernels: int = 2  # L3 alone needs this many slower kernels on a rank
+    pass_ratio: float = 1.25  # one pass this much slower than peers …
+    other_pass: float = 1.1  # … while the other is within this: pipeline imbalance
+    critical_pct: float = 20.0
+    warning_pct: float = 2.0
+
+
+@dataclass
+class _Ctx:
+    attempt: Attempt
+    topology: Topology
+    l1: L1Result
+    hw: HwSignals
+    step_time: dict[int, float]
+    config: RootCauseConfig
+    world: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.world = self.topology.world_size
+
+    def hosts_of(self, ranks) -> list[str]:
+        return sorted({str(self.topology.hosts[r]) for r in ranks})
+
+    def gpus_of(self, ranks) -> list[str]:
+        return [str(self.topology.gpu_uuids[r]) for r in sorted(ranks)]
+
+    def normal(self, step: int) -> bool:
+        return self.l1.is_normal_step(step) and np.isfinite(self.step_time.get(step, np.nan))
+
+
+def _block(name: str) -> str | None:
+    low = name.lower()
+    if "backward" in low or low.endswith("-bwd") and "compute" in low:
+        return "bwd"
+    if "forward" in low:
+        return "fwd"
+    return None
+
+
+def _base(name: str) -> str:
+    return name[:-4] if name.endswith("-bwd") else name
+
+
+def build_incidents(attempt: Attempt, topology: Topology, l1: L1Result, windows: list[WindowAnalysis],
+                    hw: HwSignals, step_time: dict[int, float],
+                    config: RootCauseConfig = RootCauseConfig()) -> list[Incident]:
+    ctx = _Ctx(attempt, topology, l1, hw, step_time, config)
+    incidents: list[Incident] = []
+    if l1.hung_steps:
+        hang = _hang(ctx)
+        if hang is not None:
+            incidents.append(hang)
+    compute = _compute(ctx, windows)
+    incidents += compute
+    incidents += _stalls(ctx, windows, {r for inc in compute for r in inc.culprit_ranks})
+    incidents += _links(ctx, windows, compute)
+    incidents.sort(key=lambda i: (-i.severity_rank, -(i.slowdown_pct or 0.0), i.start_step))
+    return incidents
+
+
+# -- impact, severity, action ----------------------------------------------------------------
+def _impact(ctx: _Ctx, steps: list[int], extra_per_step_s: float | None = None) -> tuple[float, float, float]:
+    """(slowdown %, GPU-hours lost, extra seconds) over ``steps``."""
+    normal = [s for s in steps if ctx.normal(s)] or [s for s in steps if np.isfinite(ctx.step_time.get(s, np.nan))]
+    base = ctx.l1.baseline_s
+    if not normal or not np.isfinite(base) or base <= 0:
+        return 0.0, 0.0, 0.0
+    if extra_per_step_s is None:
+        extra = float(sum(max(0.0, ctx.step_time[s] - base) for s in normal))
+    else:
+        extra = max(extra_per_step_s, 0.0) * len(normal)
+    return 100.0 * extra / (base * len(normal)), ctx.world * extra / 3600.0, extra
+
+
+def _severity(ctx: _Ctx, pct: float, confirmed: bool, persistent: bool) -> str:
+    if pct >= ctx.config.critical_pct:
+        return "critical"
+    if pct >= ctx.config.warning_pct or (confirmed and persistent):
+        return "warning"
+    return "info"
+
+
+def _regression_covering(ctx: _Ctx, steps: list[int]) -> bool:
+    return any(w.kind == "regression" and w.start_step <= max(steps) and w.end_step >= min(steps)
+               for w in ctx.l1.windows if np.isfinite(w.magnitude))
+
+
+def _l1_evidence(ctx: _Ctx, lo: int, hi: int) -> list[dict]:
+    return [{"level": "L1", **w.to_json()} for w in ctx.l1.windows
+            if w.kind in ("jitter", "regression") and w.start_step <= hi and w.end_step >= lo][:4]
+
+
+# -- hang -------------------------------------------------------------------------------------
+def _hang(ctx: _Ctx) -> Incident | None:
+    step = int(ctx.l1.hung_steps[0])
+    f = load_phases(ctx.attempt, step, step)
+    if f.n == 0:
+        return None
+    unfinished = f.dur < 0
+    comm = f.is_comm
+    blocked = np.unique(f.rank[unfinished & comm])
+    present = np.unique(f.rank)
+    culprits = [int(r) for r in present if r not in set(blocked.tolist())]
+    missing = sorted(set(range(ctx.world)) - set(present.tolist()))
+    culprits = culprits or missing
+    if not culprits:
+        return None
+    waits = Counter(f.names[n] for n in f.name[unfinished & comm])
+    last = {}
+    for r in culprits[:8]:
+        rows = np.flatnonzero(f.rank == r)
+        if rows.size:
+            i = rows[-1]
+            last[r] = {"phase": f.names[f.name[i]], "never_finished": bool(f.dur[i] < 0)}
+    evidence = [{"level": "L1", "kind": "steps_never_finished", "steps": ctx.l1.hung_steps[:10]},
+                {"level": "L2", "kind": "blocked_in_collectives", "ranks": int(blocked.size),
+                 "collectives": dict(waits.most_common(5))},
+                {"level": "L2", "kind": "never_joined", "ranks": culprits[:32], "last_phase": last}]
+    stack = stack_cause(ctx.attempt, culprits[0], [step])
+    if stack is not None:
+        evidence.append({"level": "L5", "kind": "stacks", "rank": culprits[0], **stack.to_json()})
+    last_ts = ctx.attempt.sql("SELECT max(end_ns) AS e FROM stacks").column("e")[0].as_py() if stack else None
+    start = ctx.attempt.sql(f"SELECT min(start_ns) AS s FROM steps WHERE step = {step}").column("s")[0].as_py()
+    stalled_s = (last_ts - start) / 1e9 if last_ts and start else 0.0
+    phase = last.get(culprits[0], {}).get("phase", "")
+    return Incident("hang", culprits, ctx.hosts_of(culprits), ctx.gpus_of(culprits), step, step, phase, [],
+                    "confirmed", "critical", 100.0, ctx.world * stalled_s / 3600.0, "checkpoint_and_restart",
+                    evidence, [step], f"job stopped at step {step}: {len(blocked)} ranks blocked in collectives, "
+                    f"rank{'s' * (len(culprits) > 1)} {', '.join(map(str, culprits[:8]))} never joined")
+
+
+# -- compute ----------------------------------------------------------------------------------
+def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
+    per_rank: dict[int, dict] = defaultdict(lambda: {"windows": set(), "busy": [], "l3": [], "arrival": [],
+                                                     "ratios": defaultdict(list)})
+    for w in windows:
+        busy = defaultdict(list)
+        for f in w.l2.findings:
+            if f.kind == "busy" and f.persistent and f.category == "compute":
+                busy[f.rank].append(f)
+        slow = defaultdict(list)
+        for o in (w.l3.outliers if w.l3 else []):
+            if o.slower and o.category == "compute":
+                slow[o.rank].append(o)
+        if w.l3 is not None:  # kernels measured: busy time with normal kernels is the host's (a stall)
+            busy = {r: f for r, f in busy.items() if r in slow}
+        arrival = {f.rank: f for f in w.l2.findings if f.kind == "arrival" and f.persistent}
+        ranks = set(busy) | {r for r, o in slow.items() if len(o) >= ctx.config.min_kernels}
+        for r in ranks:
+            ev = per_rank[r]
+            ev["windows"].add((w.lo, w.hi))
+            ev["busy"] += busy.get(r, [])
+            ev["l3"] += slow.get(r, [])
+            if r in arrival:
+                ev["arrival"].append(arrival[r])
+            for (rank, name), ratio in w.l2.phase_ratio.items():
+                if rank == r:
+                    ev["ratios"][name].append(ratio)
+    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for r, ev in per_rank.items():
+        if not ev["busy"] and len(ev["windows"]) < 2:
+            continue  # slower kernels in one window only, and work not longer: noise
+        groups[_classify(ctx, ev)].append(r)
+    out = []
+    for (klass, phase), ranks in groups.items():
+        out.append(_compute_incident(ctx, klass, phase, sorted(ranks), [per_rank[r] for r in sorted(ranks)]))
+    return out
+
+
+def _classify(ctx: _Ctx, ev: dict) -> tuple[str, str]:
+    ratios = {name: float(np.median(v)) for name, v in ev["ratios"].items()}
+    fwd = [(v, n) for n, v in ratios.items() if _block(n) == "fwd" and "compute" in n.lower() or n.lower() == "forward"]
+    bwd = [(v, n) for n, v in ratios.items() if _block(n) == "bwd" and "compute" in n.lower() or n.lower() == "backward"]
+    if fwd and bwd:
+        (fv, fname), (bv, bname) = max(fwd), max(bwd)
+        if bv >= ctx.config.pass_ratio and fv < ctx.config.other_pass:
+            return "pipeline_imbalance", bname
+        if fv >= ctx.config.pass_ratio and bv < ctx.config.other_pass:
+            return "pipeline_imbalance", fname
+    modules = [f for f in ev["busy"] if f.microbatch < 0 and _block(f.name) is None]
+    if modules:
+        best = max(modules, key=lambda f: f.excess_s)
+        return "compute_straggler", _base(best.name)
+    blocks = [f for f in ev["busy"] if f.microbatch < 0]
+    if blocks:
+        return "compute_straggler", max(blocks, key=lambda f: f.excess_s).name
+    if ev["l3"]:
+        return "compute_straggler", "compute"
+    return "compute_straggler", "compute"
+
+
+def _compute_incident(ctx: _Ctx, klass: str, phase: str, ranks: list[int], evs: list[dict]) -> Incident:
+    steps = sorted({s for ev in evs for f in ev["busy"] for s in f.steps}
+                   | {s for ev in evs for lo, hi in ev["windows"] for s in range(lo, hi + 1)
+                      if not ev["busy"]})
+    wins = {w for ev in evs for w in ev["windows"]}
+    lo, hi = min(steps), max(steps)
+    # Onset: an L1 level shift that starts just before the first flagged window is the better start.
+    for w in ctx.l1.windows:
+        if w.kind == "regression" and lo - 10 <= w.start_step <= lo and np.isfinite(w.magnitude):
+            lo = w.start_step
+    steps = sorted(set(steps) | set(range(lo, hi + 1)))
+    both = any(ev["busy"] and ev["l3"] for ev in evs)
+    thermal = [r for r in ranks if r in ctx.hw.thermal]
+    confirmed = both or len(wins) >= 2 or bool(thermal)
+    kernels = [k for k, _ in Counter(o.kernel for ev in evs for o in ev["l3"]).most_common(8)]
+    if _regression_covering(ctx, steps):
+        pct, gpuh, _ = _impact(ctx, steps)
+    else:  # no healthy level to compare with: the culprits' own excess is the job's extra time
+        excess = [f.excess_s for ev in evs for f in ev["busy"] if f.microbatch < 0 and _block(f.name)]
+        pct, gpuh, _ = _impact(ctx, steps, float(np.median(excess)) if excess else 0.0)
+    severity = _severity(ctx, pct, confirmed, len(wins) >= 2)
+    action = "cordon_node" if confirmed else "raise_trace_fidelity"
+    evidence = _l1_evidence(ctx, lo, hi)
+    for ev in evs[:4]:
+        top = sorted(ev["busy"], key=lambda f: -f.excess_s)[:3]
+        evidence += [{"level": "L2", "kind": "busy_outlier", **f.to_json()} for f in top]
+        evidence += [{"level": "L2", "kind": "late_arrival", **f.to_json()} for f in ev["arrival"][:1]]
+        evidence += [{"level": "L3", "kind": "w1_outlier", **o.to_json()}
+                     for o in sorted(ev["l3"], key=lambda o: -o.rel)[:3]]
+    for r in thermal[:4]:
+        evidence.append({"level": "hw", "kind": "thermal_throttle", "rank": r, "max_temperature_c": ctx.hw.thermal[r]})
+    alarms = [r for r in ranks if r in ctx.hw.nic_down]
+    if alarms:
+        evidence.append({"level": "hw", "kind": "nic_port_down", "ranks": alarms[:8],
+                         "note": "a NIC alarm on the culprits' host, but transfer times are normal and the "
+                                 "culprits compute slowly: the network is not the cause"})
+    what = "backward" if "bwd" in phase or "backward" in phase else phase
+    summary = (f"{len(ranks)} rank{'s' * (len(ranks) > 1)} ({', '.join(map(str, ranks[:8]))}"
+               f"{'…' if len(ranks) > 8 else ''}) on {', '.join(ctx.hosts_of(ranks)[:3])} "
+               f"{'compute slowly' if klass == 'compute_straggler' else 'run their ' + what + ' slowly'} "
+               f"in {phase}; their collectives look short because the others wait for them")
+    return Incident(klass, ranks, ctx.hosts_of(ranks), ctx.gpus_of(ranks), lo, hi, phase, kernels,
+                    "confirmed" if confirmed else "suspected", severity, pct, gpuh, action, evidence, steps, summary)
+
+
+# -- host stalls ------------------------------------------------------------------------------
+def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -> list[Incident]:
+    per_rank: dict[int, list[Finding]] = defaultdict(list)
+    for w in windows:
+        slow_kernels = {o.rank for o in (w.l3.outliers if w.l3 else []) if o.slower and o.category == "compute"}
+        for f in w.l2.findings:
+            if f.kind != "busy" or f.rank in compute_ranks or f.rank in slow_kernels:
+                continue
+            if f.persistent and f.category == "compute" and w.l3 is None:
+                continue  # without kernel data a persistent excess is read as compute
+            big = [s for s in f.steps if f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf)]
+            if big:
+                per_rank[f.rank].append(f)
+    out = []
+    for rank, findings in per_rank.items():
+        steps = sorted({s for f in findings for s in f.steps
+                        if f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf)})
+        main = max(findings, key=lambda f: f.excess_s)
+        phase = main.name
+        stack = stack_cause(ctx.attempt, rank, steps)
+        confirmed = (stack is not None and stack.cause != "unknown") or len(steps) >= 2
+        pct, gpuh, _ = _impact(ctx, steps)
+        mb = sorted({f.microbatch for f in findings if f.microbatch >= 0})
+        evidence = _l1_evidence(ctx, steps[0], steps[-1])
+        evidence += [{"level": "L2", "kind": "busy_outlier", **f.to_json()}
+                     for f in sorted(findings, key=lambda f: -f.excess_s)[:4]]
+        evidence.append({"level": "L3", "kind": "kernels_normal", "rank": rank,
+                         "note": "no kernel of this rank is slower than its peers': the GPU waited for the host"})
+        if stack is not None:
+            evidence.append({"level": "L5", "kind": "stacks", "rank": rank, **stack.to_json()})
+        cause = stack.cause if stack is not None else "unknown"
+        summary = (f"rank {rank} on {ctx.hosts_of([rank])[0]}: host stall in {phase}"
+                   f"{' microbatch ' + ','.join(map(str, mb)) if mb else ''} in {len(steps)} step"
+                   f"{'s' * (len(steps) > 1)} ({cause.replace('_', ' ')}); kernels normal")
+        out.append(Incident("host_stall", [rank], ctx.hosts_of([rank]), ctx.gpus_of([rank]), steps[0], steps[-1],
+                            phase, [], "confirmed" if confirmed else "suspected",
+                            _severity(ctx, pct, confirmed, False), pct, gpuh, "raise_trace_fidelity", evidence,
+                            steps, summary))
+    return out
+
+
+# -- links ------------------------------------------------------------------------------------
+def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) -> list[Incident]:
+    by_step: dict[int, list] = defaultdict(list)
+    for w in windows:
+        for lf in w.l2.links:
+            by_step[lf.step].append(lf)
+    shifts = [s for w in windows if w.l3 for s in w.l3.shifts]
+    if not by_step and not shifts:
+        return []
+    per_step_hosts: dict[int, set[str]] = {}
+    for step, findings in by_step.items():
+        sets = [set(f.hosts) for f in findings]
+        common = set.intersection(*sets)
+        per_step_hosts[step] = common or min(sets, key=len)
+    for s in shifts:  # window-level communicator floors narrow the hosts the same way
+        for step in range(_window_of(windows, s)[0], _window_of(windows, s)[1] + 1):
+            per_step_hosts[step] = (per_step_hosts.get(step, set(s.hosts)) & set(s.hosts)) or per_step_hosts.get(
+                step, set(s.hosts))
+    counts = Counter(h for hs in per_step_hosts.values() for h in hs)
+    if not counts:
+        return []
+    n_steps = len(per_step_hosts)
+    hosts = sorted(h for h, c in counts.items() if c >= 0.5 * n_steps)
+    hw_hosts = {str(ctx.topology.hosts[r]) for r in list(ctx.hw.pcie_degraded) + list(ctx.hw.nic_down)}
+    if hw_hosts & set(hosts):
+        hosts = sorted(hw_hosts & set(hosts))
+    steps = sorted(s for s, hs in per_step_hosts.items() if hs & set(hosts))
+    if not hosts or not steps:
+        return []
+    # A compute culprit on these hosts explains the waits: never call it a link.
+    for inc in compute:
+        if (inc.severity != "info" and set(inc.hosts) & set(hosts)
+                and inc.start_step <= steps[-1] and inc.end_step >= steps[0]):
+            return []
+    ranks = sorted(int(r) for r in np.flatnonzero(np.isin(ctx.topology.hosts.astype(str), hosts)))
+    extra = [sum(sorted((f.extra_ns for f in by_step[s] if set(f.hosts) & set(hosts)), reverse=True)[:1]) / 1e9
+             for s in steps if s in by_step]
+    l3_agrees = any(set(s.hosts) & set(hosts) for s in shifts)
+    hw_agrees = bool(hw_hosts & set(hosts))
+    persistent = len(steps) >= 0.8 * len(ctx.step_time) - 2
+    confirmed = (len(steps) >= 2 and (l3_agrees or hw_agrees)) or (len(steps) >= 3 and len(by_step) >= 3)
+    pct, gpuh, _ = _impact(ctx, steps, float(np.median(extra)) if extra else None)
+    collectives = Counter(f.collective for s in steps for f in by_step.get(s, []))
+    kernels = sorted({s.kernel for s in shifts if set(s.hosts) & set(hosts)}) or sorted(collectives)
+    evidence = _l1_evidence(ctx, steps[0], steps[-1])
+    for s in steps[:3]:
+        evidence += [{"level": "L2", "kind": "transfer_shift", **f.to_json()} for f in by_step.get(s, [])[:3]]
+    evidence += [{"level": "L3", "kind": "group_shift", **s.to_json()} for s in shifts[:4]]
+    for r in sorted(ctx.hw.pcie_degraded)[:8]:
+        if str(ctx.topology.hosts[r]) in hosts:
+            g, w = ctx.hw.pcie_degraded[r]
+            evidence.append({"level": "hw", "kind": "pcie_degraded", "rank": r, "pcie_gen": g, "pcie_width": w})
+    nic = sorted(r for r in ctx.hw.nic_down if str(ctx.topology.hosts[r]) in hosts)
+    if nic:
+        evidence.append({"level": "hw", "kind": "nic_port_down", "ranks": nic[:8]})
+    pattern = "from the first step" if persistent else f"in {len(steps)} step{'s' * (len(steps) > 1)} (intermittent)"
+    summary = (f"collectives crossing {', '.join(hosts)} transfer slowly {pattern}: "
+               f"{', '.join(c for c, _ in collectives.most_common(3))}; compute is normal")
+    return [Incident("link_degradation", ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
+                     next(iter(collectives), "collectives"), kernels, "confirmed" if confirmed else "suspected",
+                     _severity(ctx, pct, confirmed, persistent), pct, gpuh, "cordon_node" if confirmed else
+                     "raise_trace_fidelity", evidence, steps, summary)]
+
+
+def _window_of(windows: list[WindowAnalysis], shift) -> tuple[int, int]:
+    for w in windows:
+        if w.l3 is not None and shift in w.l3.shifts:
+            return w.lo, w.hi
+    return 0, -1
