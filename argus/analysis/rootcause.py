@@ -298,13 +298,14 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
                 continue
             if f.persistent and f.category == "compute" and w.l3 is None:
                 continue  # without kernel data a persistent excess is read as compute
-            big = [s for s in f.steps if f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf)]
+            big = [s for s in f.steps if ctx.normal(s)  # warm-up and checkpoint steps vary by nature
+                   and f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf)]
             if big:
                 per_rank[f.rank].append(f)
     out = []
     for rank, findings in per_rank.items():
-        steps = sorted({s for f in findings for s in f.steps
-                        if f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf)})
+        steps = sorted({s for f in findings for s in f.steps if ctx.normal(s)
+                        and f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf)})
         main = max(findings, key=lambda f: f.excess_s)
         phase = main.name
         stack = stack_cause(ctx.attempt, rank, steps)

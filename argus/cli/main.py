@@ -14,10 +14,11 @@ __all__ = ["main", "build_parser"]
 
 def _commands() -> list[tuple[str, Callable[[argparse._SubParsersAction], None]]]:
     # Imported lazily so `argus --help` stays fast.
-    from argus.cli import bench, demo, export, info, ingest, processor, simulate
+    from argus.cli import bench, demo, diagnose, export, info, ingest, processor, simulate
 
     return [("demo", demo.register), ("simulate", simulate.register_simulate),
-            ("scenarios", simulate.register_scenarios), ("info", info.register), ("processor", processor.register),
+            ("scenarios", simulate.register_scenarios), ("info", info.register), ("diagnose", diagnose.register),
+            ("processor", processor.register),
             ("bench", bench.register), ("ingest", ingest.register), ("export", export.register)]
 
 
