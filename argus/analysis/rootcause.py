@@ -268,8 +268,8 @@ def _compute_incident(ctx: _Ctx, klass: str, phase: str, ranks: list[int], evs: 
     evidence = _l1_evidence(ctx, lo, hi)
     for ev in evs[:4]:
         top = sorted(ev["busy"], key=lambda f: -f.excess_s)[:3]
-        evidence += [{"level": "L2", "kind": "busy_outlier", **f.to_json()} for f in top]
-        evidence += [{"level": "L2", "kind": "late_arrival", **f.to_json()} for f in ev["arrival"][:1]]
+        evidence += [{"level": "L2", **f.to_json(), "kind": "busy_outlier"} for f in top]
+        evidence += [{"level": "L2", **f.to_json(), "kind": "late_arrival"} for f in ev["arrival"][:1]]
         evidence += [{"level": "L3", "kind": "w1_outlier", **o.to_json()}
                      for o in sorted(ev["l3"], key=lambda o: -o.rel)[:3]]
     for r in thermal[:4]:
@@ -313,7 +313,7 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
         pct, gpuh, _ = _impact(ctx, steps)
         mb = sorted({f.microbatch for f in findings if f.microbatch >= 0})
         evidence = _l1_evidence(ctx, steps[0], steps[-1])
-        evidence += [{"level": "L2", "kind": "busy_outlier", **f.to_json()}
+        evidence += [{"level": "L2", **f.to_json(), "kind": "busy_outlier"}
                      for f in sorted(findings, key=lambda f: -f.excess_s)[:4]]
         evidence.append({"level": "L3", "kind": "kernels_normal", "rank": rank,
                          "note": "no kernel of this rank is slower than its peers': the GPU waited for the host"})
@@ -376,8 +376,8 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     kernels = sorted({s.kernel for s in shifts if set(s.hosts) & set(hosts)}) or sorted(collectives)
     evidence = _l1_evidence(ctx, steps[0], steps[-1])
     for s in steps[:3]:
-        evidence += [{"level": "L2", "kind": "transfer_shift", **f.to_json()} for f in by_step.get(s, [])[:3]]
-    evidence += [{"level": "L3", "kind": "group_shift", **s.to_json()} for s in shifts[:4]]
+        evidence += [{"level": "L2", **f.to_json(), "kind": "transfer_shift"} for f in by_step.get(s, [])[:3]]
+    evidence += [{"level": "L3", **s.to_json(), "kind": "group_shift"} for s in shifts[:4]]
     for r in sorted(ctx.hw.pcie_degraded)[:8]:
         if str(ctx.topology.hosts[r]) in hosts:
             g, w = ctx.hw.pcie_degraded[r]

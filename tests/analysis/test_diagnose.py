@@ -1,0 +1,106 @@
+"""Golden scenarios: a simulated store, `diagnose`, and the expected incidents."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from argus.analysis import CLASSES
+from argus.sim import SCENARIOS
+
+FAULTY = [s for s in SCENARIOS if s != "healthy"]
+
+
+def _claims(d):
+    return [i for i in d.incidents if i.severity != "info"]
+
+
+@pytest.mark.parametrize("scenario", FAULTY)
+def test_each_fault_is_found_with_its_class_and_exact_culprits(diagnosed, scenario):
+    _, truth, d = diagnosed(scenario)
+    fault = truth["faults"][0]
+    claims = _claims(d)
+    assert len(claims) == 1, [i.to_json()["summary"] for i in claims]
+    inc = claims[0]
+    assert inc.klass == fault["class"]
+    assert inc.culprit_ranks == fault["culprit_ranks"]
+    assert set(inc.hosts) == set(fault["culprit_hosts"])
+    assert inc.start_step <= max(fault["steps"]) and inc.end_step >= min(fault["steps"])
+    assert inc.state == "confirmed"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_healthy_job_with_moe_imbalance_and_checkpoints_raises_nothing_above_info(diagnosed, seed):
+    _, truth, d = diagnosed("healthy", seed=seed)
+    assert truth["natural"]["checkpoint_steps"] and truth["natural"]["moe_routing_imbalance"]
+    assert _claims(d) == []
+    assert d.l1.checkpoint_steps == truth["natural"]["checkpoint_steps"]
+    assert d.l1.warmup_steps == truth["natural"]["warmup_steps"]
+
+
+def test_the_masked_straggler_is_compute_not_the_network(diagnosed):
+    _, truth, d = diagnosed("masked_compute_straggler")
+    (inc,) = _claims(d)
+    assert inc.klass == "compute_straggler" and inc.phase == "mlp"
+    assert not any(i.klass == "link_degradation" for i in d.incidents)
+    kinds = {e["kind"] for e in inc.evidence}
+    assert {"busy_outlier", "w1_outlier", "nic_port_down"} <= kinds  # the NIC alarm is shown, and overruled
+
+
+def test_a_slow_backward_is_pipeline_imbalance_with_its_stage(diagnosed):
+    _, truth, d = diagnosed("pipeline_bubble")
+    (inc,) = _claims(d)
+    assert inc.klass == "pipeline_imbalance" and inc.phase == "backward-compute"
+    assert inc.culprit_ranks == truth["faults"][0]["culprit_ranks"]
+
+
+def test_host_stalls_name_their_cause_from_the_stacks(diagnosed):
+    for scenario, cause in (("jit_stall", "jit_compile"), ("gc_pause", "garbage_collection")):
+        _, truth, d = diagnosed(scenario)
+        (inc,) = _claims(d)
+        stacks = [e for e in inc.evidence if e["kind"] == "stacks"]
+        assert stacks and stacks[0]["cause"] == cause
+        assert set(inc.steps) <= set(truth["faults"][0]["steps"])
+
+
+def test_a_link_flap_is_found_in_the_flapping_steps(diagnosed):
+    _, truth, d = diagnosed("link_flap")
+    (inc,) = _claims(d)
+    assert inc.steps == [s for s in truth["faults"][0]["steps"]]
+    assert any(e["kind"] == "nic_port_down" for e in inc.evidence)
+
+
+def test_a_hang_names_the_rank_that_never_joined(diagnosed):
+    _, truth, d = diagnosed("hang")
+    (inc,) = _claims(d)
+    assert inc.severity == "critical" and inc.action == "checkpoint_and_restart"
+    assert inc.culprit_ranks == truth["faults"][0]["culprit_ranks"]
+
+
+def test_incidents_document_matches_the_contract_and_is_stored(diagnosed):
+    attempt, truth, d = diagnosed("compute_straggler")
+    doc = json.loads(json.dumps(d.document()))
+    assert {"run_id", "attempt_id", "ranks", "incidents"} <= set(doc)
+    inc = doc["incidents"][0]
+    for key in ("id", "class", "state", "severity", "culprit_ranks", "hosts", "window", "phase", "kernels",
+                "impact", "action", "evidence"):
+        assert key in inc
+    assert inc["class"] in CLASSES and set(inc["window"]) == {"start_step", "end_step"}
+    assert set(inc["impact"]) == {"slowdown_pct", "gpu_hours_lost"} and inc["impact"]["slowdown_pct"] > 20
+    assert {e["level"] for e in inc["evidence"]} >= {"L1", "L2", "L3"}
+    stored = attempt.read("incidents").to_pylist()
+    assert stored and stored[-1]["class"] == "compute_straggler" and stored[-1]["culprit_ranks"] == inc["culprit_ranks"]
+
+
+def test_diagnose_cli_prints_json_and_a_readable_table(diagnosed):
+    attempt, truth, _ = diagnosed("compute_straggler")
+    store = attempt.path.parents[2]
+    out = subprocess.run([sys.executable, "-m", "argus", "diagnose", str(store), "--json", "--no-store"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["incidents"][0]["culprit_ranks"] == truth["faults"][0]["culprit_ranks"]
+    human = subprocess.run([sys.executable, "-m", "argus", "diagnose", str(store), "--no-store"],
+                           capture_output=True, text=True, timeout=300)
+    assert "compute_straggler" in human.stdout and "self_attention" in human.stdout

@@ -1,0 +1,90 @@
+"""L2 and L3 on simulated stores: who is blamed, who is not."""
+
+import numpy as np
+
+from argus.analysis.frames import load_phases, load_steps
+from argus.analysis.l2_stragglers import detect_stragglers
+from argus.analysis.l3_kernels import collective_calls, detect_kernels
+
+
+def _l2(attempt, lo, hi):
+    sf = load_steps(attempt)
+    return detect_stragglers(load_phases(attempt, lo, hi), attempt.layout, attempt.topology().hosts,
+                             dict(zip(sf.steps.tolist(), sf.job_step_time.tolist())))
+
+
+def test_busy_time_excludes_the_collectives_a_phase_waited_in(diagnosed):
+    attempt, truth, _ = diagnosed("compute_straggler")
+    culprit = truth["faults"][0]["culprit_ranks"][0]
+    f = load_phases(attempt, 6, 6)
+    fwd = f.name == f.name_id("forward-compute")
+    victim = [r for r in attempt.layout.group_of("ep", culprit).tolist() if r != culprit][0]
+    v = fwd & (f.rank == victim)
+    assert (f.dur[v] > 2 * f.busy[v]).mean() > 0.5  # the victim mostly waited for the culprit
+    c = fwd & (f.rank == culprit)
+    assert np.median(f.busy[c]) > 2 * np.median(f.busy[v])
+
+
+def test_l2_blames_the_slow_ranks_and_not_those_that_waited(diagnosed):
+    attempt, truth, _ = diagnosed("compute_straggler")
+    culprits = set(truth["faults"][0]["culprit_ranks"])
+    res = _l2(attempt, 10, 14)
+    busy = {f.rank for f in res.findings if f.kind == "busy" and f.persistent}
+    assert busy == culprits
+    attn = [f for f in res.findings if f.name == "self_attention" and f.rank in culprits]
+    assert attn and min(f.ratio for f in attn) > 3
+    late = {f.rank for f in res.findings if f.kind == "arrival" and f.persistent}
+    assert late <= culprits
+
+
+def test_per_microbatch_comparison_finds_a_slow_backward_hidden_in_aligned_steps(diagnosed):
+    attempt, truth, _ = diagnosed("pipeline_bubble")
+    rank = truth["faults"][0]["culprit_ranks"][0]
+    ends = attempt.sql("SELECT step, max(end_ns) - min(end_ns) AS spread, median(end_ns - start_ns) AS d "
+                       "FROM steps WHERE step BETWEEN 10 AND 14 GROUP BY step").to_pylist()
+    assert all(r["spread"] < 0.02 * r["d"] for r in ends)  # step totals align
+    res = _l2(attempt, 10, 14)
+    per_mb = [f for f in res.findings if f.rank == rank and f.name == "backward-compute" and f.microbatch >= 0]
+    assert len({f.microbatch for f in per_mb}) >= 4 and all(f.ratio > 1.5 for f in per_mb)
+    assert not [f for f in res.findings if f.kind == "busy" and f.rank != rank and f.persistent]
+
+
+def test_l3_flags_the_culprits_kernels_and_only_theirs(diagnosed):
+    attempt, truth, d = diagnosed("masked_compute_straggler")
+    culprits = set(truth["faults"][0]["culprit_ranks"])
+    w = [x for x in d.windows if x.lo == 10][0]
+    slow = {o.rank for o in w.l3.outliers if o.slower}
+    assert slow == culprits
+    kernels = {o.kernel for o in w.l3.outliers if o.rank in culprits}
+    assert "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n" in kernels  # the mlp GEMMs
+    assert w.l3.shifts == []  # their peers wait, but no transfer got slower
+
+
+def test_l3_finds_a_constant_link_degradation_that_l1_cannot_see(diagnosed):
+    attempt, truth, d = diagnosed("link_degradation")
+    assert d.l1.faults == []  # stable step time: no spike, no level shift
+    hosts = set(truth["faults"][0]["culprit_hosts"])
+    for w in d.windows:
+        if w.l3 is None:
+            continue
+        shifted = [set(s.hosts) for s in w.l3.shifts]
+        assert shifted and set.intersection(*shifted) == hosts
+
+
+def test_kernels_are_mapped_to_their_communicator_by_call_rate():
+    calls = collective_calls(["tp-allreduce", "grad-norm-allreduce", "dp-reduce-scatter", "pp-send", "pp-recv"],
+                             ["tp", "world", "dp", "pp", "pp"], [128, 1, 1, 8, 8])
+    from argus.analysis.l3_kernels import kinds_for
+
+    assert kinds_for("all_reduce", 128, calls) == ("tp",)
+    assert kinds_for("all_reduce", 1.05, calls) == ("world",)
+    assert kinds_for("send_recv", 16, calls) == ("pp",)
+    assert kinds_for("reduce_scatter", 1, calls) == ("dp",)
+    assert len(kinds_for("all_gather", 1, [])) > 1  # nothing known: every kind is tried
+
+
+def test_l3_without_summaries_is_skipped_and_l2_still_works(diagnosed):
+    attempt, truth, _ = diagnosed("compute_straggler")
+    empty = attempt.read("kernel_summaries").slice(0, 0)
+    res = detect_kernels(empty, attempt.layout, attempt.topology().hosts, 0, 0, 4)
+    assert res.outliers == [] and res.shifts == []
