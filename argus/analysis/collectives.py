@@ -110,10 +110,15 @@ def host_clock_offsets(f: PhaseFrame, inst: Instances, hosts: np.ndarray) -> dic
     end = (f.start[rows] + f.dur[rows]).astype(np.float64)
     multi = inst.size[inst.inv] > 1
     mean_end = np.bincount(inst.inv, weights=end, minlength=len(inst.size)) / np.maximum(inst.size, 1)
-    h = host_of_rank[f.rank[rows]]
+    h = host_of_rank[f.rank[rows]][multi]
     resid = (end - mean_end[inst.inv])[multi]
+    # median residual per host, for all hosts at once: sort by (host, residual), take the middles
+    order = np.lexsort((resid, h))
+    h, resid = h[order], resid[order]
+    starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
+    counts = np.diff(np.r_[starts, h.size])
+    med = 0.5 * (resid[starts + (counts - 1) // 2] + resid[starts + counts // 2])
     offset = np.zeros(len(host_ids))
-    for hid in np.unique(h[multi]):
-        offset[hid] = float(np.median(resid[h[multi] == hid]))
+    offset[h[starts]] = med
     offset -= np.median(offset)
     return {str(host_ids[i]): float(offset[i]) for i in range(len(host_ids))}

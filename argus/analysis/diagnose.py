@@ -11,10 +11,11 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow.compute as pc
 
-from argus.analysis.frames import load_phases, load_steps
+from argus.analysis.frames import load_phase_totals, load_phases, load_steps
 from argus.analysis.incident import Incident, incidents_document, incidents_table
 from argus.analysis.l1_windows import L1Config, L1Result, detect_windows
-from argus.analysis.l2_stragglers import L2Config, detect_stragglers
+from argus.analysis.l2_stragglers import L2Config, detect_stragglers, screen_candidates
+from argus.analysis.links import detect_link_shifts
 from argus.analysis.l3_kernels import L3Config, collective_calls, detect_kernels
 from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents
 from argus.analysis.signals import HwSignals, load_hw_signals
@@ -27,6 +28,8 @@ __all__ = ["DiagnoseConfig", "Diagnosis", "diagnose"]
 @dataclass(kw_only=True)
 class DiagnoseConfig:
     window_steps: int | None = None  # default: the store's summary windows (at least 5 steps)
+    steps: tuple[int, int] | None = None  # only windows inside this range (L1 always sees the whole series)
+    exact_ranks: int = 2048  # up to this many ranks L2 analyses every rank exactly; above, screened candidates
     store_incidents: bool = True
     l1: L1Config = field(default_factory=L1Config)
     l2: L2Config = field(default_factory=L2Config)
@@ -95,20 +98,31 @@ def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,
     windows: list[WindowAnalysis] = []
     finished = sf.steps[~np.isin(sf.steps, l1.hung_steps)]
     spans = _windows(attempt, finished, config.window_steps)
+    if config.steps is not None:
+        spans = [(lo, hi) for lo, hi in spans if lo >= config.steps[0] and hi <= config.steps[1]]
     t_l2 = t_l3 = 0.0
     for i, (lo, hi) in enumerate(spans):
-        t = time.perf_counter()
-        frame = load_phases(attempt, lo, hi)
-        l2 = detect_stragglers(frame, layout, topology.hosts, step_time, config.l2)
-        del frame
-        t_l2 += time.perf_counter() - t
-        t = time.perf_counter()
+        t = time.perf_counter()  # L3 first: its slower-kernel ranks are wait-free candidates for L2
         summ = attempt.read("kernel_summaries", filter=(pc.field("start_step") >= lo) & (pc.field("start_step") <= hi)
                             & (pc.field("end_step") <= hi))
         special = sum(1 for s_ in range(lo, hi + 1) if not l1.is_normal_step(s_))
         usable = summ.num_rows and special <= 0.25 * (hi - lo + 1)  # warm-up mixes regimes into every kernel
         l3 = detect_kernels(summ, layout, topology.hosts, i, lo, hi, calls, config.l3) if usable else None
+        del summ
         t_l3 += time.perf_counter() - t
+        t = time.perf_counter()
+        totals = load_phase_totals(attempt, lo, hi)
+        links = detect_link_shifts(totals, layout, topology.hosts)
+        subset = None
+        if layout.world_size > config.exact_ranks:
+            slow = sorted({o.rank for o in (l3.outliers if l3 else []) if o.slower and o.category == "compute"})
+            subset = screen_candidates(totals, layout, step_time, config.l2, priority=slow)
+        del totals
+        frame = load_phases(attempt, lo, hi, ranks=subset)
+        l2 = detect_stragglers(frame, layout, topology.hosts, step_time, config.l2)
+        l2.links = links
+        del frame
+        t_l2 += time.perf_counter() - t
         windows.append(WindowAnalysis(lo, hi, l2, l3))
         if on_window is not None:
             on_window(i + 1, len(spans))

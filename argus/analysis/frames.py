@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from argus.store import Attempt
 
-__all__ = ["StepFrame", "PhaseFrame", "load_steps", "load_phases", "encode"]
+__all__ = ["StepFrame", "PhaseFrame", "PhaseTotals", "load_steps", "load_phases", "load_phase_totals", "encode"]
 
 
 def encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
@@ -91,12 +91,17 @@ class PhaseFrame:
         return self.names.index(name) if name in self.names else -1
 
 
-def load_phases(attempt: Attempt, lo: int, hi: int) -> PhaseFrame:
-    """Phases of steps ``lo..hi`` sorted by (rank, start), with busy times."""
+def load_phases(attempt: Attempt, lo: int, hi: int, ranks: np.ndarray | None = None) -> PhaseFrame:
+    """Phases of steps ``lo..hi`` (of ``ranks`` only, if given) sorted by (rank, start), with
+    busy times."""
     con = attempt.duckdb()
     try:
+        where = f"step BETWEEN {int(lo)} AND {int(hi)}"
+        if ranks is not None:
+            con.register("_argus_ranks", pa.table({"r": pa.array(np.asarray(ranks, np.int64), pa.int32())}))
+            where += " AND rank IN (SELECT r FROM _argus_ranks)"
         t = con.sql(f"SELECT rank, step, microbatch, name, category, group_kind, start_ns, dur_ns FROM phases "
-                    f"WHERE step BETWEEN {int(lo)} AND {int(hi)} ORDER BY rank, start_ns, dur_ns DESC").to_arrow_table()
+                    f"WHERE {where} ORDER BY rank, start_ns, dur_ns DESC").to_arrow_table()
     finally:
         con.close()
     name, names = encode(t.column("name"))
@@ -131,3 +136,59 @@ def _busy(f: PhaseFrame) -> np.ndarray:
     d = f.dur[work].astype(np.float64)
     busy[work] = np.where(d >= 0, np.maximum(d - waited, 0.0), np.nan)
     return busy
+
+
+@dataclass
+class PhaseTotals:
+    """Per (rank, step, phase) aggregates of a window, over every rank: cheap to compute for
+    10,000 ranks (one parallel hash aggregation, no sort), enough to screen for candidates
+    and to compare transfer times."""
+
+    lo: int
+    hi: int
+    rank: np.ndarray
+    step: np.ndarray
+    microbatch: np.ndarray  # -1: all microbatches together
+    name: np.ndarray
+    cat: np.ndarray
+    group: np.ndarray
+    total_ns: np.ndarray  # sum of finished durations
+    min_ns: np.ndarray  # shortest finished duration (nan if none)
+    count: np.ndarray
+    names: list[str]
+    cats: list[str]
+    groups: list[str]
+
+
+def load_phase_totals(attempt: Attempt, lo: int, hi: int) -> PhaseTotals:
+    """Per (rank, step, name) totals, plus per (rank, step, microbatch, name) for phases that
+    occur once per microbatch (forward/backward blocks, found on a sample of ranks first)."""
+    con = attempt.duckdb()
+    try:
+        where = f"step BETWEEN {int(lo)} AND {int(hi)}"
+        blocks = [r[0] for r in con.sql(
+            f"SELECT name FROM (SELECT rank, step, microbatch, name, count(*) AS n FROM phases WHERE {where} "
+            f"AND microbatch >= 0 AND category != 'comm' AND rank < 64 GROUP BY ALL) GROUP BY name "
+            f"HAVING max(n) = 1").fetchall()]
+        agg = ("any_value(category) AS category, any_value(group_kind) AS group_kind, "
+               "sum(CASE WHEN dur_ns >= 0 THEN dur_ns ELSE 0 END) AS total, "
+               "min(CASE WHEN dur_ns >= 0 THEN dur_ns END) AS mn, count(*) AS n")
+        per_step = con.sql(f"SELECT rank, step, -1 AS microbatch, name, {agg} FROM phases WHERE {where} "
+                           f"GROUP BY rank, step, name").to_arrow_table()
+        parts = [per_step]
+        if blocks:
+            con.register("_argus_blocks", pa.table({"b": pa.array(blocks, pa.string())}))
+            parts.append(con.sql(f"SELECT rank, step, microbatch, name, {agg} FROM phases WHERE {where} AND "
+                                 f"microbatch >= 0 AND name IN (SELECT b FROM _argus_blocks) "
+                                 f"GROUP BY rank, step, microbatch, name").to_arrow_table().cast(per_step.schema))
+    finally:
+        con.close()
+    t = pa.concat_tables(parts)
+    name, names = encode(t.column("name"))
+    cat, cats = encode(t.column("category"))
+    grp, groups = encode(t.column("group_kind"))
+    mn = t.column("mn").to_numpy(zero_copy_only=False).astype(np.float64)
+    return PhaseTotals(lo, hi, t.column("rank").to_numpy().astype(np.int64), t.column("step").to_numpy(),
+                       t.column("microbatch").to_numpy().astype(np.int64), name, cat, grp,
+                       t.column("total").to_numpy().astype(np.float64), mn, t.column("n").to_numpy(),
+                       names, cats, groups)

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from argus.analysis.collectives import host_clock_offsets, match_instances
-from argus.analysis.frames import PhaseFrame
-from argus.analysis.links import LinkFinding, detect_link_shifts
+from argus.analysis.frames import PhaseFrame, PhaseTotals
+from argus.analysis.links import LinkFinding
 from argus.topology import Layout
 
-__all__ = ["L2Config", "Finding", "L2Result", "detect_stragglers", "peer_kind"]
+__all__ = ["L2Config", "Finding", "L2Result", "detect_stragglers", "peer_kind", "screen_candidates"]
 
 _MOE_WORDS = ("moe", "expert", "grouped_mlp")
 
@@ -82,12 +82,24 @@ def peer_kind(name: str, layout: Layout) -> str:
     return "dp"
 
 
+def nanmedian(a: np.ndarray, keepdims: bool = True) -> np.ndarray:
+    """Median over the last axis ignoring NaN, vectorised (numpy's falls back to a Python loop
+    per row when any NaN is present)."""
+    s = np.sort(a, axis=-1)  # NaN sorts last
+    n = np.sum(~np.isnan(a), axis=-1, keepdims=True)
+    lo = np.maximum((n - 1) // 2, 0)
+    hi = np.maximum(n // 2, 0)
+    med = 0.5 * (np.take_along_axis(s, lo, -1) + np.take_along_axis(s, hi, -1))
+    med = np.where(n > 0, med, np.nan)
+    return med if keepdims else med[..., 0]
+
+
 def _group_stats(values: np.ndarray, groups: np.ndarray, mad_floor: float):
     """Per rank: peer median, robust z, ratio and the group's coefficient of variation."""
     g = values[..., groups]  # (..., nG, size)
     with np.errstate(invalid="ignore", divide="ignore"), _quiet():
-        med = np.nanmedian(g, axis=-1, keepdims=True)
-        mad = np.nanmedian(np.abs(g - med), axis=-1, keepdims=True)
+        med = nanmedian(g)
+        mad = nanmedian(np.abs(g - med))
         scale = np.maximum(1.4826 * mad, mad_floor * np.abs(med)) + 1e-9
         z = (g - med) / scale
         cv = np.nanstd(g, axis=-1, keepdims=True) / np.abs(np.nanmean(g, axis=-1, keepdims=True))
@@ -112,6 +124,61 @@ def _scatter(g: np.ndarray, groups: np.ndarray, shape: tuple) -> np.ndarray:
     out = np.full(shape, np.nan)
     out[..., groups] = g
     return out
+
+
+def screen_candidates(t: PhaseTotals, layout: Layout, job_step_s: dict[int, float], config: L2Config = L2Config(),
+                      priority: list[int] | None = None, z: float = 3.0, max_candidates: int = 64,
+                      peers_per_candidate: int = 16, seed: int = 0) -> np.ndarray:
+    """Tier 1 at scale: ranks worth the exact analysis, from per-(rank, step, phase) totals.
+
+    Raw durations cannot tell a slow rank from one that waited (its phases contain the
+    waits), so candidates are ordered by wait-free evidence first: ``priority`` ranks (L3's
+    slower kernels), then ranks whose communication total is *low* against their peers (the
+    others wait for them), then ranks with a high compute or host total. Each of the top
+    ``max_candidates`` brings its TP and EP groups (whole collective instances, for the
+    arrival comparison) and a sample of its peer set (a baseline for the busy comparison)."""
+    world = layout.world_size
+    steps = np.unique(t.step)
+    step_time = np.array([job_step_s.get(int(x), np.nan) for x in steps])
+    is_comm = np.array([c == "comm" for c in t.cats])
+    low_comm = np.zeros(world)
+    high_work = np.zeros(world)
+    S = len(steps)
+    key_mb = t.microbatch + 1
+    n_mb = int(key_mb.max()) + 1 if key_mb.size else 1
+    series = (t.name.astype(np.int64) * n_mb + key_mb)
+    for sid in np.unique(series):
+        m = series == sid
+        comm = bool(is_comm[t.cat[m][0]])
+        vals = np.full((S, world), np.nan)
+        vals[np.searchsorted(steps, t.step[m]), t.rank[m]] = t.total_ns[m] / 1e9
+        kind = peer_kind(t.names[int(sid // n_mb)], layout)
+        groups = layout.groups(kind if layout.group_size(kind) > 1 else "dp")
+        med, zz, _ = _group_stats(vals, groups, config.mad_floor)
+        with np.errstate(invalid="ignore"):
+            if comm:
+                hit = (zz <= -z) & (med - vals >= config.min_excess_frac * step_time[:, None])
+                low_comm = np.maximum(low_comm, np.nan_to_num(np.where(hit, -zz, 0.0)).max(axis=0))
+            else:
+                hit = (zz >= z) & (vals >= 1.1 * med) & (vals - med >= config.min_excess_frac * step_time[:, None])
+                high_work = np.maximum(high_work, np.nan_to_num(np.where(hit, zz, 0.0)).max(axis=0))
+    order = [int(r) for r in (priority or [])]
+    for score in (low_comm, high_work):
+        idx = np.argsort(-score)
+        order += [int(r) for r in idx[score[idx] > 0]]
+    rng = np.random.default_rng(seed)
+    chosen: set[int] = set()
+    seen: set[int] = set()
+    for r in order:
+        if r in seen:
+            continue
+        seen.add(r)
+        if len(seen) > max_candidates:
+            break
+        chosen |= set(layout.group_of("tp", r).tolist()) | set(layout.group_of("ep", r).tolist())
+        peers = layout.peer_set(r)
+        chosen |= set(rng.choice(peers, size=min(peers_per_candidate, len(peers)), replace=False).tolist()) | {r}
+    return np.array(sorted(chosen), np.int64)
 
 
 def detect_stragglers(f: PhaseFrame, layout: Layout, hosts: np.ndarray, job_step_s: dict[int, float],
@@ -145,8 +212,9 @@ def detect_stragglers(f: PhaseFrame, layout: Layout, hosts: np.ndarray, job_step
         med, z, cv = _group_stats(tot[k] / 1e9, groups, config.mad_floor)
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = (tot[k] / 1e9) / med
-        for r in np.flatnonzero(np.isfinite(ratio).any(axis=0)):
-            res.phase_ratio[(int(r), f.names[k])] = float(np.nanmedian(ratio[:, r]))
+        per_rank = nanmedian(ratio.T, keepdims=False)  # median over steps, every rank at once
+        present = np.flatnonzero(np.isfinite(per_rank))
+        res.phase_ratio.update(zip(((int(r), f.names[k]) for r in present), per_rank[present].tolist()))
         if category == "comm":
             continue  # waiting is not blamed; arrival skew names who is waited for
         _flag(res, f.names[k], category, -1, kind, steps, tot[k] / 1e9, med, z, cv, step_time, config)
@@ -201,7 +269,6 @@ def _arrival_skew(res: L2Result, f: PhaseFrame, layout: Layout, hosts: np.ndarra
     only the lateness it adds itself (its gap since its previous collective, against the other
     members' gaps in the same instance): lateness inherited from waiting does not count."""
     inst = match_instances(f, layout, step_i)
-    res.links = detect_link_shifts(f, inst, layout, hosts, steps, step_i)
     if inst is None:
         return
     res.clock_offset_ns = host_clock_offsets(f, inst, hosts)
@@ -220,9 +287,8 @@ def _arrival_skew(res: L2Result, f: PhaseFrame, layout: Layout, hosts: np.ndarra
     n = np.bincount(si[ok] * N + rank[ok], minlength=S * N).reshape(S, N)
     per = np.where(n > 0, per, np.nan)
     groups = layout.groups("dp")
-    with _quiet():
-        med = np.nanmedian(per[:, groups], axis=-1, keepdims=True)
-        mad = np.nanmedian(np.abs(per[:, groups] - med), axis=-1, keepdims=True)
+    med = nanmedian(per[:, groups])
+    mad = nanmedian(np.abs(per[:, groups] - med))
     z = _scatter((per[:, groups] - med) / (1.4826 * mad + 1e-4), groups, per.shape)
     excess = per - _scatter(np.broadcast_to(med, per[:, groups].shape), groups, per.shape)
     with np.errstate(invalid="ignore"):

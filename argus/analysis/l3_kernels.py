@@ -36,7 +36,7 @@ class L3Config:
     min_effect: float = 0.10  # W₁ at least this share of the peer median's mean duration
     min_w1_ns: float = 2_000.0  # and at least 2 µs
     fence: float = 1.5  # IQR fence multiplier
-    grid: int = 256
+    grid: int = 96  # log-spaced points for detection (display matrices use finer grids)
     shift_effect: float = 0.3  # a shifted group's transfer floor is ≥ 30% above the others'
     shift_separation: float = 4.0  # … and this many robust spreads of the group floors
     max_shifted_share: float = 0.5  # a shift concerns a minority of the groups
@@ -92,7 +92,7 @@ def _rank_cdfs(rows: dict[str, np.ndarray], grid: np.ndarray, world: int) -> tup
     """CDF per rank present (R, G), the ranks, and each rank's mean duration."""
     ranks, dist = np.unique(rows["rank"], return_inverse=True)
     cdf = mixture_cdf(grid, dist, rows["count"], rows["p50_ns"], rows["p99_ns"], n_dist=len(ranks),
-                      lo=rows["min_ns"], hi=rows["max_ns"])
+                      lo=rows["min_ns"], hi=rows["max_ns"], dtype=np.float32)
     # mean of a truncated component ≈ its median for tight clusters; weighted by counts
     w = rows["count"].astype(np.float64)
     mean = np.bincount(dist, weights=w * rows["p50_ns"], minlength=len(ranks)) / np.bincount(
@@ -117,19 +117,21 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
         rows = {c: v[sel] for c, v in cols.items()}
         kernel, stream = str(rows["kernel"][0]), int(rows["stream"][0])
         category, op = str(rows["category"][0]), str(rows["op"][0])
-        grid = log_grid(max(float(rows["min_ns"].min()) * 0.9, 1.0), float(rows["max_ns"].max()) * 1.1, config.grid)
-        cdf, ranks, mean = _rank_cdfs(rows, grid, layout.world_size)
-        floor = np.full(len(ranks), np.inf)
-        np.minimum.at(floor, np.searchsorted(ranks, rows["rank"]), rows["min_ns"])
+        ranks = np.unique(rows["rank"])
         res.events_per_step[(kernel, stream)] = float(rows["count"].sum()) / len(ranks) / n_steps
         if len(ranks) < 3:
             continue
-        if category == "comm":
+        if category == "comm":  # only the floors matter: no CDFs
+            floor = np.full(len(ranks), np.inf)
+            np.minimum.at(floor, np.searchsorted(ranks, rows["rank"]), rows["min_ns"])
             kinds = kinds_for(op, res.events_per_step[(kernel, stream)], calls)
             shift = _group_shift(ranks, floor, layout, hosts, kernel, stream, op, kinds, config)
             if shift is not None:
                 res.shifts.append(shift)
         else:
+            grid = log_grid(max(float(rows["min_ns"].min()) * 0.9, 1.0), float(rows["max_ns"].max()) * 1.1,
+                            config.grid)
+            cdf, ranks, mean = _rank_cdfs(rows, grid, layout.world_size)
             res.outliers += _outliers(cdf, ranks, mean, grid, layout, kernel, stream, category, config)
     return res
 

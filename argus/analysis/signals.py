@@ -50,10 +50,13 @@ def load_hw_signals(attempt: Attempt, step_of_ts=None) -> HwSignals:
 
     def per_rank(name: str, reducer) -> dict[int, float]:
         m = metric == name
-        res: dict[int, float] = {}
-        for r in np.unique(rank[m]):
-            res[int(r)] = float(reducer(value[m & (rank == r)]))
-        return res
+        if not m.any():
+            return {}
+        r, v = rank[m].astype(np.int64), value[m]
+        out_v = np.full(int(r.max()) + 1, np.inf if reducer is np.min else -np.inf)
+        (np.minimum if reducer is np.min else np.maximum).at(out_v, r, v)
+        present = np.unique(r)
+        return dict(zip(present.tolist(), out_v[present].tolist()))
 
     gen, gen_max = per_rank("pcie_gen", np.min), per_rank("pcie_gen_max", np.max)
     width, width_max = per_rank("pcie_width", np.min), per_rank("pcie_width_max", np.max)

@@ -17,8 +17,21 @@ __all__ = ["log_grid", "mixture_cdf", "empirical_cdf", "sketch_cdf", "w1", "w1_t
 _Z99 = 2.326347874
 
 
+try:  # scipy's ndtr is ~5× faster than the series below on large arrays
+    from scipy.special import ndtr as _ndtr
+except ImportError:  # pragma: no cover - scipy is a dependency; the series is the fallback
+    _ndtr = None
+
+
 def norm_cdf(z: np.ndarray) -> np.ndarray:
-    """Standard normal CDF (erfc series of Numerical Recipes, |error| < 1.2e-7)."""
+    """Standard normal CDF."""
+    if _ndtr is not None:
+        return _ndtr(z)
+    return _norm_cdf_series(z)
+
+
+def _norm_cdf_series(z: np.ndarray) -> np.ndarray:
+    """Erfc series of Numerical Recipes (|error| < 1.2e-7), for when scipy is absent."""
     x = np.abs(z) / np.sqrt(2.0)
     t = 1.0 / (1.0 + 0.5 * x)
     poly = (-x * x - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (
@@ -35,7 +48,8 @@ def log_grid(lo_ns: float, hi_ns: float, points: int = 512) -> np.ndarray:
 
 
 def mixture_cdf(grid: np.ndarray, dist: np.ndarray, counts: np.ndarray, p50: np.ndarray, p99: np.ndarray,
-                n_dist: int | None = None, lo: np.ndarray | None = None, hi: np.ndarray | None = None) -> np.ndarray:
+                n_dist: int | None = None, lo: np.ndarray | None = None, hi: np.ndarray | None = None,
+                dtype: type = np.float64) -> np.ndarray:
     """CDFs ``(n_dist, len(grid))`` of the log-normal mixtures given by clusters: cluster ``i``
     belongs to distribution ``dist[i]`` with weight ``counts[i]``. With the clusters' observed
     ``lo``/``hi`` (min/max), each component is truncated to that range: a log-normal fitted to
@@ -45,7 +59,8 @@ def mixture_cdf(grid: np.ndarray, dist: np.ndarray, counts: np.ndarray, p50: np.
     mu = np.log(np.maximum(np.asarray(p50, np.float64), 1.0))
     sigma = (np.log(np.maximum(np.asarray(p99, np.float64), 1.0)) - mu) / _Z99
     sigma = np.maximum(sigma, 1e-4)  # all-equal clusters: a (nearly) sharp step
-    lg = np.log(grid)[None, :]
+    lg = np.log(grid).astype(dtype)[None, :]
+    mu, sigma = mu.astype(dtype), sigma.astype(dtype)
     comp = norm_cdf((lg - mu[:, None]) / sigma[:, None])
     if lo is not None and hi is not None:
         a = norm_cdf((np.log(np.maximum(np.asarray(lo, np.float64), 1.0)) - mu) / sigma)[:, None]
@@ -54,10 +69,13 @@ def mixture_cdf(grid: np.ndarray, dist: np.ndarray, counts: np.ndarray, p50: np.
         trunc = np.clip((comp - a) / np.where(span > 1e-12, span, 1.0), 0.0, 1.0)
         step = (lg >= np.log(np.maximum(np.asarray(hi, np.float64), 1.0))[:, None]).astype(np.float64)
         comp = np.where(span > 1e-12, trunc, step)  # a degenerate range is a step at its value
-    comp = comp * np.asarray(counts, np.float64)[:, None]
-    out = np.zeros((n_dist, len(grid)))
-    np.add.at(out, dist, comp)
-    total = np.bincount(dist, weights=counts, minlength=n_dist)[:, None]
+    comp = comp * np.asarray(counts, dtype)[:, None]
+    out = np.zeros((n_dist, len(grid)), dtype)
+    order = np.argsort(dist, kind="stable")
+    d_sorted = dist[order]
+    starts = np.flatnonzero(np.r_[True, d_sorted[1:] != d_sorted[:-1]])
+    out[d_sorted[starts]] = np.add.reduceat(comp[order], starts, axis=0)
+    total = np.bincount(dist, weights=counts, minlength=n_dist)[:, None].astype(dtype)
     return np.divide(out, total, out=np.full_like(out, np.nan), where=total > 0)
 
 
