@@ -29,6 +29,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--hosts", type=int, default=1, help="hosts (8 ranks each) to report")
     c.set_defaults(func=_run_compression)
 
+    a = bsub.add_parser("analysis", help="L1–L3 over one window of a large job: wall time and peak memory")
+    a.add_argument("--ranks", type=int, default=10240)
+    a.add_argument("--steps", type=int, default=10)
+    a.add_argument("--window", default="5:9", help="steps of the analysed window, A:B (default 5:9)")
+    a.add_argument("--store", help="diagnose this store instead of simulating one")
+    a.add_argument("--scenario", default="compute_straggler")
+    a.set_defaults(func=_run_analysis)
+
+    ac = bsub.add_parser("accuracy", help="every scenario × seeds × sizes, scored against truth.json")
+    ac.add_argument("--sizes", default="64,512,4096", help="comma list of rank counts")
+    ac.add_argument("--seeds", type=int, default=5)
+    ac.add_argument("--scenarios", help="comma list (default: all)")
+    ac.add_argument("--jobs", type=int, default=2, help="parallel runs")
+    ac.add_argument("--runs", action="store_true", help="also print every run's score")
+    ac.set_defaults(func=_run_accuracy)
+
     p = bsub.add_parser("processor", help="compression rate, socket throughput, CPU at a paced rate, memory")
     p.add_argument("--modes", default="compression,throughput,paced,long",
                    help="comma list of: compression, throughput, paced, long")
@@ -79,5 +95,35 @@ def _run_processor(args: argparse.Namespace) -> int:
             from argus.errors import ConfigError
 
             raise ConfigError(f"unknown processor bench mode {mode!r}")
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+def _run_analysis(args: argparse.Namespace) -> int:
+    from argus.bench.analysis import run
+
+    lo, _, hi = args.window.partition(":")
+    print(json.dumps(run(ranks=args.ranks, steps=args.steps, window=(int(lo), int(hi)), store=args.store,
+                         scenario=args.scenario)), flush=True)
+    return 0
+
+
+def _run_accuracy(args: argparse.Namespace) -> int:
+    from concurrent.futures import ProcessPoolExecutor
+
+    from argus.bench.accuracy import run_one, summarize
+    from argus.cli.progress import progress_bar
+    from argus.sim import SCENARIOS
+
+    scenarios = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
+    jobs = [(sc, int(size), seed) for size in args.sizes.split(",") for sc in scenarios for seed in range(args.seeds)]
+    scores = []
+    with progress_bar("accuracy runs", len(jobs)) as advance, ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        for score in pool.map(run_one, *zip(*jobs)):
+            scores.append(score)
+            advance()
+            if args.runs:
+                print(json.dumps(score.to_json()), flush=True)
+    for row in summarize(scores):
         print(json.dumps(row), flush=True)
     return 0

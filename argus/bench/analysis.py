@@ -1,0 +1,72 @@
+"""``argus bench analysis``: L1–L3 and root cause over one window of a large simulated job.
+
+A store is simulated once (or given with ``--store``); the diagnosis then runs in a fresh
+process so its peak RSS is its own. Reported: wall time per level, peak memory, and whether
+the incident names the injected culprits.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from argus.errors import ConfigError
+
+__all__ = ["run", "diagnose_window"]
+
+
+def diagnose_window(store: str, lo: int, hi: int) -> dict:
+    from argus.analysis import DiagnoseConfig, diagnose
+    from argus.store import Store
+
+    attempt = Store.open(store).attempt()
+    t0 = time.perf_counter()
+    d = diagnose(attempt, DiagnoseConfig(steps=(lo, hi), store_incidents=False))
+    wall = time.perf_counter() - t0
+    truth_path = Path(store) / "truth.json"
+    found = None
+    if truth_path.exists():
+        truth = json.loads(truth_path.read_text())
+        culprits = {r for f in truth["faults"] for r in f["culprit_ranks"]}
+        claimed = {r for i in d.incidents if i.severity != "info" for r in i.culprit_ranks}
+        found = bool(culprits) and claimed == culprits
+    return {"wall_s": round(wall, 2), "levels_s": {k: round(v, 2) for k, v in d.timings_s.items()},
+            "incidents": [f"{i.klass}:{len(i.culprit_ranks)}" for i in d.incidents], "culprits_found": found,
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def run(ranks: int = 10240, steps: int = 10, window: tuple[int, int] = (5, 9), store: str | None = None,
+        scenario: str = "compute_straggler", seed: int = 0) -> dict:
+    from argus.sim import SimConfig, simulate_to_store
+
+    tmp = None
+    sim_s = None
+    if store is None:
+        tmp = Path(tempfile.mkdtemp(prefix="argus-ba-"))
+        store = str(tmp / "store")
+        t0 = time.perf_counter()
+        simulate_to_store(SimConfig(ranks=ranks, steps=steps, seed=seed), scenario, store, baseline=False)
+        sim_s = round(time.perf_counter() - t0, 1)
+    try:
+        code = ("import json; from argus.bench.analysis import diagnose_window; "
+                f"print(json.dumps(diagnose_window({store!r}, {window[0]}, {window[1]})))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise ConfigError(f"analysis benchmark failed:\n{out.stderr.strip()[-2000:]}")
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        from argus.store import Store
+
+        attempt = Store.open(store).attempt()
+        rows = attempt.sql(f"SELECT count(*) AS n FROM phases WHERE step BETWEEN {window[0]} AND {window[1]}")
+        return {"bench": "analysis", "ranks": attempt.layout.world_size, "layout": str(attempt.layout),
+                "scenario": attempt.meta.get("scenario"), "window_steps": [window[0], window[1]],
+                "phase_rows_in_window": rows.column("n")[0].as_py(), "simulate_s": sim_s, **result}
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
