@@ -1,7 +1,7 @@
 """``argus demo``: the main job on the embedded default.
 
 Until the PyTorch producer lands, the demo simulates a faulty job (a compute straggler on
-64 ranks), writes it to a fresh store and prints what the store holds.
+64 ranks), writes it to a fresh store, prints what the store holds and diagnoses it.
 """
 
 from __future__ import annotations
@@ -39,5 +39,11 @@ def run_demo(args: argparse.Namespace) -> int:
     err.print(f"wrote {result.bytes_written / 1e6:.1f} MB ({result.phase_events:,} phase events) "
               f"in {result.wall_s:.1f} s\n")
     print_store_summary(out)
-    print(f"\nstore: {out}   (query it: argus info {out})")
+    from argus.analysis import diagnose
+    from argus.cli.diagnose import print_diagnosis
+    from argus.store import Store
+
+    print()
+    print_diagnosis(diagnose(Store.open(out).attempt()))
+    print(f"\nstore: {out}   (argus info {out} · argus diagnose {out} --json)")
     return 0

@@ -78,5 +78,6 @@ def print_diagnosis(diagnosis, evidence: bool = False) -> None:
         if evidence:
             for ev in inc.evidence:
                 out.print("    " + json.dumps(ev, default=str)[:300])
-    stderr_console().print(f"[dim]diagnosed in {diagnosis.timings_s['total']:.1f} s; incidents stored in "
-                           f"{a.path / 'incidents'}[/dim]")
+    stored = any(a.files("incidents"))
+    stderr_console().print(f"[dim]diagnosed in {diagnosis.timings_s['total']:.1f} s"
+                           + (f"; incidents in {a.path / 'incidents'}" if stored else "") + "[/dim]")
