@@ -266,10 +266,13 @@ def kinds_for(op: str, events_per_rank_step: float, calls: list[CollectiveCalls]
 
 def w1_matrix_for(summaries: pa.Table, kernel: str, stream: int, ranks: list[int], points: int = 256) -> np.ndarray:
     """Full pairwise W₁ matrix of one kernel over the given ranks — O(n²), for display only."""
-    t = summaries.filter((pa.compute.equal(summaries.column("kernel"), kernel))
-                         & pa.compute.equal(summaries.column("stream"), stream))
-    t = t.filter(pa.compute.is_in(t.column("rank"), pa.array(ranks, pa.int32())))
+    import pyarrow.compute as pc
+
+    t = summaries.filter(pc.and_(pc.equal(summaries.column("kernel"), kernel), pc.equal(summaries.column("stream"), stream)))
+    t = t.filter(pc.is_in(t.column("rank"), pa.array(ranks, pa.int32())))
     rows = {c: t.column(c).to_numpy() for c in ("rank", "count", "p50_ns", "p99_ns", "min_ns", "max_ns")}
     grid = log_grid(max(float(rows["min_ns"].min()) * 0.9, 1.0), float(rows["max_ns"].max()) * 1.1, points)
-    cdf, _, _ = _rank_cdfs(rows, grid, 0)
-    return w1_matrix(cdf, grid)
+    cdf, present, _ = _rank_cdfs(rows, grid, 0)
+    if len(present) != len(set(ranks)):
+        raise ValueError("some ranks have no summary of this kernel")
+    return w1_matrix(cdf.astype(np.float64), grid)

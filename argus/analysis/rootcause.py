@@ -279,6 +279,9 @@ def _compute_incident(ctx: _Ctx, klass: str, phase: str, ranks: list[int], evs: 
         evidence.append({"level": "hw", "kind": "nic_port_down", "ranks": alarms[:8],
                          "note": "a NIC alarm on the culprits' host, but transfer times are normal and the "
                                  "culprits compute slowly: the network is not the cause"})
+    matrix = _w1_matrix_evidence(ctx, ranks, evs)
+    if matrix is not None:
+        evidence.append(matrix)
     what = "backward" if "bwd" in phase or "backward" in phase else phase
     summary = (f"{len(ranks)} rank{'s' * (len(ranks) > 1)} ({', '.join(map(str, ranks[:8]))}"
                f"{'…' if len(ranks) > 8 else ''}) on {', '.join(ctx.hosts_of(ranks)[:3])} "
@@ -286,6 +289,29 @@ def _compute_incident(ctx: _Ctx, klass: str, phase: str, ranks: list[int], evs: 
                f"in {phase}; their collectives look short because the others wait for them")
     return Incident(klass, ranks, ctx.hosts_of(ranks), ctx.gpus_of(ranks), lo, hi, phase, kernels,
                     "confirmed" if confirmed else "suspected", severity, pct, gpuh, action, evidence, steps, summary)
+
+
+def _w1_matrix_evidence(ctx: _Ctx, ranks: list[int], evs: list[dict]) -> dict | None:
+    """Pairwise W₁ (ms) of the most degraded kernel over the culprits and a few peers, for display."""
+    outliers = [o for ev in evs for o in ev["l3"]]
+    if not outliers:
+        return None
+    top = max(outliers, key=lambda o: o.rel)
+    peers = [int(p) for p in ctx.topology.layout.peer_set(top.rank) if p not in ranks][:8]
+    shown = sorted(set(ranks[:8]) | set(peers))
+    import pyarrow.compute as pc
+
+    from argus.analysis.l3_kernels import w1_matrix_for
+
+    lo = min(s for ev in evs for w in ev["windows"] for s in w)
+    hi = max(s for ev in evs for w in ev["windows"] for s in w)
+    summ = ctx.attempt.read("kernel_summaries", filter=(pc.field("start_step") >= lo) & (pc.field("start_step") <= hi))
+    try:
+        m = w1_matrix_for(summ, top.kernel, top.stream, shown)
+    except (ValueError, IndexError):
+        return None
+    return {"level": "L3", "kind": "w1_matrix", "kernel": top.kernel, "stream": top.stream, "ranks": shown,
+            "culprits": [r for r in shown if r in ranks], "w1_ms": (m / 1e6).round(4).tolist()}
 
 
 # -- host stalls ------------------------------------------------------------------------------

@@ -89,6 +89,12 @@ def test_incidents_document_matches_the_contract_and_is_stored(diagnosed):
     assert inc["class"] in CLASSES and set(inc["window"]) == {"start_step", "end_step"}
     assert set(inc["impact"]) == {"slowdown_pct", "gpu_hours_lost"} and inc["impact"]["slowdown_pct"] > 20
     assert {e["level"] for e in inc["evidence"]} >= {"L1", "L2", "L3"}
+    matrix = [e for e in inc["evidence"] if e["kind"] == "w1_matrix"][0]  # for display: culprits vs peers
+    n = len(matrix["ranks"])
+    assert set(matrix["culprits"]) <= set(inc["culprit_ranks"]) and len(matrix["w1_ms"]) == n
+    c = matrix["ranks"].index(matrix["culprits"][0])
+    peers = [i for i, r in enumerate(matrix["ranks"]) if r not in matrix["culprits"]]
+    assert min(matrix["w1_ms"][c][p] for p in peers) > 5 * max(matrix["w1_ms"][peers[0]][p] for p in peers)
     stored = attempt.read("incidents").to_pylist()
     assert stored and stored[-1]["class"] == "compute_straggler" and stored[-1]["culprit_ranks"] == inc["culprit_ranks"]
 
