@@ -115,7 +115,8 @@ def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,
         links = detect_link_shifts(totals, layout, topology.hosts)
         subset = None
         if layout.world_size > config.exact_ranks:
-            slow = sorted({o.rank for o in (l3.outliers if l3 else []) if o.slower and o.category == "compute"})
+            slow = sorted({o.rank for o in (l3.outliers if l3 else []) if (o.slower or o.more_work)
+                           and o.category in ("compute", "cpu_op")})
             subset = screen_candidates(totals, layout, step_time, config.l2, priority=slow)
         del totals
         frame = load_phases(attempt, lo, hi, ranks=subset)

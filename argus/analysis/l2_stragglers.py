@@ -245,7 +245,8 @@ def _flag(res: L2Result, name: str, category: str, mb: int, kind: str, steps: np
           med: np.ndarray, z: np.ndarray, cv: np.ndarray, step_time: np.ndarray, config: L2Config) -> None:
     """Flag ranks whose value (S, N) stands out in enough steps, or hugely in one."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = vals / med
+        # peers that spent ~nothing busy (all waiting) must not make any rank infinitely slow
+        ratio = vals / np.maximum(med, 0.01 * step_time[:, None])
         excess = vals - med
         costly = excess >= config.min_excess_frac * step_time[:, None]
         flagged = (z >= config.z) & (ratio >= config.min_ratio) & (cv >= config.cv_gate) & costly

@@ -52,11 +52,16 @@ class KernelOutlier:
     rel: float  # W₁ / peer mean duration
     slower: bool  # the rank's mean duration is above the peers'
     peer_kind: str
+    launches_ratio: float = 1.0  # the rank's launches of this kernel / the peers' median
+
+    @property
+    def more_work(self) -> bool:
+        return self.launches_ratio >= 1.3
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "kernel": self.kernel, "stream": self.stream, "category": self.category,
                 "w1_ns": round(self.w1_ns, 1), "rel": round(self.rel, 4), "slower": self.slower,
-                "peers": self.peer_kind}
+                "launches_ratio": round(self.launches_ratio, 3), "peers": self.peer_kind}
 
 
 @dataclass
@@ -86,6 +91,7 @@ class L3Result:
     outliers: list[KernelOutlier] = field(default_factory=list)
     shifts: list[GroupShift] = field(default_factory=list)
     events_per_step: dict[tuple[str, int], float] = field(default_factory=dict)  # (kernel, stream) → per rank
+    busy_ratio: dict[int, float] = field(default_factory=dict)  # rank → total compute-kernel time / peers' median
 
 
 def _rank_cdfs(rows: dict[str, np.ndarray], grid: np.ndarray, world: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -111,6 +117,7 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
     cols = {c: summaries.column(c).to_numpy(zero_copy_only=False) for c in
             ("rank", "stream", "kernel", "category", "op", "count", "p50_ns", "p99_ns", "min_ns", "max_ns")}
     n_steps = max(end_step - start_step + 1, 1)
+    res.busy_ratio = _busy_ratio(cols, layout)
     key = np.char.add(cols["kernel"].astype(str), np.char.add("|", cols["stream"].astype(str)))
     for k in np.unique(key):
         sel = key == k
@@ -133,6 +140,7 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
                             config.grid)
             cdf, ranks, mean = _rank_cdfs(rows, grid, layout.world_size)
             res.outliers += _outliers(cdf, ranks, mean, grid, layout, kernel, stream, category, config)
+            res.outliers += _more_launches(rows, ranks, mean, layout, kernel, stream, category, config)
     return res
 
 
@@ -170,6 +178,46 @@ def _outliers(cdf, ranks, mean, grid, layout: Layout, kernel, stream, category, 
         for m in members[(d > fence) & (d >= config.min_w1_ns) & (d >= config.min_effect * peer_mean[members])]:
             out.append(KernelOutlier(int(ranks[m]), kernel, stream, category, float(dist[m]),
                                      float(dist[m] / peer_mean[m]), bool(mean[m] > peer_mean[m]), kind))
+    return out
+
+
+def _busy_ratio(cols: dict[str, np.ndarray], layout: Layout) -> dict[int, float]:
+    """Each rank's total compute-kernel time (Σ count × p50) over its peer set's median: a slow
+    device or extra work raises it; noise scattered over individual kernels cancels out."""
+    compute = np.isin(cols["category"].astype(str), ["compute", "cpu_op"])
+    if not compute.any():
+        return {}
+    rank = cols["rank"][compute].astype(np.int64)
+    total = np.bincount(rank, weights=(cols["count"] * cols["p50_ns"])[compute], minlength=layout.world_size)
+    present = np.bincount(rank, minlength=layout.world_size) > 0
+    groups = layout.groups("dp")
+    vals = np.where(present, total, np.nan)[groups]
+    med = np.nanmedian(vals, axis=1, keepdims=True) if np.isfinite(vals).any() else vals
+    ratio = np.full(layout.world_size, np.nan)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio[groups] = vals / med
+    ranks = np.flatnonzero(present & np.isfinite(ratio))
+    return dict(zip(ranks.tolist(), ratio[ranks].tolist()))
+
+
+def _more_launches(rows, ranks, mean, layout: Layout, kernel, stream, category, config: L3Config) -> list[KernelOutlier]:
+    """Ranks that launch a kernel ≥ 1.3× as often as their peers, at material cost: more work
+    (e.g. an imbalanced shard, a repeated computation) rather than slower work."""
+    counts = np.bincount(np.searchsorted(ranks, rows["rank"]), weights=rows["count"], minlength=len(ranks))
+    gid = layout.group_index("dp")[ranks]
+    out = []
+    for g in np.unique(gid):
+        members = np.flatnonzero(gid == g)
+        if members.size < 3:
+            continue
+        med = float(np.median(counts[members]))
+        if med <= 0:
+            continue
+        ratio = counts[members] / med
+        extra_ns = (counts[members] - med) * mean[members]
+        for m, r_, e in zip(members, ratio, extra_ns):
+            if r_ >= 1.3 and e >= config.min_w1_ns * med:
+                out.append(KernelOutlier(int(ranks[m]), kernel, stream, category, 0.0, 0.0, False, "dp", float(r_)))
     return out
 
 

@@ -52,7 +52,8 @@ class WindowAnalysis:
 @dataclass(frozen=True, slots=True)
 class RootCauseConfig:
     stall_share: float = 0.2  # an intermittent excess this share of the step is a host stall
-    min_kernels: int = 2  # L3 alone needs this many slower kernels on a rank
+    min_kernels: int = 2  # L3 alone needs this many slower kernels on a rank …
+    min_busy_ratio: float = 1.15  # … and its total kernel time this far above its peers'
     pass_ratio: float = 1.25  # one pass this much slower than peers …
     other_pass: float = 1.1  # … while the other is within this: pipeline imbalance
     critical_pct: float = 20.0
@@ -193,8 +194,10 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
             if f.kind == "busy" and f.persistent and f.category == "compute":
                 busy[f.rank].append(f)
         slow = defaultdict(list)
+        busy_ratio = w.l3.busy_ratio if w.l3 else {}
         for o in (w.l3.outliers if w.l3 else []):
-            if o.slower and o.category == "compute":
+            if ((o.slower or o.more_work) and o.category in ("compute", "cpu_op")
+                    and busy_ratio.get(o.rank, 0.0) >= ctx.config.min_busy_ratio):
                 slow[o.rank].append(o)
         if w.l3 is not None:  # kernels measured: busy time with normal kernels is the host's (a stall)
             busy = {r: f for r, f in busy.items() if r in slow}
@@ -318,7 +321,10 @@ def _w1_matrix_evidence(ctx: _Ctx, ranks: list[int], evs: list[dict]) -> dict | 
 def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -> list[Incident]:
     per_rank: dict[int, list[Finding]] = defaultdict(list)
     for w in windows:
-        slow_kernels = {o.rank for o in (w.l3.outliers if w.l3 else []) if o.slower and o.category == "compute"}
+        ratio = w.l3.busy_ratio if w.l3 else {}
+        slow_kernels = {o.rank for o in (w.l3.outliers if w.l3 else [])
+                        if (o.slower or o.more_work) and o.category in ("compute", "cpu_op")
+                        and ratio.get(o.rank, 0.0) >= ctx.config.min_busy_ratio}
         for f in w.l2.findings:
             if f.kind != "busy" or f.rank in compute_ranks or f.rank in slow_kernels:
                 continue
@@ -346,12 +352,16 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
         if stack is not None:
             evidence.append({"level": "L5", "kind": "stacks", "rank": rank, **stack.to_json()})
         cause = stack.cause if stack is not None else "unknown"
+        severity = _severity(ctx, pct, confirmed, False)
+        if len(steps) == 1 and severity != "info":  # a one-off hiccup matters only if it doubled the step
+            if main.excess_s < ctx.step_time.get(steps[0], np.inf):
+                severity = "info"
         summary = (f"rank {rank} on {ctx.hosts_of([rank])[0]}: host stall in {phase}"
                    f"{' microbatch ' + ','.join(map(str, mb)) if mb else ''} in {len(steps)} step"
                    f"{'s' * (len(steps) > 1)} ({cause.replace('_', ' ')}); kernels normal")
         out.append(Incident("host_stall", [rank], ctx.hosts_of([rank]), ctx.gpus_of([rank]), steps[0], steps[-1],
                             phase, [], "confirmed" if confirmed else "suspected",
-                            _severity(ctx, pct, confirmed, False), pct, gpuh, "raise_trace_fidelity", evidence,
+                            severity, pct, gpuh, "raise_trace_fidelity", evidence,
                             steps, summary))
     return out
 

@@ -14,9 +14,9 @@ __all__ = ["main", "build_parser"]
 
 def _commands() -> list[tuple[str, Callable[[argparse._SubParsersAction], None]]]:
     # Imported lazily so `argus --help` stays fast.
-    from argus.cli import bench, demo, diagnose, export, info, ingest, processor, simulate
+    from argus.cli import bench, demo, diagnose, export, info, ingest, processor, run, simulate
 
-    return [("demo", demo.register), ("simulate", simulate.register_simulate),
+    return [("demo", demo.register), ("run", run.register), ("simulate", simulate.register_simulate),
             ("scenarios", simulate.register_scenarios), ("info", info.register), ("diagnose", diagnose.register),
             ("processor", processor.register),
             ("bench", bench.register), ("ingest", ingest.register), ("export", export.register)]

@@ -21,6 +21,8 @@ from argus.processor.protocol import HEADER, Msg, decode_header, encode_array, e
 
 __all__ = ["ProcessorClient", "Interner"]
 
+_CONTROL = 21  # server → client requests (Msg.CONTROL)
+
 
 class Interner:
     """Assigns small integer ids to strings; remembers which ids the server already knows."""
@@ -58,6 +60,7 @@ class ProcessorClient:
         self.names = Interner()
         self.sock: socket.socket | None = None
         self.acks: list[dict[str, Any]] = []
+        self.controls: list[dict[str, Any]] = []  # server requests (e.g. sample your own stacks)
         self._rx = bytearray()
 
     # -- connection ----------------------------------------------------------------------
@@ -159,6 +162,9 @@ class ProcessorClient:
                 return
             payload = bytes(self._rx[HEADER.size:HEADER.size + length])
             del self._rx[:HEADER.size + length]
-            if msg != Msg.ACK:
+            if msg == Msg.ACK:
+                self.acks.append(json.loads(payload))
+            elif int(msg) == _CONTROL:
+                self.controls.append(json.loads(payload))
+            else:
                 raise ProtocolError(f"unexpected {msg.name} frame from the processor")
-            self.acks.append(json.loads(payload))

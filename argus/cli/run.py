@@ -1,0 +1,114 @@
+"""``argus run [--store S] -- CMD...``: trace any training command without changing it.
+
+1. start this host's processor on a fresh socket (or use ``--socket`` of a running one);
+2. run CMD with the producer injected into every Python process that is a rank
+   (``sitecustomize`` on ``PYTHONPATH``; ranks are processes with ``RANK`` set, or the one
+   process of a plain ``python`` command), the run id, layout and socket in the environment;
+3. when CMD exits, stop the processor, which writes everything it received, then return
+   CMD's exit code. If the processor cannot start (e.g. the store is not writable) the
+   error is printed and CMD still runs, untraced.
+
+Multi-host: run it on every host (``srun argus run --store /shared/S --run-id $SLURM_JOB_ID
+-- python train.py``): one processor per host, each writing its own host partition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["register"]
+
+INJECT_DIR = Path(__file__).resolve().parent.parent / "producer" / "_inject"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run a training command with tracing injected (zero code change)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--store", default="argus-store", help="store directory (default ./argus-store)")
+    p.add_argument("--layout", help="parallel layout, e.g. 'pp=2,dp=2' (default $ARGUS_LAYOUT, else pure DP)")
+    p.add_argument("--order", help="rank order (default tp-cp-ep-dp-pp)")
+    p.add_argument("--run-id", help="run id shared by all ranks (default: torchrun's rdzv id, else generated)")
+    p.add_argument("--host", default=os.environ.get("ARGUS_HOST") or socket.gethostname(),
+                   help="host name for this host's partition")
+    p.add_argument("--socket", help="use the processor already listening on this socket")
+    p.add_argument("--window-steps", type=int, default=5)
+    p.add_argument("--raw-kernels", action="store_true", help="keep raw kernel/op events too")
+    p.add_argument("--kernels", choices=["auto", "cupti", "cpu_ops", "off"], help="kernel channel (default auto)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run")
+    p.set_defaults(func=run)
+
+
+def _is_launcher(cmd: list[str]) -> bool:
+    name = os.path.basename(cmd[0]) if cmd else ""
+    return name == "torchrun" or "torch.distributed.run" in cmd[:3] or "torch.distributed.launch" in cmd[:3]
+
+
+def _wait_socket(path: Path, proc: subprocess.Popen, timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def run(args: argparse.Namespace) -> int:
+    cmd = list(args.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print("argus run: no command given (argus run --store S -- torchrun ...)", file=sys.stderr)
+        return 2
+    run_id = args.run_id or os.environ.get("ARGUS_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") \
+        or time.strftime("run-%Y%m%d-%H%M%S")
+    processor: subprocess.Popen | None = None
+    sock = Path(args.socket) if args.socket else Path(f"/tmp/argus-{os.getuid()}") / f"run-{os.getpid()}.sock"
+    if not args.socket:
+        sock.parent.mkdir(parents=True, exist_ok=True)
+        pargs = [sys.executable, "-m", "argus", "processor", "--store", args.store, "--socket", str(sock),
+                 "--host", args.host, "--window-steps", str(args.window_steps)]
+        if args.raw_kernels:
+            pargs.append("--raw-kernels")
+        processor = subprocess.Popen(pargs, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if not _wait_socket(sock, processor):
+            err = processor.stderr.read() if processor.poll() is not None else "timed out"
+            print(f"argus run: the processor could not start ({err.strip().splitlines()[-1] if err.strip() else '?'}); "
+                  "running the command without tracing", file=sys.stderr)
+            processor.kill() if processor.poll() is None else None
+            processor = None
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(INJECT_DIR), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    env["ARGUS_SOCKET"] = str(sock)
+    env["ARGUS_RUN_ID"] = run_id
+    env["ARGUS_HOST"] = args.host
+    for flag, var in ((args.layout, "ARGUS_LAYOUT"), (args.order, "ARGUS_ORDER"), (args.kernels, "ARGUS_KERNELS")):
+        if flag:
+            env[var] = flag
+    if not _is_launcher(cmd):
+        env.setdefault("ARGUS_FORCE", "1")
+    child = subprocess.Popen(cmd, env=env)
+    forward = lambda sig, _frame: child.send_signal(sig)  # noqa: E731
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = child.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if processor is not None:
+            processor.send_signal(signal.SIGTERM)  # it flushes every open window, then exits
+            try:
+                processor.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                processor.kill()
+    if processor is not None:
+        print(f"argus run: traced run {run_id} into {args.store}  (argus diagnose {args.store})", file=sys.stderr)
+    return code

@@ -1,0 +1,156 @@
+"""Producer configuration: explicit argument > ``ARGUS_*`` environment variable > default.
+
+Every environment variable is listed next to the field it sets. Unknown keyword arguments
+are an error (with the key's name): a misspelt option must not be silently ignored. A bad
+value makes :func:`resolve_config` raise; ``argus.init`` turns that into one warning and a
+disabled producer, so training is never stopped by Argus.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+from argus.errors import ConfigError
+
+__all__ = ["ProducerConfig", "Identity", "resolve_config", "resolve_identity", "ENV"]
+
+#: field → environment variable
+ENV = {
+    "enabled": "ARGUS_ENABLE",  # 0/false disables everything (one boolean check per hook)
+    "socket_path": "ARGUS_SOCKET",  # processor socket (default /tmp/argus-$UID/processor.sock)
+    "layout": "ARGUS_LAYOUT",  # e.g. "pp=2,dp=2"; default pure data parallel
+    "order": "ARGUS_ORDER",  # rank order, default tp-cp-ep-dp-pp
+    "run_id": "ARGUS_RUN_ID",  # default TORCHELASTIC_RUN_ID, else a name from the start time
+    "attempt_id": "ARGUS_ATTEMPT_ID",  # default TORCHELASTIC_RESTART_COUNT, else "0"
+    "host": "ARGUS_HOST",  # host name for the store (default: hostname)
+    "flush_interval_s": "ARGUS_FLUSH_S",  # hand data to the processor at least this often
+    "buffer_events": "ARGUS_BUFFER_EVENTS",  # per table; beyond it events are dropped and counted
+    "kernels": "ARGUS_KERNELS",  # auto | cupti | cpu_ops | off
+    "op_sample_every": "ARGUS_OP_SAMPLE_EVERY",  # CPU op source: capture one step in N
+    "module_patterns": "ARGUS_MODULE_PATTERNS",  # "phase=word|word;phase=word" (see below)
+    "stacks_hz": "ARGUS_STACKS_HZ",  # in-process stack sampling (0: only when the processor asks)
+}
+
+#: Module-level phases: phase name → words matched in the module's class name (lowercase).
+DEFAULT_MODULE_PATTERNS: dict[str, tuple[str, ...]] = {
+    "moe_layer": ("moe", "mixtureofexperts", "sparsemlp"),
+    "moe_experts": ("experts", "groupedmlp", "grouped_mlp"),
+    "self_attention": ("attention", "attn"),
+    "mlp": ("mlp", "feedforward", "ffn"),
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class ProducerConfig:
+    enabled: bool = True
+    socket_path: str = ""
+    layout: str = ""
+    order: str = ""
+    run_id: str = ""
+    attempt_id: str = ""
+    host: str = ""
+    flush_interval_s: float = 1.0
+    buffer_events: int = 200_000
+    kernels: str = "auto"
+    op_sample_every: int = 10
+    module_patterns: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_MODULE_PATTERNS))
+    stacks_hz: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.flush_interval_s <= 0:
+            raise ConfigError(f"flush_interval_s must be > 0, got {self.flush_interval_s}")
+        if self.buffer_events < 1000:
+            raise ConfigError(f"buffer_events must be at least 1000, got {self.buffer_events}")
+        if self.kernels not in ("auto", "cupti", "cpu_ops", "off"):
+            raise ConfigError(f"kernels={self.kernels!r}: choose auto, cupti, cpu_ops or off")
+        if self.op_sample_every < 1:
+            raise ConfigError(f"op_sample_every must be >= 1, got {self.op_sample_every}")
+        if self.stacks_hz < 0:
+            raise ConfigError(f"stacks_hz must be >= 0, got {self.stacks_hz}")
+
+
+def _parse_patterns(text: str) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for item in text.split(";"):
+        if not item.strip():
+            continue
+        name, sep, words = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"ARGUS_MODULE_PATTERNS item {item!r} is not phase=word|word")
+        out[name.strip()] = tuple(w.strip().lower() for w in words.split("|") if w.strip())
+    return out
+
+
+def _coerce(name: str, raw: str) -> Any:
+    kind = {f.name: f.type for f in fields(ProducerConfig)}[name]
+    try:
+        if kind == "bool":
+            return raw.strip().lower() not in ("0", "false", "no", "off", "")
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except ValueError:
+        raise ConfigError(f"{ENV[name]}={raw!r} is not a valid {kind}") from None
+    if name == "module_patterns":
+        return _parse_patterns(raw)
+    return raw
+
+
+def resolve_config(explicit: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> ProducerConfig:
+    environ = os.environ if environ is None else environ
+    explicit = dict(explicit or {})
+    known = {f.name for f in fields(ProducerConfig)}
+    unknown = sorted(set(explicit) - known)
+    if unknown:
+        raise ConfigError(f"unknown argus.init option {unknown[0]!r}; options are {', '.join(sorted(known))}")
+    values: dict[str, Any] = {}
+    for name, var in ENV.items():
+        if name in explicit:
+            values[name] = explicit[name]
+        elif var in environ:
+            values[name] = _coerce(name, environ[var])
+    return ProducerConfig(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    rank: int
+    world_size: int
+    local_rank: int
+    host: str
+    run_id: str
+    attempt_id: str
+    pid: int
+
+
+def resolve_identity(config: ProducerConfig, environ: Mapping[str, str] | None = None) -> Identity:
+    """Rank, world and host from the usual launcher variables (torchrun, Slurm, MPI)."""
+    env = os.environ if environ is None else environ
+
+    def first(*names: str, default: str | None = None) -> str | None:
+        for n in names:
+            if env.get(n, "") != "":
+                return env[n]
+        return default
+
+    try:
+        rank = int(first("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", default="0"))
+        world = int(first("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default="1"))
+        local = int(first("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default=str(rank)))
+    except ValueError as exc:
+        raise ConfigError(f"cannot read the rank from the environment: {exc}") from None
+    if not 0 <= rank < world:
+        raise ConfigError(f"rank {rank} is outside a world of {world}")
+    host = config.host or first("ARGUS_HOST", "SLURMD_NODENAME", default=socket.gethostname()) or "localhost"
+    run_id = config.run_id or first("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", default="") or "run"
+    attempt = config.attempt_id or first("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT", default="0") or "0"
+    return Identity(rank, world, local, host.replace("/", "_"), run_id.replace("/", "_"),
+                    attempt.replace("/", "_"), os.getpid())
+
+
+def default_socket(config: ProducerConfig) -> str:
+    return config.socket_path or os.environ.get("ARGUS_SOCKET") or f"/tmp/argus-{os.getuid()}/processor.sock"

@@ -1,0 +1,212 @@
+"""The producer runtime of one process: identity, recorder, transport, hooks, sources.
+
+One runtime per process, held by :mod:`argus.producer.api`. Everything here runs inside
+someone else's training job, so the rules are: decide once at start, keep the hot path to
+an append, and on any internal failure log once, disable, and let training continue.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from typing import Any
+
+from argus.producer.config import Identity, ProducerConfig, default_socket
+from argus.producer.recorder import Recorder, now_ns
+from argus.topology import Layout, parse_layout
+
+__all__ = ["Runtime"]
+
+log = logging.getLogger("argus.producer")
+
+
+class Runtime:
+    def __init__(self, config: ProducerConfig, identity: Identity, layout: Layout):
+        self.config = config
+        self.identity = identity
+        self.layout = layout
+        self.recorder = Recorder(capacity=config.buffer_events)
+        self.active = False
+        self.failed: str | None = None
+        self.step = 0
+        self.step_start = now_ns()
+        self.fwd_mb = 0
+        self.bwd_mb = 0
+        self.mb_context = -1
+        self.forwards_since_step = 0
+        self.explicit_steps = False
+        self.started = False
+        self.hooks: Any = None
+        self.kernels: Any = None
+        self.stacks: Any = None
+        self.cuda: Any = None
+        self.transport: Any = None
+        self._torch_installed = False
+        self._lock = threading.Lock()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        from argus.producer.transport import Transport
+
+        hello = {"run_id": self.identity.run_id, "attempt_id": self.identity.attempt_id, "rank": self.identity.rank,
+                 "world_size": self.identity.world_size, "local_rank": self.identity.local_rank,
+                 "host": self.identity.host, "pid": self.identity.pid, "layout": str(self.layout),
+                 "order": self.layout.order_str, "gpu_uuid": self._gpu_uuid()}
+        self.transport = Transport(self.recorder, default_socket(self.config), hello, self.config.flush_interval_s,
+                                   on_control=self.on_control)
+        self.active = True
+        self.transport.start()
+        if self.config.stacks_hz > 0:
+            self._start_stacks(self.config.stacks_hz)
+        if "torch" in sys.modules:
+            self.install_torch()
+
+    def install_torch(self) -> None:
+        """Hook PyTorch (now, or when ``torch`` is first imported under ``argus run``)."""
+        with self._lock:
+            if self._torch_installed or not self.active:
+                return
+            self._torch_installed = True
+        try:
+            from argus.producer.kernels import select_source
+            from argus.producer.torch_hooks import TorchHooks
+
+            self.hooks = TorchHooks(self)
+            self.hooks.install()
+            self.kernels = select_source(self.config.kernels, self.recorder, self.config.op_sample_every)
+            self.kernels.on_step(self.step)
+            import torch
+
+            if torch.cuda.is_available():
+                from argus.producer.cuda_timing import CudaTimer
+
+                self.cuda = CudaTimer(self._emit_cuda)
+                self.cuda.start()
+        except Exception as exc:  # noqa: BLE001
+            self.fail(f"cannot hook PyTorch ({exc})")
+
+    def shutdown(self, flush: bool = True) -> None:
+        if self.step_start and self.forwards_since_step and self.active:
+            self.recorder.step(self.step, self.step_start, now_ns())
+        self.active = False
+        for part in (self.kernels, self.stacks, self.cuda):
+            if part is not None:
+                try:
+                    part.stop()
+                except Exception:  # noqa: BLE001
+                    pass
+        if self.hooks is not None:
+            try:
+                self.hooks.uninstall()
+            except Exception:  # noqa: BLE001
+                pass
+        if self.transport is not None:
+            self.transport.stop() if flush else None
+
+    def fail(self, why: str) -> None:
+        """Disable the producer after an internal error: one warning, training continues."""
+        if self.failed is None:
+            self.failed = why
+            log.warning("argus: disabled: %s; training continues without tracing", why)
+        self.active = False
+
+    # -- recording -----------------------------------------------------------------------
+    def grad_enabled(self) -> bool:
+        import torch
+
+        return torch.is_grad_enabled()
+
+    def record_phase(self, start_ns: int, end_ns: int, microbatch: int, name: str, category: str,
+                     group: str = "", step: int | None = None) -> None:
+        self.recorder.phase(self.step if step is None else step, start_ns, end_ns, microbatch, name, category, group)
+
+    def mark(self) -> Any:
+        """A point in time on the device timeline: ns on CPU, a CUDA event on GPU."""
+        return self.cuda.mark() if self.cuda is not None else now_ns()
+
+    def record_span(self, m0: Any, m1: Any, microbatch: int, name: str, category: str, group: str = "",
+                    step: int | None = None) -> None:
+        step = self.step if step is None else step
+        if isinstance(m0, tuple) and self.cuda is not None:
+            self.cuda.phase(m0, m1, (step, microbatch, name, category, group))
+        else:
+            self.recorder.phase(step, m0, m1, microbatch, name, category, group)
+
+    def _emit_cuda(self, t0: int, t1: int, meta: tuple) -> None:
+        step, microbatch, name, category, group = meta
+        self.recorder.phase(step, t0, t1, microbatch, name, category, group)
+
+    def end_step(self, t: int | None = None) -> None:
+        t = now_ns() if t is None else t
+        self.recorder.step(self.step, self.step_start, t)
+        self.step += 1
+        self.step_start = t
+        self.fwd_mb = self.bwd_mb = 0
+        self.forwards_since_step = 0
+        if self.hooks is not None:
+            self.hooks.depth = 0
+        if self.kernels is not None:
+            try:
+                self.kernels.on_step(self.step)
+            except Exception as exc:  # noqa: BLE001
+                log.info("argus: kernel source stopped (%s)", exc)
+                self.kernels = None
+        if self.cuda is not None:
+            self.cuda.rebase()
+
+    # -- process groups ----------------------------------------------------------------------
+    def kind_of_group(self, group: Any, peer: int | None = None) -> str:
+        """Map a process group (or a p2p pair) to its layout kind; '' if it is none of them."""
+        import torch.distributed as dist
+
+        rank = self.identity.rank
+        try:
+            members = set(dist.get_process_group_ranks(group)) if group is not None else set(
+                range(dist.get_world_size()))
+        except Exception:  # noqa: BLE001 - not initialised yet
+            members = set(range(self.identity.world_size))
+        if self.identity.world_size == 1:
+            return "dp"
+        if peer is not None:  # p2p: the smallest layout group holding both ends
+            best, size = "", None
+            for kind in ("tp", "cp", "ep", "pp", "edp", "dp", "world"):
+                g = self.layout.group_of(kind, rank)
+                if peer in g and (size is None or len(g) < size):
+                    best, size = kind, len(g)
+            return best
+        for kind in ("tp", "cp", "ep", "pp", "dp", "edp", "world"):
+            if set(self.layout.group_of(kind, rank).tolist()) == members:
+                return kind
+        return ""
+
+    # -- control from the processor ----------------------------------------------------------
+    def on_control(self, doc: dict) -> None:
+        hz = (doc.get("stacks") or {}).get("inprocess_hz")
+        if hz:
+            if self.stacks is None:
+                self._start_stacks(float(hz))
+            else:
+                self.stacks.set_rate(float(hz))
+
+    def _start_stacks(self, hz: float) -> None:
+        from argus.producer.stacks import StackSampler
+
+        self.stacks = StackSampler(self.recorder, self, hz)
+        self.stacks.start()
+
+    def _gpu_uuid(self) -> str:
+        try:
+            import torch
+
+            if "torch" in sys.modules and torch.cuda.is_available():
+                props = torch.cuda.get_device_properties(self.identity.local_rank % torch.cuda.device_count())
+                return f"GPU-{props.uuid}"
+        except Exception:  # noqa: BLE001
+            pass
+        return f"cpu-{self.identity.host}-{self.identity.local_rank}"
+
+
+def make_layout(config: ProducerConfig, world_size: int) -> Layout:
+    """``ARGUS_LAYOUT`` / option, else pure data parallel."""
+    return parse_layout(config.layout or "", world_size=world_size, order=config.order or None)

@@ -1,0 +1,207 @@
+"""A small transformer trained with torch.distributed (gloo, CPU), with injectable faults.
+
+This is real training — real processes, real collectives — used by ``argus demo`` and the
+end-to-end tests. Nothing in it knows about Argus: run it under ``argus run`` to trace it.
+
+Modes: ``ddp`` (data parallel, DistributedDataParallel with gradient accumulation over
+microbatches) and ``pipeline`` (two stages exchanging activations and gradients with
+send/recv per microbatch, data parallel across pipelines through per-stage groups).
+
+Faults (on ``--fault-rank``, from ``--fault-start``):
+* ``compute``: the attention of that rank repeats its matmuls ``--slowdown`` times (a slow GPU);
+* ``stall``: a host-side sleep of ``--stall-ms`` inside one microbatch's backward, every
+  third step (a JIT-compile-like stall: the device idles while the host is busy);
+* ``none``: healthy. (Link faults are made outside, by throttling the rank's network.)
+
+Launch with torchrun, or one process per rank with RANK/WORLD_SIZE/MASTER_ADDR set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, d: int, heads: int, slowdown: int = 1):
+        super().__init__()
+        self.qkv = nn.Linear(d, 3 * d)
+        self.out = nn.Linear(d, d)
+        self.heads = heads
+        self.slowdown = slowdown
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).transpose(1, 3).unbind(2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        for _ in range(self.slowdown - 1):  # a slow device: the same work again (result unchanged)
+            y = y + 0.0 * F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d, 4 * d)
+        self.fc2 = nn.Linear(4 * d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.attn = SelfAttention(d, heads)
+        self.mlp = MLP(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class Stage(nn.Module):
+    """A contiguous slice of the model (the whole model when there is one stage)."""
+
+    def __init__(self, vocab: int, d: int, heads: int, layers: int, first: bool, last: bool):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d) if first else None
+        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
+        self.head = nn.Linear(d, vocab) if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x) if self.head is not None else x
+
+
+def _stall_hook(ms: float):
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        time.sleep(ms / 1000.0)  # the host is busy (e.g. compiling) while the device waits
+        return grad
+    return hook
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--mode", choices=["ddp", "pipeline"], default="ddp")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--microbatches", type=int, default=4)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--fault", choices=["none", "compute", "stall"], default="none")
+    p.add_argument("--fault-rank", type=int, default=1)
+    p.add_argument("--fault-start", type=int, default=8)
+    p.add_argument("--slowdown", type=int, default=4)
+    p.add_argument("--stall-ms", type=float, default=400.0)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    args = p.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(1234 + rank)
+    if args.mode == "pipeline":
+        if world % 2:
+            raise SystemExit("pipeline mode needs an even number of ranks (2 stages)")
+        _pipeline(args, rank, world)
+    else:
+        _ddp(args, rank, world)
+    dist.barrier()
+    if rank == 0:
+        print(json.dumps({"done": True, "steps": args.steps, "world": world}), flush=True)
+    os._exit(0)  # gloo can abort at interpreter exit (ENVIRONMENT.md)
+
+
+def _faulty(args: argparse.Namespace, rank: int, step: int) -> bool:
+    return args.fault != "none" and rank == args.fault_rank and step >= args.fault_start
+
+
+def _ddp(args: argparse.Namespace, rank: int, world: int) -> None:
+    model = Stage(args.vocab, args.d_model, args.heads, args.layers, first=True, last=True)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    for step in range(args.steps):
+        slow = args.slowdown if args.fault == "compute" and _faulty(args, rank, step) else 1
+        for block in model.blocks:
+            block.attn.slowdown = slow
+        for mb in range(args.microbatches):
+            x = torch.randint(0, args.vocab, (args.batch, args.seq))
+            last = mb == args.microbatches - 1
+            ctx = ddp.no_sync() if not last else _Null()
+            with ctx:
+                logits = ddp(x)
+                if args.fault == "stall" and _faulty(args, rank, step) and step % 3 == 0 and mb == 1:
+                    logits.register_hook(_stall_hook(args.stall_ms))
+                loss = F.cross_entropy(logits.view(-1, args.vocab), x.view(-1)) / args.microbatches
+                loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def _pipeline(args: argparse.Namespace, rank: int, world: int) -> None:
+    """Two stages; stage = rank // (world/2); data parallel within each stage."""
+    half = world // 2
+    stage, dp_index = rank // half, rank % half
+    peer = rank + half if stage == 0 else rank - half
+    groups = [dist.new_group(list(range(s * half, (s + 1) * half))) for s in (0, 1)]
+    model = Stage(args.vocab, args.d_model, args.heads, args.layers, first=stage == 0, last=stage == 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    shape = (args.batch, args.seq, args.d_model)
+    for step in range(args.steps):
+        slow = args.slowdown if args.fault == "compute" and _faulty(args, rank, step) else 1
+        for block in model.blocks:
+            block.attn.slowdown = slow
+        for mb in range(args.microbatches):
+            tokens = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(
+                step * 1000 + mb * 10 + dp_index))
+            if stage == 0:
+                act = model(tokens)
+                dist.send(act.detach(), peer)
+                grad = torch.empty(shape)
+                dist.recv(grad, peer)
+                if args.fault == "stall" and _faulty(args, rank, step) and step % 3 == 0 and mb == 1:
+                    act.register_hook(_stall_hook(args.stall_ms))
+                act.backward(grad)
+            else:
+                inp = torch.empty(shape)
+                dist.recv(inp, peer)
+                inp.requires_grad_(True)
+                logits = model(inp)
+                if args.fault == "stall" and _faulty(args, rank, step) and step % 3 == 0 and mb == 1:
+                    logits.register_hook(_stall_hook(args.stall_ms))
+                loss = F.cross_entropy(logits.view(-1, args.vocab), tokens.view(-1)) / args.microbatches
+                loss.backward()
+                dist.send(inp.grad, peer)
+        for param in model.parameters():
+            if param.grad is not None:
+                dist.all_reduce(param.grad, group=groups[stage])
+                param.grad /= half
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+class _Null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+if __name__ == "__main__":
+    main()

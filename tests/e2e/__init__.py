@@ -1,0 +1,1 @@
+"""End-to-end tests: real processes on real (namespaced) networks; see docs/testing-network.md."""
