@@ -39,7 +39,8 @@ class L2Config:
     spike_ratio: float = 2.0  # a single step this far out is an intermittent finding
     cv_gate: float = 0.03  # groups whose std/mean is below this are left alone
     min_excess_frac: float = 0.03  # a rank's excess must be ≥ this share of the step time
-    persist_frac: float = 0.6  # flagged in this share of the window's steps: persistent
+    persist_frac: float = 0.6  # flagged in this share of the window's steps: persistent …
+    persist_min: int = 2  # … and in at least this many steps (a window cut short by the job's end)
     mad_floor: float = 0.01  # MAD floor as a share of the median (timer noise)
 
 
@@ -253,10 +254,11 @@ def _flag(res: L2Result, name: str, category: str, mb: int, kind: str, steps: np
         spike = flagged & (ratio >= config.spike_ratio)
     present = np.isfinite(vals).sum(axis=0)
     n_flag = flagged.sum(axis=0)
-    candidates = np.flatnonzero((n_flag > 0) & ((n_flag >= config.persist_frac * present) | spike.any(axis=0)))
+    steady = (n_flag >= config.persist_frac * present) & (n_flag >= config.persist_min)
+    candidates = np.flatnonzero((n_flag > 0) & (steady | spike.any(axis=0)))
     for r in candidates:
         rows = np.flatnonzero(flagged[:, r])
-        persistent = bool(n_flag[r] >= config.persist_frac * present[r])
+        persistent = bool(steady[r])
         res.findings.append(Finding(
             kind="busy", rank=int(r), name=name, category=category, microbatch=mb,
             steps=[int(steps[i]) for i in rows], ratio=float(np.median(ratio[rows, r])),
@@ -302,4 +304,4 @@ def _arrival_skew(res: L2Result, f: PhaseFrame, layout: Layout, hosts: np.ndarra
             kind="arrival", rank=int(r), name="collectives", category="comm", microbatch=-1,
             steps=[int(steps[i]) for i in rows_r], ratio=float("nan"), z=float(np.max(z[rows_r, r])),
             excess_s=float(np.mean(excess[rows_r, r])), peer_kind="dp",
-            persistent=bool(n_flag[r] >= config.persist_frac * present[r])))
+            persistent=bool(n_flag[r] >= config.persist_frac * present[r] and n_flag[r] >= config.persist_min)))

@@ -52,6 +52,7 @@ class WindowAnalysis:
 @dataclass(frozen=True, slots=True)
 class RootCauseConfig:
     stall_share: float = 0.2  # an intermittent excess this share of the step is a host stall
+    one_off_share: float = 0.5  # … but a single unexplained one must reach this share to be reported
     min_kernels: int = 2  # L3 alone needs this many slower kernels on a rank …
     min_busy_ratio: float = 1.15  # … and its total kernel time this far above its peers'
     pass_ratio: float = 1.25  # one pass this much slower than peers …
@@ -353,8 +354,11 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
             evidence.append({"level": "L5", "kind": "stacks", "rank": rank, **stack.to_json()})
         cause = stack.cause if stack is not None else "unknown"
         severity = _severity(ctx, pct, confirmed, False)
-        if len(steps) == 1 and severity != "info":  # a one-off hiccup matters only if it doubled the step
-            if main.excess_s < ctx.step_time.get(steps[0], np.inf):
+        if len(steps) == 1 and not confirmed:  # one unexplained hiccup: matters only if it doubled the step
+            share = main.excess_s / ctx.step_time.get(steps[0], np.inf)
+            if share < ctx.config.one_off_share:
+                continue  # below the noise of a shared host: not an incident
+            if share < 1.0:
                 severity = "info"
         summary = (f"rank {rank} on {ctx.hosts_of([rank])[0]}: host stall in {phase}"
                    f"{' microbatch ' + ','.join(map(str, mb)) if mb else ''} in {len(steps)} step"

@@ -17,9 +17,12 @@ from argus.store import Attempt
 
 __all__ = ["HwSignals", "load_hw_signals", "StackCause", "stack_cause", "CAUSE_WORDS"]
 
+MIN_CAUSE_SAMPLES = 3  # a cause is named from at least this many extra samples of one stack
+
 #: Frame keywords → host-stall cause (first match wins, in this order).
 CAUSE_WORDS = (
-    ("jit_compile", ("triton/compiler", "inductor", "torch/_dynamo", "jit", "compile", "nvrtc", "make_cubin")),
+    ("jit_compile", ("triton/compiler", "torch/_inductor", "torch/_dynamo/convert_frame", "torch/_dynamo/symbolic_convert",
+                     "compile_fx", "torch/jit/", "nvrtc", "make_cubin")),
     ("garbage_collection", ("gc_collect", "gcmodule", "(gc)", "gc.collect")),
     ("checkpoint_io", ("checkpoint", "serialization", "torch/save", "save (")),
     ("data_loading", ("dataloader", "get_batch", "queue.py", "_next_data")),
@@ -112,6 +115,8 @@ def stack_cause(attempt: Attempt, rank: int, steps: list[int]) -> StackCause | N
     if not elevated:
         return StackCause("unknown", [], int(count[hit].sum()))
     cause = "unknown"
+    if elevated[0][1] * hit_steps < MIN_CAUSE_SAMPLES:  # too few samples to name a cause
+        return StackCause(cause, [(_short(f), int(round(s * hit_steps))) for f, s in elevated], int(count[hit].sum()))
     for name, words in CAUSE_WORDS:
         if any(w in elevated[0][0] for w in words):
             cause = name

@@ -16,13 +16,26 @@ from argus.producer.recorder import Recorder, now_ns
 __all__ = ["StackSampler", "fold"]
 
 
+_OWN = ("argus/producer/",)  # our own hooks: their cost is ours, the stack is the caller's
+_TRAMPOLINES = ("torch/_compile.py", "torch/_dynamo/eval_frame.py", "torch/utils/_python_dispatch.py")
+
+
 def fold(frame: Any, limit: int = 64) -> str:
-    parts = []
+    """Root-first folded stack; frames from Argus's own hooks (and the dispatch trampolines
+    that lead into them) are cut, so an op captured by the producer is not read as, say, a
+    ``torch/_dynamo`` compile stall."""
+    parts, files = [], []
     while frame is not None and len(parts) < limit:
         code = frame.f_code
         parts.append(f"{code.co_name} ({code.co_filename}:{frame.f_lineno})")
+        files.append(code.co_filename.replace("\\", "/"))
         frame = frame.f_back
-    return ";".join(reversed(parts))
+    parts.reverse()
+    files.reverse()
+    cut = next((i for i, f in enumerate(files) if any(o in f for o in _OWN)), len(parts))
+    while cut < len(parts) and 0 < cut and any(t in files[cut - 1] for t in _TRAMPOLINES):
+        cut -= 1
+    return ";".join(parts[:cut]) or "argus (producer)"
 
 
 class StackSampler:

@@ -121,10 +121,10 @@ class TorchHooks:
             return
         try:
             if self.depth == 0:
-                self.top_start = rt.mark()
                 if rt.step == 0 and rt.forwards_since_step == 0 and not rt.started:
                     rt.started = True
                     rt.step_start = now_ns()  # step 0 starts with its first forward, not at init()
+                self.top_start = rt.mark()
                 rt.mb_context = rt.fwd_mb if rt.grad_enabled() else -1
                 if id(module) not in self.instrumented_ddp:
                     self._maybe_instrument_ddp(module)

@@ -1,0 +1,57 @@
+"""Producer configuration and identity: precedence, validation, launcher variables."""
+
+from __future__ import annotations
+
+import pytest
+
+from argus.errors import ConfigError
+from argus.producer.config import ENV, ProducerConfig, resolve_config, resolve_identity
+
+
+def test_explicit_beats_environment_beats_default():
+    env = {"ARGUS_FLUSH_S": "0.25", "ARGUS_LAYOUT": "pp=2,dp=2", "ARGUS_KERNELS": "off"}
+    cfg = resolve_config({"kernels": "cpu_ops"}, env)
+    assert cfg.flush_interval_s == 0.25 and cfg.layout == "pp=2,dp=2" and cfg.kernels == "cpu_ops"
+    assert resolve_config({}, {}).flush_interval_s == ProducerConfig().flush_interval_s
+
+
+def test_every_field_has_an_environment_variable():
+    from dataclasses import fields
+
+    assert set(ENV) == {f.name for f in fields(ProducerConfig)}
+
+
+@pytest.mark.parametrize("explicit, env, message", [
+    ({"flush_s": 1}, {}, "unknown argus.init option 'flush_s'"),
+    ({}, {"ARGUS_FLUSH_S": "soon"}, "ARGUS_FLUSH_S='soon' is not a valid float"),
+    ({}, {"ARGUS_KERNELS": "gpu"}, "kernels='gpu'"),
+    ({"buffer_events": 10}, {}, "buffer_events must be at least 1000"),
+    ({}, {"ARGUS_MODULE_PATTERNS": "attention"}, "is not phase=word|word"),
+])
+def test_bad_options_name_the_problem(explicit, env, message):
+    with pytest.raises(ConfigError, match=message.replace("|", r"\|").replace("(", r"\(")):
+        resolve_config(explicit, env)
+
+
+def test_module_patterns_and_booleans_parse():
+    cfg = resolve_config({}, {"ARGUS_MODULE_PATTERNS": "attn=Attention|SDPA; mlp=FFN", "ARGUS_ENABLE": "off"})
+    assert cfg.module_patterns == {"attn": ("attention", "sdpa"), "mlp": ("ffn",)}
+    assert cfg.enabled is False
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "TORCHELASTIC_RUN_ID": "job7",
+      "TORCHELASTIC_RESTART_COUNT": "2"}, (3, 8, 1, "job7", "2")),
+    ({"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "991"}, (5, 16, 1, "991", "0")),
+    ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4"}, (2, 4, 2, "run", "0")),
+    ({}, (0, 1, 0, "run", "0")),
+])
+def test_identity_from_launchers(env, expected):
+    ident = resolve_identity(ProducerConfig(), {**env, "ARGUS_HOST": "node-a"})
+    assert (ident.rank, ident.world_size, ident.local_rank, ident.run_id, ident.attempt_id) == expected
+    assert ident.host == "node-a"
+
+
+def test_rank_outside_world_is_an_error():
+    with pytest.raises(ConfigError, match="rank 4 is outside a world of 4"):
+        resolve_identity(ProducerConfig(), {"RANK": "4", "WORLD_SIZE": "4"})
