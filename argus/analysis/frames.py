@@ -100,8 +100,9 @@ def load_phases(attempt: Attempt, lo: int, hi: int, ranks: np.ndarray | None = N
         if ranks is not None:
             con.register("_argus_ranks", pa.table({"r": pa.array(np.asarray(ranks, np.int64), pa.int32())}))
             where += " AND rank IN (SELECT r FROM _argus_ranks)"
-        t = con.sql(f"SELECT rank, step, microbatch, name, category, group_kind, start_ns, dur_ns FROM phases "
-                    f"WHERE {where} ORDER BY rank, start_ns, dur_ns DESC").to_arrow_table()
+        wait = "wait_ns" if "wait_ns" in con.sql("SELECT * FROM phases LIMIT 0").columns else "-1 AS wait_ns"
+        t = con.sql(f"SELECT rank, step, microbatch, name, category, group_kind, start_ns, dur_ns, {wait} "
+                    f"FROM phases WHERE {where} ORDER BY rank, start_ns, dur_ns DESC").to_arrow_table()
     finally:
         con.close()
     name, names = encode(t.column("name"))
@@ -110,12 +111,13 @@ def load_phases(attempt: Attempt, lo: int, hi: int, ranks: np.ndarray | None = N
     f = PhaseFrame(lo, hi, t.column("rank").to_numpy().astype(np.int64), t.column("step").to_numpy(),
                    t.column("microbatch").to_numpy(), name, cat, grp, t.column("start_ns").to_numpy(),
                    t.column("dur_ns").to_numpy(), np.empty(0), names, cats, groups)
-    f.busy = _busy(f)
+    f.busy = _busy(f, t.column("wait_ns").fill_null(-1).to_numpy())
     return f
 
 
-def _busy(f: PhaseFrame) -> np.ndarray:
-    """dur − Σ dur of finished comm phases that start inside it (same rank)."""
+def _busy(f: PhaseFrame, wait: np.ndarray | None = None) -> np.ndarray:
+    """dur − the waiting the producer measured inside it (``wait_ns``), or where it did not,
+    dur − Σ dur of finished comm phases that start inside it (same rank)."""
     busy = np.full(f.n, np.nan)
     if f.n == 0:
         return busy
@@ -134,6 +136,9 @@ def _busy(f: PhaseFrame) -> np.ndarray:
     hi_i = np.searchsorted(ckey, (f.rank[work] << 46) | end, side="left")
     waited = cum[hi_i] - cum[lo_i]
     d = f.dur[work].astype(np.float64)
+    if wait is not None:
+        w = wait[work].astype(np.float64)
+        waited = np.where(w >= 0, w, waited)
     busy[work] = np.where(d >= 0, np.maximum(d - waited, 0.0), np.nan)
     return busy
 
@@ -170,8 +175,10 @@ def load_phase_totals(attempt: Attempt, lo: int, hi: int) -> PhaseTotals:
             f"SELECT name FROM (SELECT rank, step, microbatch, name, count(*) AS n FROM phases WHERE {where} "
             f"AND microbatch >= 0 AND category != 'comm' AND rank < 64 GROUP BY ALL) GROUP BY name "
             f"HAVING max(n) = 1").fetchall()]
+        has_wait = "wait_ns" in con.sql("SELECT * FROM phases LIMIT 0").columns
+        work = "dur_ns - greatest(coalesce(wait_ns, -1), 0)" if has_wait else "dur_ns"
         agg = ("any_value(category) AS category, any_value(group_kind) AS group_kind, "
-               "sum(CASE WHEN dur_ns >= 0 THEN dur_ns ELSE 0 END) AS total, "
+               f"sum(CASE WHEN dur_ns >= 0 THEN {work} ELSE 0 END) AS total, "
                "min(CASE WHEN dur_ns >= 0 THEN dur_ns END) AS mn, count(*) AS n")
         per_step = con.sql(f"SELECT rank, step, -1 AS microbatch, name, {agg} FROM phases WHERE {where} "
                            f"GROUP BY rank, step, name").to_arrow_table()

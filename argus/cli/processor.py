@@ -24,6 +24,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--evidence-max-mb", type=float, default=512.0, help="evidence retention by size per host")
     p.add_argument("--evidence-max-age-h", type=float, default=24.0, help="evidence retention by age")
     p.add_argument("--no-fsync", action="store_true", help="skip fsync on commit (tests, tmpfs)")
+    p.add_argument("--stack-hz", type=float, default=1.0, help="py-spy stack samples per second per rank (default 1)")
+    p.add_argument("--suspect-stack-hz", type=float, default=10.0,
+                   help="stack samples per second for a rank under suspicion: stalled, or a slow last step (default 10)")
+    p.add_argument("--no-stacks", action="store_true", help="do not sample the ranks' stacks with py-spy")
+    p.add_argument("--hw-interval", type=float, default=5.0,
+                   help="seconds between NVML GPU telemetry samples (default 5; off without NVML)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=run)
 
@@ -37,7 +43,9 @@ def run(args: argparse.Namespace) -> int:
                              window_steps=args.window_steps, window_timeout_s=args.window_timeout,
                              max_buffered_events=args.max_buffered_events, raw_kernels=args.raw_kernels,
                              evidence=not args.no_evidence, evidence_max_bytes=int(args.evidence_max_mb * (1 << 20)),
-                             evidence_max_age_s=args.evidence_max_age_h * 3600, durable=not args.no_fsync)
+                             evidence_max_age_s=args.evidence_max_age_h * 3600, durable=not args.no_fsync,
+                             stacks=not args.no_stacks, stack_hz=args.stack_hz, suspect_stack_hz=args.suspect_stack_hz,
+                             hw_interval_s=args.hw_interval)
     proc = Processor(config)
     proc.install_signal_handlers()
     proc.serve_forever()

@@ -78,9 +78,12 @@ def run(args: argparse.Namespace) -> int:
                  "--host", args.host, "--window-steps", str(args.window_steps)]
         if args.raw_kernels:
             pargs.append("--raw-kernels")
-        processor = subprocess.Popen(pargs, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        log_path = sock.with_suffix(".log")  # read when it fails; a pipe nobody drains could block it
+        log_file = open(log_path, "w")
+        processor = subprocess.Popen(pargs, stdout=subprocess.DEVNULL, stderr=log_file, text=True)
+        log_file.close()
         if not _wait_socket(sock, processor):
-            err = processor.stderr.read() if processor.poll() is not None else "timed out"
+            err = log_path.read_text() if processor.poll() is not None else "timed out"
             print(f"argus run: the processor could not start ({err.strip().splitlines()[-1] if err.strip() else '?'}); "
                   "running the command without tracing", file=sys.stderr)
             processor.kill() if processor.poll() is None else None
@@ -110,5 +113,10 @@ def run(args: argparse.Namespace) -> int:
             except subprocess.TimeoutExpired:
                 processor.kill()
     if processor is not None:
+        if processor.returncode not in (0, -signal.SIGTERM):
+            print(f"argus run: the processor exited with {processor.returncode}; its log is {log_path}",
+                  file=sys.stderr)
+        else:
+            log_path.unlink(missing_ok=True)
         print(f"argus run: traced run {run_id} into {args.store}  (argus diagnose {args.store})", file=sys.stderr)
     return code

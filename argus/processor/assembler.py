@@ -200,7 +200,7 @@ def _materialise(msg: Msg, parts: list) -> pa.Table:
     elif msg == Msg.PHASES:
         cols = {"rank": ranks, "step": recs["step"], "microbatch": recs["microbatch"], "name": _names(parts, "name"),
                 "category": _codes(recs["category"], CATEGORIES), "group_kind": _codes(recs["group_kind"], GROUP_KINDS),
-                "start_ns": recs["start_ns"], "dur_ns": recs["dur_ns"]}
+                "start_ns": recs["start_ns"], "dur_ns": recs["dur_ns"], "wait_ns": recs["wait_ns"]}
     elif msg == Msg.KERNELS:
         cols = {"rank": ranks, "step": recs["step"], "kind": _codes(recs["kind"], KINDS), "device": recs["device"],
                 "stream": recs["stream"], "name": _names(parts, "name"), "start_ns": recs["start_ns"],

@@ -4,6 +4,10 @@ One thread runs a ``selectors`` loop over a unix socket: it accepts ranks, reass
 frames and decodes them with ``np.frombuffer`` into the window assembler. A second thread
 writes closed windows (compression, Parquet, Perfetto evidence) so a slow disk never stalls
 ingestion; the hand-off queue is bounded and what cannot be held is dropped and counted.
+The processor's own samplers (stacks with py-spy, GPU telemetry with NVML; ``samplers.py``)
+run on their own threads and hand their records to the loop through a queue it drains each
+cycle; their strings go into the ranks' name tables, so a client's name ids are mapped to
+table indices once the two interleave.
 
 Failure model: a rank that disconnects or sends a malformed frame is logged and dropped;
 the others continue. SIGTERM/SIGINT flush every open window before exit. A crash loses at
@@ -29,8 +33,11 @@ import numpy as np
 
 from argus.errors import ArgusError, ConfigError, ProtocolError
 from argus.processor.assembler import RankInfo, WindowAssembler
+from argus.processor.hardware import HardwareSampler
 from argus.processor.protocol import (DROP_TABLES, HEADER, TABLES_BY_MSG, Msg, decode_array, decode_header,
                                       decode_json, encode_json)
+from argus.processor.samplers import Output, Samplers
+from argus.processor.stacks import StackSampler
 from argus.processor.window import WindowData, WindowWriter
 from argus.store import Attempt, Store
 from argus.store.files import write_bytes_atomic
@@ -62,6 +69,11 @@ class ProcessorConfig:
     evidence_max_age_s: float = 24 * 3600.0
     status_interval_s: float = 2.0
     durable: bool = True
+    stacks: bool = True  # sample local ranks' Python stacks with py-spy
+    stack_hz: float = 1.0  # always-on rate per rank
+    suspect_stack_hz: float = 10.0  # rate for ranks under suspicion (stalled, slow last step)
+    py_spy: str | None = None  # py-spy executable (default: $ARGUS_PY_SPY, next to Python, PATH)
+    hw_interval_s: float = 5.0  # NVML telemetry period (off without NVML)
 
     def __post_init__(self) -> None:
         self.store, self.socket_path = Path(self.store), Path(self.socket_path)
@@ -71,6 +83,11 @@ class ProcessorConfig:
             raise ConfigError("queue_windows must be at least 1")
         if not self.host or "/" in self.host or self.host.startswith("."):
             raise ConfigError(f"host name {self.host!r} cannot name a store partition")
+        if not 0 < self.stack_hz <= 100 or not 0 < self.suspect_stack_hz <= 100:
+            raise ConfigError(f"stack_hz ({self.stack_hz}) and suspect_stack_hz ({self.suspect_stack_hz}) "
+                              "must be in (0, 100]")
+        if self.hw_interval_s <= 0:
+            raise ConfigError(f"hw_interval_s must be positive, not {self.hw_interval_s}")
 
 
 _OUTBOX_LIMIT = 256 << 10  # a client that stops reading its ACKs loses them beyond this
@@ -84,6 +101,12 @@ class _Conn:
     info: RankInfo | None = None
     attempt_key: tuple[str, str] | None = None
     flushes: list[tuple[int, set[tuple[tuple[str, str], int]]]] = field(default_factory=list)
+    token: int = field(default_factory=Samplers.new_token)
+    # client name id → index in info.names (samplers append to the same table); ids below
+    # ``identity`` map to themselves, so most batches need no translation
+    id_map: list[int] = field(default_factory=list)
+    identity: int = 0
+    _id_array: np.ndarray | None = None
 
 
 @dataclass
@@ -114,6 +137,11 @@ class Processor:
                                       "windows_written": 0, "acked": [], "write_errors": 0}
         self._last_status = 0.0
         self._listener: socket.socket | None = None
+        samplers = [HardwareSampler(interval_s=config.hw_interval_s)]
+        if config.stacks:
+            samplers.insert(0, StackSampler(hz=config.stack_hz, suspect_hz=config.suspect_stack_hz,
+                                            py_spy=config.py_spy))
+        self._samplers = Samplers(samplers)
 
     # -- lifecycle -----------------------------------------------------------------------
     def stop(self) -> None:
@@ -137,8 +165,18 @@ class Processor:
             finally:
                 probe.close()
         lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        lst.bind(str(path))
-        lst.listen(256)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        try:
+            lst.bind(str(tmp))  # bound and listening before the path appears: whoever sees it can connect
+            lst.listen(256)
+            os.replace(tmp, path)
+        except OSError:  # e.g. the temporary name is past the 108-byte limit: bind in place
+            tmp.unlink(missing_ok=True)
+            lst.close()
+            lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            lst.bind(str(path))
+            lst.listen(256)
         lst.setblocking(False)
         self._listener = lst
         self._sel.register(lst, selectors.EVENT_READ, None)
@@ -146,6 +184,7 @@ class Processor:
     def serve_forever(self) -> None:
         self._listen()
         self._writer.start()
+        self._samplers.start()
         log.info("processor on %s writing %s (host %s)", self.config.socket_path, self.config.store, self.config.host)
         try:
             while not self._stop.is_set():
@@ -157,6 +196,7 @@ class Processor:
     def _shutdown(self) -> None:
         for conn in list(self._conns.values()):
             self._drain(conn)
+        self._feed(self._samplers.close(time.time_ns()))
         for key, st in self._attempts.items():
             for idx in st.assembler.ready({}, final=True):
                 self._enqueue(key, idx, block=True)
@@ -236,15 +276,22 @@ class Processor:
             raise ProtocolError(f"{msg.name} before HELLO")
         if msg == Msg.NAMES:
             for i, name in decode_json(payload):
-                if int(i) != len(conn.info.names):
-                    raise ProtocolError(f"name id {i} out of sequence (expected {len(conn.info.names)})")
+                if int(i) != len(conn.id_map):
+                    raise ProtocolError(f"name id {i} out of sequence (expected {len(conn.id_map)})")
+                index = len(conn.info.names)
+                if conn.identity == len(conn.id_map) == index:
+                    conn.identity += 1
+                conn.id_map.append(index)
                 conn.info.names.append(str(name))
+            conn._id_array = None
         elif msg in TABLES_BY_MSG:
             records = decode_array(msg, payload)
             self._check_names(conn, msg, records)
             st = self._attempts[conn.attempt_key]  # type: ignore[index]
             st.assembler.add(conn.info, msg, records)
             self.stats["events"] += len(records)
+            if msg == Msg.STEPS:
+                self._samplers.steps_reported(conn.token, records)
         elif msg == Msg.DROPS:
             for row in decode_array(msg, payload):
                 table = DROP_TABLES[min(int(row["table"]), len(DROP_TABLES) - 1)]
@@ -261,12 +308,18 @@ class Processor:
             raise ProtocolError(f"unexpected {msg.name} from a client")
 
     def _check_names(self, conn: _Conn, msg: Msg, records: np.ndarray) -> None:
+        """Validate the client's name ids and map them to name-table indices (in place)."""
         assert conn.info is not None
         for fld in ("name", "frames", "thread", "metric"):
             if fld in records.dtype.names and len(records):
                 ids = records[fld]
-                if ids.min() < 0 or ids.max() >= len(conn.info.names):
-                    raise ProtocolError(f"{msg.name} refers to name id {int(ids.max())} never sent")
+                top = int(ids.max())
+                if ids.min() < 0 or top >= len(conn.id_map):
+                    raise ProtocolError(f"{msg.name} refers to name id {top} never sent")
+                if top >= conn.identity:
+                    if conn._id_array is None:
+                        conn._id_array = np.asarray(conn.id_map, dtype=np.int32)
+                    records[fld] = conn._id_array[ids]
 
     def _hello(self, conn: _Conn, doc: dict[str, Any]) -> None:
         if conn.info is not None:
@@ -297,10 +350,12 @@ class Processor:
         st.new_ranks.append(rank)
         conn.info = RankInfo(rank=rank, gpu_uuid=str(doc.get("gpu_uuid") or ""))
         conn.attempt_key = key
+        self._samplers.rank_joined(conn.token, conn.info, key, doc)
         self.stats["ranks_seen"] += 1
         log.info("rank %d of %s/%s connected (pid %s)", rank, key[0], key[1], doc.get("pid"))
 
     def _close(self, conn: _Conn, reason: str | None) -> None:
+        self._feed(self._samplers.rank_left(conn.token))
         if conn.sock.fileno() in self._conns:
             self._sel.unregister(conn.sock)
             del self._conns[conn.sock.fileno()]
@@ -325,8 +380,33 @@ class Processor:
     def _active(self, key: tuple[str, str]) -> dict[int, RankInfo]:
         return {c.info.rank: c.info for c in self._conns.values() if c.attempt_key == key and c.info}
 
+    # -- samplers ------------------------------------------------------------------------
+    def _feed(self, outputs: list[Output]) -> None:
+        """Give the samplers' records to their ranks' windows (main thread only)."""
+        for handle, msg, records in outputs:
+            st = self._attempts.get(handle.attempt_key)
+            if st is None:
+                continue
+            if msg == Msg.DROPS:
+                for row in records:
+                    st.assembler.note_drop(-1, handle.rank, DROP_TABLES[int(row["table"])], int(row["events"]),
+                                           int(row["batches"]), "queue_full")
+                continue
+            st.assembler.add(handle.info, msg, records)
+            self.stats["sampled_records"] = self.stats.get("sampled_records", 0) + len(records)
+
+    def _control(self) -> None:
+        """Send the samplers' requests (``Msg.CONTROL``) to their ranks."""
+        for token, doc in self._samplers.take_controls():
+            conn = next((c for c in self._conns.values() if c.token == token), None)
+            if conn is not None:
+                self._send(conn, encode_json(Msg.CONTROL, doc))
+                self.stats["controls_sent"] = self.stats.get("controls_sent", 0) + 1
+
     # -- windows -------------------------------------------------------------------------
     def _cycle(self) -> None:
+        self._feed(self._samplers.collect(time.time_ns()))
+        self._control()
         for conn in list(self._conns.values()):
             if conn.tx:
                 self._push(conn)
@@ -434,7 +514,7 @@ class Processor:
         doc = dict(self.stats, updated=time.time(), open_windows={
             f"{k[0]}/{k[1]}": sorted(st.assembler.windows) for k, st in self._attempts.items()},
             buffered_events=sum(st.assembler.buffered_events for st in self._attempts.values()),
-            config={k: str(v) for k, v in asdict(self.config).items()})
+            samplers=self._samplers.status(), config={k: str(v) for k, v in asdict(self.config).items()})
         path = self.config.store / "processors" / f"{self.config.host}.json"
         try:
             write_bytes_atomic(path, json.dumps(doc, indent=1).encode(), durable=False)

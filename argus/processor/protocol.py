@@ -4,7 +4,7 @@ Every frame is a 12-byte header followed by a payload::
 
     offset  size  field
     0       4     magic  b"ARGS"
-    4       2     version (little-endian u16, currently 1)
+    4       2     version (little-endian u16, currently 2)
     6       2     message type (u16, see ``Msg``)
     8       4     payload length in bytes (u32, at most ``MAX_PAYLOAD``)
 
@@ -13,6 +13,13 @@ Data payloads are numpy structured arrays with the little-endian, packed dtypes 
 kernel, metric and frame names) are interned per connection: a ``NAMES`` frame maps ids to
 strings once, and records carry the ids. ``HELLO`` and ``NAMES`` are small JSON documents.
 The server answers ``ACK`` frames (JSON) when a window the client contributed to is on disk.
+
+The server may also send ``CONTROL`` frames (JSON), requests the client acts on when it can
+and otherwise ignores. The one defined now is ``{"stacks": {"inprocess_hz": 10.0}}``: the
+processor cannot sample this rank's stacks with py-spy (ptrace not permitted), so the rank
+should sample its own Python stacks at that rate and send them as ``STACKS`` records; a
+later frame with another rate changes it (raised while the rank is under suspicion, lowered
+after). Unknown keys are for newer processors: a client ignores them.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ __all__ = ["MAGIC", "VERSION", "HEADER", "MAX_PAYLOAD", "Msg", "DTYPES", "CATEGO
            "decode_array"]
 
 MAGIC = b"ARGS"
-VERSION = 1
+VERSION = 2  # 2: PHASES carry wait_ns
 HEADER = struct.Struct("<4sHHI")
 MAX_PAYLOAD = 64 << 20
 
@@ -48,12 +55,13 @@ class Msg(IntEnum):
     FLUSH = 9  # JSON {"seq": n}: asks for an ACK once everything sent so far is on disk
     BYE = 10
     ACK = 20  # server → client, JSON {"window": w, "start_step": a, "end_step": b} or {"seq": n}
+    CONTROL = 21  # server → client, JSON request, e.g. {"stacks": {"inprocess_hz": 10.0}}
 
 
 DTYPES: dict[Msg, np.dtype] = {
     Msg.STEPS: np.dtype([("step", "<i8"), ("start_ns", "<i8"), ("end_ns", "<i8")]),
     Msg.PHASES: np.dtype([("step", "<i8"), ("start_ns", "<i8"), ("dur_ns", "<i8"), ("microbatch", "<i4"),
-                          ("name", "<i4"), ("category", "u1"), ("group_kind", "u1")]),
+                          ("name", "<i4"), ("category", "u1"), ("group_kind", "u1"), ("wait_ns", "<i8")]),
     Msg.KERNELS: np.dtype([("step", "<i8"), ("start_ns", "<i8"), ("dur_ns", "<i8"), ("name", "<i4"),
                            ("stream", "<i4"), ("device", "<i2"), ("kind", "u1")]),
     Msg.STACKS: np.dtype([("step", "<i8"), ("start_ns", "<i8"), ("end_ns", "<i8"), ("frames", "<i4"),

@@ -35,7 +35,7 @@ TABLES = ("steps", "phases", "kernels", "stacks", "hw", "frames")
 class Recorder:
     capacity: int = 200_000
     steps: deque = field(default_factory=deque)  # (step, start_ns, end_ns)
-    phases: deque = field(default_factory=deque)  # (step, start_ns, dur_ns, microbatch, name_id, category, group)
+    phases: deque = field(default_factory=deque)  # (step, start_ns, dur_ns, microbatch, name_id, category, group, wait_ns)
     kernels: deque = field(default_factory=deque)  # (step, start_ns, dur_ns, name_id, stream, device, kind)
     stacks: deque = field(default_factory=deque)  # (step, start_ns, end_ns, frames_id, thread_id, count)
     dropped: dict = field(default_factory=lambda: {t: 0 for t in TABLES})
@@ -50,12 +50,12 @@ class Recorder:
         return found
 
     def phase(self, step: int, start_ns: int, end_ns: int, microbatch: int, name: str, category: str,
-              group: str = "") -> None:
+              group: str = "", wait_ns: int = -1) -> None:
         if len(self.phases) >= self.capacity:
             self.dropped["phases"] += 1
             return
         self.phases.append((step, start_ns, end_ns - start_ns if end_ns >= 0 else -1, microbatch,
-                            self.name_id(name), CATEGORY[category], GROUP.get(group, 0)))
+                            self.name_id(name), CATEGORY[category], GROUP.get(group, 0), wait_ns))
 
     def step(self, step: int, start_ns: int, end_ns: int) -> None:
         if len(self.steps) >= self.capacity:

@@ -8,6 +8,7 @@ an append, and on any internal failure log once, disable, and let training conti
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from typing import Any
@@ -44,6 +45,8 @@ class Runtime:
         self.transport: Any = None
         self._torch_installed = False
         self._lock = threading.Lock()
+        self.sched = SchedClock()
+        self.waited_ns = 0
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
@@ -122,16 +125,27 @@ class Runtime:
         self.recorder.phase(self.step if step is None else step, start_ns, end_ns, microbatch, name, category, group)
 
     def mark(self) -> Any:
-        """A point in time on the device timeline: ns on CPU, a CUDA event on GPU."""
-        return self.cuda.mark() if self.cuda is not None else now_ns()
+        """A point on the timeline: a CUDA event on GPU; on CPU ``(ns, waited ns so far)``, where
+        waited counts what is not this rank's work — the training thread's run-queue delay
+        (preempted by other processes) and time blocked in synchronous communication."""
+        if self.cuda is not None:
+            return self.cuda.mark()
+        return now_ns(), self.sched.runq_ns() + self.waited_ns
 
     def record_span(self, m0: Any, m1: Any, microbatch: int, name: str, category: str, group: str = "",
                     step: int | None = None) -> None:
         step = self.step if step is None else step
-        if isinstance(m0, tuple) and self.cuda is not None:
+        if self.cuda is not None:
             self.cuda.phase(m0, m1, (step, microbatch, name, category, group))
         else:
-            self.recorder.phase(step, m0, m1, microbatch, name, category, group)
+            wait = m1[1] - m0[1] if category != "comm" else -1
+            self.recorder.phase(step, m0[0], m1[0], microbatch, name, category, group, wait)
+
+    def add_wait(self, m0: Any, m1: Any) -> None:
+        """A synchronous collective between two CPU marks: its time is waiting for the phases
+        around it (less what was already counted as run-queue delay)."""
+        if self.cuda is None:
+            self.waited_ns += max((m1[0] - m0[0]) - (m1[1] - m0[1]), 0)
 
     def _emit_cuda(self, t0: int, t1: int, meta: tuple) -> None:
         step, microbatch, name, category, group = meta
@@ -205,6 +219,29 @@ class Runtime:
         except Exception:  # noqa: BLE001
             pass
         return f"cpu-{self.identity.host}-{self.identity.local_rank}"
+
+
+class SchedClock:
+    """The training thread's run-queue delay (``/proc/<pid>/task/<tid>/schedstat``, field 2):
+    time it was runnable but another process had the CPU. ~0.5 µs a read (``pread`` on an
+    open descriptor); 0 where the file does not exist (non-Linux)."""
+
+    def __init__(self, tid: int | None = None):
+        self.fd = -1
+        try:
+            tid = tid or threading.main_thread().native_id
+            self.fd = os.open(f"/proc/{os.getpid()}/task/{tid}/schedstat", os.O_RDONLY)
+        except (OSError, TypeError):
+            self.fd = -1
+
+    def runq_ns(self) -> int:
+        if self.fd < 0:
+            return 0
+        try:
+            return int(os.pread(self.fd, 96, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            self.fd = -1
+            return 0
 
 
 def make_layout(config: ProducerConfig, world_size: int) -> Layout:

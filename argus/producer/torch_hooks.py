@@ -63,7 +63,9 @@ class TorchHooks:
         self.phase_of_class: dict[type, str | None] = {}
         self.instrumented_ddp: set[int] = set()
         self.group_kinds: dict[int, str] = {}
-        self.opt_start = 0
+        self.opt_start: Any = None
+        self.buckets_launched = 0  # DDP gradient buckets handed to all-reduce so far …
+        self.last_bucket_ns = 0  # … and when the last one was
         self._ddp_register: Callable | None = None
 
     # -- install / remove ----------------------------------------------------------------
@@ -171,10 +173,15 @@ class TorchHooks:
                 return original(*args, **kwargs)
             t0, mb = rt.mark(), rt.bwd_mb
             rt.mb_context = mb
+            launched = hooks.buckets_launched
             try:
                 return original(*args, **kwargs)
             finally:
                 try:
+                    if hooks.buckets_launched > launched and rt.cuda is None:
+                        # DDP waits at the end of backward for its gradient all-reduce; compute
+                        # ended about when the last bucket was launched
+                        rt.waited_ns += max(now_ns() - hooks.last_bucket_ns, 0)
                     rt.record_span(t0, rt.mark(), mb, "backward-compute", "compute")
                     rt.bwd_mb += 1
                     rt.mb_context = -1
@@ -193,7 +200,8 @@ class TorchHooks:
             return
         try:
             t = rt.mark()
-            rt.record_span(self.opt_start or t, t, -1, "optimizer", "compute")
+            rt.record_span(self.opt_start if self.opt_start is not None else t, t, -1, "optimizer", "compute")
+            self.opt_start = None
             if not rt.explicit_steps and rt.forwards_since_step > 0:
                 rt.end_step()
         except Exception as exc:  # noqa: BLE001
@@ -280,7 +288,9 @@ class TorchHooks:
             m0 = rt.mark()  # the current stream waits for a synchronous collective: events bracket it
             result = original(*args, **kwargs)
             try:
-                rt.record_span(m0, rt.mark(), mb, name, "comm", kind)
+                m1 = rt.mark()
+                rt.record_span(m0, m1, mb, name, "comm", kind)
+                rt.add_wait(m0, m1)
             except Exception as exc:  # noqa: BLE001
                 hooks._guard(exc)
             return result
@@ -320,6 +330,8 @@ class TorchHooks:
         def argus_timed_allreduce(state: Any, bucket: Any) -> Any:
             rt = hooks.rt
             t0, mb, step = now_ns(), rt.mb_context, rt.step
+            hooks.last_bucket_ns = t0
+            hooks.buckets_launched += 1
             user = getattr(ddp, "_argus_user_hook", None)
             hooks.local.suppress = True
             try:

@@ -61,6 +61,7 @@ def step_batches(rec: StepRecords) -> dict[int, dict[Msg, np.ndarray]]:
         ph["name"] = np.repeat([c[2] for c in rec.phase_chunks], sizes)[keep]
         ph["category"] = cat_code[np.repeat([c[3] for c in rec.phase_chunks], sizes)[keep]]
         ph["group_kind"] = grp_code[np.repeat([c[4] for c in rec.phase_chunks], sizes)[keep]]
+        ph["wait_ns"] = -1  # the simulator models waiting by nested comm phases
         _scatter(out, Msg.PHASES, r[keep], ph)
 
     if rec.kernel_chunks:

@@ -82,6 +82,10 @@ TABLES: dict[str, TableSpec] = {
                 ("group_kind", _STR, "for `comm`: the group the collective runs in (`tp`, `cp`, `ep`, `dp`, `edp`, `pp`, `world`); empty otherwise"),
                 ("start_ns", _I64, "phase start in ns (same clock as `steps`)"),
                 ("dur_ns", _I64, "phase duration in ns; -1 when it never finished (a collective a peer never joined)"),
+                ("wait_ns", _I64, "for `compute`/`host`: time inside the phase the producer measured as not this rank's "
+                 "work — blocked in synchronous collectives or p2p, waiting at the end of backward for gradient "
+                 "all-reduce, preempted by other processes (CPU runs); -1: not measured, busy time is then "
+                 "estimated from the `comm` phases nested in it"),
             ),
         ),
         TableSpec(
@@ -216,6 +220,10 @@ TABLES: dict[str, TableSpec] = {
 }
 
 
+#: Columns a writer may leave out (it does not measure them), with the value that means "unknown".
+DEFAULTS: dict[tuple[str, str], object] = {("phases", "wait_ns"): -1}
+
+
 def conform(table: str, data: pa.Table | Mapping[str, object]) -> pa.Table:
     """Cast ``data`` to ``table``'s canonical schema. Missing or unknown columns are errors
     that name them: a writer bug must not become a silently different file."""
@@ -229,12 +237,18 @@ def conform(table: str, data: pa.Table | Mapping[str, object]) -> pa.Table:
     else:
         names = set(data)
         get = data.__getitem__  # type: ignore[assignment]
-    missing = [c for c in spec.column_names if c not in names]
+    missing = [c for c in spec.column_names if c not in names and (table, c) not in DEFAULTS]
     extra = sorted(names - set(spec.column_names))
     if missing or extra:
         raise StoreError(f"table {table!r}: missing columns {missing}, unknown columns {extra}")
     arrays = []
+    rows = None
     for name, dtype, _ in spec.columns:
+        if name not in names:  # an optional column the writer does not measure
+            if rows is None:
+                rows = len(get(spec.column_names[0]))
+            arrays.append(pa.array(np.full(rows, DEFAULTS[(table, name)]), type=dtype))
+            continue
         col = get(name)
         if isinstance(col, (pa.Array, pa.ChunkedArray)):
             arr = col if col.type == dtype else col.cast(dtype)

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from argus.errors import ProtocolError
-from argus.processor.protocol import (DTYPES, HEADER, MAX_PAYLOAD, Msg, decode_array, decode_header, decode_json,
-                                      encode_array, encode_frame, encode_json)
+from argus.processor.protocol import (DTYPES, HEADER, MAX_PAYLOAD, VERSION, Msg, decode_array, decode_header,
+                                      decode_json, encode_array, encode_frame, encode_json)
 
 
 def test_array_frames_round_trip_for_every_data_message():
@@ -26,8 +26,8 @@ def test_json_frames_round_trip():
 @pytest.mark.parametrize("header, message", [
     (HEADER.pack(b"XXXX", 1, 3, 0), "bad magic"),
     (HEADER.pack(b"ARGS", 9, 3, 0), "unsupported protocol version 9"),
-    (HEADER.pack(b"ARGS", 1, 99, 0), "unknown message type 99"),
-    (HEADER.pack(b"ARGS", 1, 3, MAX_PAYLOAD + 1), "exceeds"),
+    (HEADER.pack(b"ARGS", VERSION, 99, 0), "unknown message type 99"),
+    (HEADER.pack(b"ARGS", VERSION, 3, MAX_PAYLOAD + 1), "exceeds"),
 ])
 def test_bad_headers_are_protocol_errors(header, message):
     with pytest.raises(ProtocolError, match=message):

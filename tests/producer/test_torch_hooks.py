@@ -52,7 +52,7 @@ def test_steps_microbatches_and_module_phases(traced):
     rec, names = traced.recorder, _names(traced.recorder)
     assert [s for s, _, _ in rec.steps] == [0, 1, 2, 3]
     assert all(end > start for _, start, end in rec.steps)
-    rows = [(step, names[nid], mb) for step, _, dur, mb, nid, _, _ in rec.phases]
+    rows = [(r[0], names[r[4]], r[3]) for r in rec.phases]
     per = Counter((n, mb) for s, n, mb in rows if s == 2)
     for mb in range(3):
         assert per[("forward-compute", mb)] == 1 and per[("backward-compute", mb)] == 1
@@ -60,8 +60,11 @@ def test_steps_microbatches_and_module_phases(traced):
     assert per[("optimizer", -1)] == 1
     # phases nest inside their step and are never negative
     bounds = {s: (a, b) for s, a, b in rec.steps}
-    for step, start, dur, *_ in rec.phases:
+    for step, start, dur, *_, wait in rec.phases:
         assert dur >= 0 and bounds[step][0] <= start <= bounds[step][1]
+    # compute phases carry measured waiting (run-queue delay here), never more than their duration
+    compute = [r for r in rec.phases if r[5] == 0]
+    assert all(0 <= r[7] <= r[2] for r in compute)
 
 
 def test_cpu_ops_are_sampled_one_step_in_n(traced):
