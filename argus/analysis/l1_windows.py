@@ -57,6 +57,7 @@ class L1Result:
     change_points: list[int] = field(default_factory=list)  # step numbers where a level starts
     warmup_steps: list[int] = field(default_factory=list)
     checkpoint_steps: list[int] = field(default_factory=list)
+    periodic_steps: list[int] = field(default_factory=list)  # checkpoints inferred from periodicity alone
     hung_steps: list[int] = field(default_factory=list)
 
     @property
@@ -147,7 +148,7 @@ def detect_windows(steps: np.ndarray, step_time_s: np.ndarray, checkpoint_steps:
     ratio = t / base
     spike = finite & (ratio >= config.spike_ratio) & ~np.isin(steps, res.warmup_steps + res.checkpoint_steps)
     if not checkpoint_steps:
-        res.checkpoint_steps = _periodic(steps[spike])
+        res.checkpoint_steps = res.periodic_steps = _periodic(steps[spike])
         spike &= ~np.isin(steps, res.checkpoint_steps)
         normal &= ~np.isin(steps, res.checkpoint_steps)
     for w in res.checkpoint_steps:
@@ -210,13 +211,15 @@ def _runs(values: np.ndarray) -> list[list[int]]:
     return out
 
 
-def _periodic(spike_steps: np.ndarray) -> list[int]:
-    """Spikes at a fixed period (≥ 3 of them) are scheduled work such as checkpoints."""
+def _periodic(spike_steps: np.ndarray, min_period: int = 4) -> list[int]:
+    """Spikes at one exact period (≥ 3 of them, ``min_period`` steps or more apart) are
+    scheduled work such as checkpoints. Exact, because a loose period matches any dense
+    scatter of spikes; root cause still blames a rank whose own busy time explains them."""
     s = np.sort(np.asarray(spike_steps, np.int64))
     if s.size < 3:
         return []
     gaps = np.diff(s)
     period = int(np.median(gaps))
-    if period >= 2 and (np.abs(gaps - period) <= 1).mean() >= 0.8:
+    if period >= min_period and (gaps == period).mean() >= 0.8:
         return s.tolist()
     return []

@@ -30,6 +30,7 @@ from argus.topology import Layout
 __all__ = ["L2Config", "Finding", "L2Result", "detect_stragglers", "peer_kind", "screen_candidates"]
 
 _MOE_WORDS = ("moe", "expert", "grouped_mlp")
+PAIR_Z4_EXCESS = 0.3  # peer sets of two: 30% above the faster peer counts as z = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +100,15 @@ def _group_stats(values: np.ndarray, groups: np.ndarray, mad_floor: float):
     """Per rank: peer median, robust z, ratio and the group's coefficient of variation."""
     g = values[..., groups]  # (..., nG, size)
     with np.errstate(invalid="ignore", divide="ignore"), _quiet():
-        med = nanmedian(g)
-        mad = nanmedian(np.abs(g - med))
-        scale = np.maximum(1.4826 * mad, mad_floor * np.abs(med)) + 1e-9
+        if groups.shape[-1] == 2:
+            # Two peers have no spread to estimate: faults only lengthen work, so the faster
+            # one is the reference, and a rank is z = 4 out when PAIR_Z4_EXCESS above it.
+            med = np.nanmin(g, axis=-1, keepdims=True)
+            scale = np.abs(med) * (PAIR_Z4_EXCESS / 4.0) + 1e-9
+        else:
+            med = nanmedian(g)
+            mad = nanmedian(np.abs(g - med))
+            scale = np.maximum(1.4826 * mad, mad_floor * np.abs(med)) + 1e-9
         z = (g - med) / scale
         cv = np.nanstd(g, axis=-1, keepdims=True) / np.abs(np.nanmean(g, axis=-1, keepdims=True))
     out_shape = values.shape

@@ -57,6 +57,7 @@ class RootCauseConfig:
     min_busy_ratio: float = 1.15  # … and its total kernel time this far above its peers'
     pass_ratio: float = 1.25  # one pass this much slower than peers …
     other_pass: float = 1.1  # … while the other is within this: pipeline imbalance
+    module_ratio: float = 1.5  # a module this much slower than its peers' names the phase
     critical_pct: float = 20.0
     warning_pct: float = 2.0
 
@@ -82,6 +83,14 @@ class _Ctx:
 
     def normal(self, step: int) -> bool:
         return self.l1.is_normal_step(step) and np.isfinite(self.step_time.get(step, np.nan))
+
+    def stall_candidate(self, step: int) -> bool:
+        """Normal, or a spike called periodic only for its timing: one rank's excess there is
+        a recurring stall, not a checkpoint (a checkpoint keeps every rank busy)."""
+        return self.normal(step) or (step in self.l1.periodic_steps and np.isfinite(self.step_time.get(step, np.nan)))
+
+
+_STEP_LEVEL = ("optimizer", "dataloader")
 
 
 def _block(name: str) -> str | None:
@@ -239,6 +248,13 @@ def _classify(ctx: _Ctx, ev: dict) -> tuple[str, str]:
     if modules:
         best = max(modules, key=lambda f: f.excess_s)
         return "compute_straggler", _base(best.name)
+    # no module stands out on its own cost: the one slowed the most relative to its peers
+    # (a slow attention inside a block whose total is what crossed the cost gate)
+    blocks_ratio = max([v for n, v in ratios.items() if _block(n)] or [1.0])
+    inner = [(v, n) for n, v in ratios.items() if _block(n) is None and n not in _STEP_LEVEL
+             and v >= max(ctx.config.module_ratio, blocks_ratio)]
+    if inner and ev["busy"]:
+        return "compute_straggler", _base(max(inner)[1])
     blocks = [f for f in ev["busy"] if f.microbatch < 0]
     if blocks:
         return "compute_straggler", max(blocks, key=lambda f: f.excess_s).name
@@ -331,13 +347,13 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
                 continue
             if f.persistent and f.category == "compute" and w.l3 is None:
                 continue  # without kernel data a persistent excess is read as compute
-            big = [s for s in f.steps if ctx.normal(s)  # warm-up and checkpoint steps vary by nature
+            big = [s for s in f.steps if ctx.stall_candidate(s)  # warm-up and checkpoint steps vary by nature
                    and f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf)]
             if big:
                 per_rank[f.rank].append(f)
     out = []
     for rank, findings in per_rank.items():
-        steps = sorted({s for f in findings for s in f.steps if ctx.normal(s)
+        steps = sorted({s for f in findings for s in f.steps if ctx.stall_candidate(s)
                         and f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf)})
         main = max(findings, key=lambda f: f.excess_s)
         phase = main.name

@@ -130,7 +130,7 @@ def run_dump(py_spy: str, pid: int, timeout_s: float = DUMP_TIMEOUT_S) -> tuple[
     """One ``py-spy dump``: ``("ok", text)`` or ``(kind, message)`` with kind ``denied`` (no
     ptrace), ``gone`` (no such process), ``missing`` (no executable) or ``error``."""
     try:
-        done = subprocess.run([py_spy, "dump", "--pid", str(pid)], capture_output=True, text=True,
+        done = subprocess.run([py_spy, "dump", "--nonblocking", "--pid", str(pid)], capture_output=True, text=True,
                               timeout=timeout_s, stdin=subprocess.DEVNULL)
     except FileNotFoundError as exc:
         return "missing", str(exc)

@@ -66,6 +66,7 @@ class TorchHooks:
         self.opt_start: Any = None
         self.buckets_launched = 0  # DDP gradient buckets handed to all-reduce so far …
         self.last_bucket_ns = 0  # … and when the last one was
+        self.last_bucket_runq = 0
         self._ddp_register: Callable | None = None
 
     # -- install / remove ----------------------------------------------------------------
@@ -180,8 +181,10 @@ class TorchHooks:
                 try:
                     if hooks.buckets_launched > launched and rt.cuda is None:
                         # DDP waits at the end of backward for its gradient all-reduce; compute
-                        # ended about when the last bucket was launched
-                        rt.waited_ns += max(now_ns() - hooks.last_bucket_ns, 0)
+                        # ended about when the last bucket was launched (run-queue delay in the
+                        # tail, e.g. waking up, is counted already)
+                        tail = now_ns() - hooks.last_bucket_ns
+                        rt.waited_ns += max(tail - (rt.sched.runq_ns() - hooks.last_bucket_runq), 0)
                     rt.record_span(t0, rt.mark(), mb, "backward-compute", "compute")
                     rt.bwd_mb += 1
                     rt.mb_context = -1
@@ -331,6 +334,7 @@ class TorchHooks:
             rt = hooks.rt
             t0, mb, step = now_ns(), rt.mb_context, rt.step
             hooks.last_bucket_ns = t0
+            hooks.last_bucket_runq = rt.sched.runq_ns()
             hooks.buckets_launched += 1
             user = getattr(ddp, "_argus_user_hook", None)
             hooks.local.suppress = True
