@@ -45,6 +45,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     ac.add_argument("--runs", action="store_true", help="also print every run's score")
     ac.set_defaults(func=_run_accuracy)
 
+    pe = bsub.add_parser("peers", help="Argus beside Holistic Trace Analysis: culprit precision/recall vs truth.json")
+    pe.add_argument("--ranks", type=int, default=16, help="ranks per job (HTA loads every rank's whole trace)")
+    pe.add_argument("--steps", type=int, default=12)
+    pe.add_argument("--seeds", type=int, default=3)
+    pe.add_argument("--scenarios", help="comma list (default: all, healthy included)")
+    pe.add_argument("--runs", action="store_true", help="also print every run's scores")
+    pe.set_defaults(func=_run_peers)
+
     p = bsub.add_parser("processor", help="compression rate, socket throughput, CPU at a paced rate, memory")
     p.add_argument("--modes", default="compression,throughput,paced,long",
                    help="comma list of: compression, throughput, paced, long")
@@ -125,5 +133,25 @@ def _run_accuracy(args: argparse.Namespace) -> int:
             if args.runs:
                 print(json.dumps(score.to_json()), flush=True)
     for row in summarize(scores):
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+def _run_peers(args: argparse.Namespace) -> int:
+    from argus.bench.peers import require_peers, run_one, summarize
+    from argus.cli.progress import progress_bar
+    from argus.sim import SCENARIOS
+
+    scenarios = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
+    require_peers(scenarios)
+    jobs = [(sc, seed) for sc in scenarios for seed in range(args.seeds)]
+    runs = []
+    with progress_bar("peer runs", len(jobs)) as advance:
+        for scenario, seed in jobs:
+            runs.append(run_one(scenario, seed, ranks=args.ranks, steps=args.steps))
+            advance()
+            if args.runs:
+                print(json.dumps(runs[-1].to_json()), flush=True)
+    for row in summarize(runs):
         print(json.dumps(row), flush=True)
     return 0
