@@ -182,8 +182,9 @@ def _outliers(cdf, ranks, mean, grid, layout: Layout, kernel, stream, category, 
 
 
 def _busy_ratio(cols: dict[str, np.ndarray], layout: Layout) -> dict[int, float]:
-    """Each rank's total compute-kernel time (Σ count × p50) over its peer set's median: a slow
-    device or extra work raises it; noise scattered over individual kernels cancels out."""
+    """Each rank's total compute-kernel time (Σ count × p50) over its peer set's median (the
+    faster one of a pair): a slow device or extra work raises it; noise scattered over
+    individual kernels cancels out."""
     compute = np.isin(cols["category"].astype(str), ["compute", "cpu_op"])
     if not compute.any():
         return {}
@@ -192,7 +193,10 @@ def _busy_ratio(cols: dict[str, np.ndarray], layout: Layout) -> dict[int, float]
     present = np.bincount(rank, minlength=layout.world_size) > 0
     groups = layout.groups("dp")
     vals = np.where(present, total, np.nan)[groups]
-    med = np.nanmedian(vals, axis=1, keepdims=True) if np.isfinite(vals).any() else vals
+    if groups.shape[1] == 2:  # a pair: the faster one is the reference (faults only add time)
+        med = np.nanmin(vals, axis=1, keepdims=True) if np.isfinite(vals).any() else vals
+    else:
+        med = np.nanmedian(vals, axis=1, keepdims=True) if np.isfinite(vals).any() else vals
     ratio = np.full(layout.world_size, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio[groups] = vals / med

@@ -24,6 +24,10 @@ __all__ = ["LinkFinding", "detect_link_shifts"]
 MIN_SHIFT = 0.3  # transfer ≥ 30% longer than the healthy groups'
 SEPARATION = 4.0  # … and this many robust spreads above them
 MAX_SHARE = 0.5  # a minority of the groups
+PAIR_SHIFT = 1.0  # with only two groups (no spread to estimate): one ≥ 2× the other …
+FEW_GROUPS = 5  # with 3–4 groups: one group ≥ 1 + FEW_SHIFT × every other …
+FEW_SHIFT = 2.0
+FEW_MIN_EXTRA_NS = 1e6  # … and ≥ 1 ms longer
 _KINDS = ("tp", "cp", "ep", "dp", "edp", "pp")
 
 
@@ -36,6 +40,7 @@ class LinkFinding:
     hosts: list[str]
     shift: float  # transfer / healthy transfer − 1
     extra_ns: float  # how much longer each transfer of the shifted groups took
+    narrow_only: bool = False  # … a two-group comparison: narrows other findings' hosts, never alone
 
     def to_json(self) -> dict:
         return {"collective": self.collective, "group_kind": self.group_kind, "step": self.step,
@@ -52,9 +57,15 @@ def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray) -> lis
     sel = comm & (kind_code >= 0)
     if not sel.any():
         return out
+    # Pipeline sends may return once the data is buffered (gloo, NCCL eager): only receives
+    # end when the data has arrived, so the pipeline transfer time is read from receives.
+    is_recv = np.array(["recv" in n for n in t.names])[t.name]
+    sel &= (kind_code != _KINDS.index("pp")) | is_recv
+    if not sel.any():
+        return out
     rank, step, kind = t.rank[sel], t.step[sel], kind_code[sel]
     pp = kind == _KINDS.index("pp")
-    name = np.where(pp, len(t.names), t.name[sel].astype(np.int64))  # pool pp-send and pp-recv
+    name = np.where(pp, len(t.names), t.name[sel].astype(np.int64))  # pool all pipeline receives
     names = [*t.names, "pp-send/recv"]
     group = np.zeros(rank.size, np.int64)
     for k in np.unique(kind):
@@ -71,11 +82,16 @@ def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray) -> lis
     uniq, inv = np.unique(key, return_inverse=True)
     floor = np.full(len(uniq), np.inf)
     np.minimum.at(floor, inv, t.min_ns[sel][ok])
+    total = np.full(len(uniq), np.inf)  # the member that waited least: its total is ~transfer time
+    np.minimum.at(total, inv, t.total_ns[sel][ok])
     logt = np.log(floor)
     grp, ser = uniq % W, uniq // W
     hosts = np.asarray(hosts).astype(str)
     for s in np.unique(ser):
         m = ser == s
+        if m.sum() == 2:
+            _pair(out, int(s), np.log(np.maximum(total[m], 1.0)), grp[m], steps, names, layout, hosts)
+            continue
         if m.sum() < 3:
             continue
         v, g = logt[m], grp[m]
@@ -83,6 +99,12 @@ def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray) -> lis
         low = v[v <= np.median(v)]
         spread = 1.4826 * float(np.median(np.abs(low - np.median(low)))) + 1e-3
         shifted = (v - center >= np.log1p(MIN_SHIFT)) & (v - center >= SEPARATION * spread)
+        if not shifted.any() and m.sum() < FEW_GROUPS:
+            # too few groups for a trustworthy spread (two values in the low half): the slowest
+            # group alone, standing far above every other one and by more than scheduler noise
+            order = np.sort(v)
+            if order[-1] - order[-2] >= np.log1p(FEW_SHIFT) and np.exp(order[-1]) - np.exp(order[-2]) >= FEW_MIN_EXTRA_NS:
+                shifted, center = v == order[-1], float(order[-2])
         if not shifted.any() or shifted.sum() > MAX_SHARE * m.sum():
             continue
         name_kind, si = divmod(int(s), len(steps) + 1)
@@ -94,3 +116,21 @@ def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray) -> lis
                                sorted({str(hosts[r]) for r in ranks}), float(np.expm1(np.median(v[shifted] - center))),
                                float(np.exp(np.median(v[shifted])) - healthy)))
     return out
+
+
+def _pair(out: list[LinkFinding], s: int, v: np.ndarray, g: np.ndarray, steps: np.ndarray, names: list[str],
+          layout: Layout, hosts: np.ndarray) -> None:
+    """Two groups of one kind (e.g. the data-parallel groups of a two-stage pipeline),
+    compared on per-step communication totals (collectives of varied sizes: the fastest op
+    says little): the slower one, if ≥ 1 + PAIR_SHIFT times the other, is recorded to narrow
+    down the hosts of a finding from a comparable set of groups. Groups of different stages
+    may move different amounts of data, so this is never evidence on its own."""
+    slow, fast = (0, 1) if v[0] > v[1] else (1, 0)
+    if v[slow] - v[fast] < np.log1p(PAIR_SHIFT):
+        return
+    name_kind, si = divmod(s, len(steps) + 1)
+    name_id, k = divmod(name_kind, len(_KINDS))
+    ranks = sorted(int(r) for r in layout.groups(_KINDS[k])[g[slow]].ravel())
+    out.append(LinkFinding(names[name_id], _KINDS[k], int(steps[si]), ranks, sorted({str(hosts[r]) for r in ranks}),
+                           float(np.expm1(v[slow] - v[fast])), float(np.exp(v[slow]) - np.exp(v[fast])),
+                           narrow_only=True))

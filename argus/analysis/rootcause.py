@@ -84,6 +84,10 @@ class _Ctx:
     def normal(self, step: int) -> bool:
         return self.l1.is_normal_step(step) and np.isfinite(self.step_time.get(step, np.nan))
 
+    def pair(self, rank: int) -> bool:
+        """Is the rank's peer set just itself and one other?"""
+        return len(self.topology.layout.peer_set(rank)) <= 2
+
     def stall_candidate(self, step: int) -> bool:
         """Normal, or a spike called periodic only for its timing: one rank's excess there is
         a recurring stall, not a checkpoint (a checkpoint keeps every rank busy)."""
@@ -210,7 +214,9 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
                     and busy_ratio.get(o.rank, 0.0) >= ctx.config.min_busy_ratio):
                 slow[o.rank].append(o)
         if w.l3 is not None:  # kernels measured: busy time with normal kernels is the host's (a stall)
-            busy = {r: f for r, f in busy.items() if r in slow}
+            # … except in peer pairs, where no per-kernel outlier test exists: the total decides
+            busy = {r: f for r, f in busy.items() if r in slow or (
+                ctx.pair(r) and busy_ratio.get(r, 0.0) >= ctx.config.min_busy_ratio)}
         arrival = {f.rank: f for f in w.l2.findings if f.kind == "arrival" and f.persistent}
         ranks = set(busy) | {r for r, o in slow.items() if len(o) >= ctx.config.min_kernels}
         for r in ranks:
@@ -342,6 +348,7 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
         slow_kernels = {o.rank for o in (w.l3.outliers if w.l3 else [])
                         if (o.slower or o.more_work) and o.category in ("compute", "cpu_op")
                         and ratio.get(o.rank, 0.0) >= ctx.config.min_busy_ratio}
+        slow_kernels |= {r for r, v in ratio.items() if ctx.pair(r) and v >= ctx.config.min_busy_ratio}
         for f in w.l2.findings:
             if f.kind != "busy" or f.rank in compute_ranks or f.rank in slow_kernels:
                 continue
@@ -396,10 +403,13 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     if not by_step and not shifts:
         return []
     per_step_hosts: dict[int, set[str]] = {}
+    for step in list(by_step):
+        if all(f.narrow_only for f in by_step[step]):
+            del by_step[step]  # two-group comparisons only narrow other findings down
     for step, findings in by_step.items():
         sets = [set(f.hosts) for f in findings]
         common = set.intersection(*sets)
-        per_step_hosts[step] = common or min(sets, key=len)
+        per_step_hosts[step] = common or min((set(f.hosts) for f in findings if not f.narrow_only), key=len)
     for s in shifts:  # window-level communicator floors narrow the hosts the same way
         for step in range(_window_of(windows, s)[0], _window_of(windows, s)[1] + 1):
             per_step_hosts[step] = (per_step_hosts.get(step, set(s.hosts)) & set(s.hosts)) or per_step_hosts.get(

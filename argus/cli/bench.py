@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 __all__ = ["register"]
 
@@ -36,6 +37,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--store", help="diagnose this store instead of simulating one")
     a.add_argument("--scenario", default="compute_straggler")
     a.set_defaults(func=_run_analysis)
+
+    o = bsub.add_parser("overhead", help="tracing cost on a real CPU training job: none vs Argus vs torch.profiler")
+    o.add_argument("--ranks", type=int, default=2, help="training processes (default 2)")
+    o.add_argument("--steps", type=int, default=300, help="steps per run (default 300)")
+    o.add_argument("--repeats", type=int, default=2, help="runs per mode, interleaved (default 2)")
+    o.add_argument("--modes", default="none,argus-semantic,argus-ops,argus,profiler",
+                   help="comma list of modes (default: all)")
+    o.add_argument("--op-sample-every", type=int, default=None,
+                   help="CPU-op channel: capture one step in N (default: the producer's default)")
+    o.set_defaults(func=_run_overhead)
+
+    g = bsub.add_parser("gpu-overhead", help="tracing cost on one CUDA GPU (GPT-2-class, bf16) and CUPTI vs "
+                                             "torch.profiler kernel lists", add_help=False)
+    g.add_argument("rest", nargs=argparse.REMAINDER)
+    g.set_defaults(func=lambda a: __import__("argus.bench.gpu_overhead", fromlist=["main"]).main(a.rest))
 
     ac = bsub.add_parser("accuracy", help="every scenario × seeds × sizes, scored against truth.json")
     ac.add_argument("--sizes", default="64,512,4096", help="comma list of rank counts")
@@ -154,4 +170,24 @@ def _run_peers(args: argparse.Namespace) -> int:
                 print(json.dumps(runs[-1].to_json()), flush=True)
     for row in summarize(runs):
         print(json.dumps(row), flush=True)
+    return 0
+
+
+def _run_overhead(args: argparse.Namespace) -> int:
+    from argus.bench.overhead import run_overhead
+    from argus.producer.config import ProducerConfig
+
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("argus bench overhead: needs PyTorch (pip install 'argus-trace[torch]')", file=sys.stderr)
+        return 2
+    every = args.op_sample_every or ProducerConfig().op_sample_every
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    try:
+        for row in run_overhead(args.ranks, args.steps, args.repeats, modes, every):
+            print(json.dumps(row), flush=True)
+    except (ValueError, RuntimeError) as exc:
+        print(f"argus bench overhead: {exc}", file=sys.stderr)
+        return 2
     return 0

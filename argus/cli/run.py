@@ -41,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window-steps", type=int, default=5)
     p.add_argument("--raw-kernels", action="store_true", help="keep raw kernel/op events too")
     p.add_argument("--kernels", choices=["auto", "cupti", "cpu_ops", "off"], help="kernel channel (default auto)")
+    p.add_argument("--no-stacks", action="store_true", help="processor: do not sample stacks")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run")
     p.set_defaults(func=run)
 
@@ -78,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
                  "--host", args.host, "--window-steps", str(args.window_steps)]
         if args.raw_kernels:
             pargs.append("--raw-kernels")
+        if args.no_stacks:
+            pargs.append("--no-stacks")
         log_path = sock.with_suffix(".log")  # read when it fails; a pipe nobody drains could block it
         log_file = open(log_path, "w")
         processor = subprocess.Popen(pargs, stdout=subprocess.DEVNULL, stderr=log_file, text=True)

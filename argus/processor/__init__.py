@@ -1,9 +1,22 @@
-"""The per-host processor: wire protocol, client, windowing, and the daemon that writes the store."""
+"""The per-host processor: wire protocol, client, windowing, and the daemon that writes the store.
 
-from argus.processor.client import Interner, ProcessorClient
-from argus.processor.daemon import Processor, ProcessorConfig, default_socket_path
-from argus.processor.protocol import DTYPES, Msg
-from argus.processor.window import WindowData, WindowStats, WindowWriter
+Names resolve lazily: a training process imports the client and protocol (numpy only), never
+the daemon and its store dependencies (pyarrow, DuckDB) — tens of MB of memory per rank.
+"""
 
-__all__ = ["DTYPES", "Interner", "Msg", "Processor", "ProcessorClient", "ProcessorConfig", "WindowData",
-           "WindowStats", "WindowWriter", "default_socket_path"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {"Interner": "client", "ProcessorClient": "client", "Processor": "daemon", "ProcessorConfig": "daemon",
+          "default_socket_path": "daemon", "DTYPES": "protocol", "Msg": "protocol", "WindowData": "window",
+          "WindowStats": "window", "WindowWriter": "window"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"argus.processor.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'argus.processor' has no attribute {name!r}")

@@ -154,6 +154,8 @@ class Runtime:
     def end_step(self, t: int | None = None) -> None:
         t = now_ns() if t is None else t
         self.recorder.step(self.step, self.step_start, t)
+        if self.hooks is not None:
+            self.hooks.settle(self.forwards_since_step)
         self.step += 1
         self.step_start = t
         self.fwd_mb = self.bwd_mb = 0

@@ -25,6 +25,7 @@ import functools
 import inspect
 import logging
 import threading
+import weakref
 from typing import Any, Callable
 
 from argus.producer.recorder import now_ns
@@ -64,6 +65,11 @@ class TorchHooks:
         self.instrumented_ddp: set[int] = set()
         self.group_kinds: dict[int, str] = {}
         self.opt_start: Any = None
+        self.discovering = False
+        self.global_handles: list[Any] = []
+        self.module_handles: list[Any] = []
+        self.top_modules: Any = weakref.WeakSet()  # seen at depth 0 while discovering
+        self.phase_modules: Any = weakref.WeakSet()  # matched a module pattern while discovering
         self.buckets_launched = 0  # DDP gradient buckets handed to all-reduce so far …
         self.last_bucket_ns = 0  # … and when the last one was
         self.last_bucket_runq = 0
@@ -75,8 +81,7 @@ class TorchHooks:
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
-        self.handles.append(nn_module.register_module_forward_pre_hook(self._forward_pre))
-        self.handles.append(nn_module.register_module_forward_hook(self._forward_post))
+        self._discover()
         self.handles.append(optim.register_optimizer_step_pre_hook(self._optimizer_pre))
         self.handles.append(optim.register_optimizer_step_post_hook(self._optimizer_post))
         self._patch(torch.autograd, "backward", self._wrap_backward(torch.autograd.backward))
@@ -89,13 +94,44 @@ class TorchHooks:
             pass
         self._install_distributed()
 
+    # -- module hooks: discover with global hooks, then hook only the modules that matter ------
+    def _discover(self) -> None:
+        """Global module hooks see every module call — and push every call in the model onto
+        nn.Module's slow path (≈ 7% of a small model's step). They run only until a step has
+        been seen; then the top-level modules and the pattern-matched ones get their own hooks."""
+        from torch.nn.modules import module as nn_module
+
+        self.discovering = True
+        self.global_handles = [nn_module.register_module_forward_pre_hook(self._forward_pre),
+                               nn_module.register_module_forward_hook(self._forward_post)]
+
+    def settle(self, forwards_in_step: int) -> None:
+        """At a step boundary: leave discovery once a step had forwards; go back to it when a
+        step had none (a new model, say) while modules are hooked one by one."""
+        if self.discovering:
+            if forwards_in_step == 0 or not self.top_modules:
+                return
+            for h in self.global_handles:
+                h.remove()
+            self.global_handles = []
+            for m in list(self.top_modules) + list(self.phase_modules):
+                self.module_handles += [m.register_forward_pre_hook(self._forward_pre),
+                                        m.register_forward_hook(self._forward_post)]
+            self.discovering = False
+        elif forwards_in_step == 0 and self.rt.bwd_mb > 0:
+            for h in self.module_handles:
+                h.remove()
+            self.module_handles = []
+            self._discover()
+
     def _patch(self, owner: Any, name: str, new: Any) -> None:
         self.patches.append((owner, name, getattr(owner, name)))
         setattr(owner, name, new)
 
     def uninstall(self) -> None:
-        for h in self.handles:
+        for h in self.handles + self.global_handles + self.module_handles:
             h.remove()
+        self.global_handles, self.module_handles = [], []
         for owner, name, old in reversed(self.patches):
             setattr(owner, name, old)
         self.handles.clear()
@@ -131,8 +167,12 @@ class TorchHooks:
                 rt.mb_context = rt.fwd_mb if rt.grad_enabled() else -1
                 if id(module) not in self.instrumented_ddp:
                     self._maybe_instrument_ddp(module)
+                if self.discovering:
+                    self.top_modules.add(module)
             self.depth += 1
             phase = self._phase_for(type(module))
+            if phase is not None and self.discovering:
+                self.phase_modules.add(module)
             if phase is not None and phase not in self.active_phases:
                 self.active_phases.add(phase)
                 self.module_stack.append((id(module), phase, rt.mark(), module))
@@ -144,9 +184,12 @@ class TorchHooks:
         if not rt.active:
             return
         try:
-            t = rt.mark()
             self.depth = max(self.depth - 1, 0)
-            if self.module_stack and self.module_stack[-1][0] == id(module):
+            mine = bool(self.module_stack) and self.module_stack[-1][0] == id(module)
+            if not mine and self.depth:
+                return  # an inner module without a phase: nothing to time
+            t = rt.mark()
+            if mine:
                 _, phase, t0, _ = self.module_stack.pop()
                 self.active_phases.discard(phase)
                 rt.record_span(t0, t, rt.mb_context, phase, "compute")
@@ -281,7 +324,11 @@ class TorchHooks:
             name = f"{kind or 'world'}-{op}"
             if async_op:  # completion is reported on another thread: CPU time
                 t0 = now_ns()
-                result = original(*args, **kwargs)
+                hooks.local.suppress = True
+                try:
+                    result = original(*args, **kwargs)
+                finally:
+                    hooks.local.suppress = False
                 try:
                     if result is not None:
                         return hooks._on_completion(result, lambda: rt.record_phase(t0, now_ns(), mb, name, "comm", kind))
@@ -289,7 +336,11 @@ class TorchHooks:
                     hooks._guard(exc)
                 return result
             m0 = rt.mark()  # the current stream waits for a synchronous collective: events bracket it
-            result = original(*args, **kwargs)
+            hooks.local.suppress = True  # torch may implement one API call with another (send → isend)
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                hooks.local.suppress = False
             try:
                 m1 = rt.mark()
                 rt.record_span(m0, m1, mb, name, "comm", kind)

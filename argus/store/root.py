@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from argus.errors import StoreError
 from argus.store.attempt import ATTEMPT_META, Attempt
-from argus.store.files import write_bytes_atomic
+from argus.store.files import TMP_PREFIX, write_bytes_atomic
 from argus.store.schema import SCHEMA_VERSION
 from argus.topology import Layout, RunIdentity, Topology
 
@@ -61,12 +61,30 @@ class Store:
         if root.exists() and not root.is_dir():
             raise StoreError(f"{root}: exists and is not a directory")
         if root.exists() and any(root.iterdir()):
-            raise StoreError(f"{root}: directory is not empty and is not an Argus store; "
-                             "refusing to write into it (choose a new or empty directory)")
+            if cls._manifest_in_flight(root):  # another host's processor is creating it right now
+                return cls.open(root)
+            if any(root.iterdir()):
+                raise StoreError(f"{root}: directory is not empty and is not an Argus store; "
+                                 "refusing to write into it (choose a new or empty directory)")
         root.mkdir(parents=True, exist_ok=True)
         manifest = {"format": _FORMAT, "schema_version": SCHEMA_VERSION, "created_ns": time.time_ns()}
         write_bytes_atomic(root / MANIFEST, json.dumps(manifest, indent=2).encode())
         return cls(root, manifest)
+
+    @staticmethod
+    def _manifest_in_flight(root: Path, timeout_s: float = 10.0) -> bool:
+        """True once the manifest appears, if all the directory holds meanwhile is its temp file."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if (root / MANIFEST).exists():
+                return True
+            names = [p.name for p in root.iterdir()]
+            if not names:
+                return False  # emptied again: the caller creates it
+            if not all(n.startswith(TMP_PREFIX) and n.endswith(MANIFEST) for n in names):
+                return False
+            time.sleep(0.02)
+        return False
 
     # -- attempts ----------------------------------------------------------------------
     def attempt_path(self, identity: RunIdentity) -> Path:

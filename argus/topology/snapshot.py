@@ -9,12 +9,15 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pyarrow as pa
 
 from argus.errors import LayoutError
 from argus.topology.layout import AXES, Layout, parse_layout
+
+if TYPE_CHECKING:  # pyarrow is imported where tables are built: the producer never needs it
+    import pyarrow as pa
 
 __all__ = ["RunIdentity", "Topology", "new_run_id"]
 
@@ -83,6 +86,8 @@ class Topology:
         return [str(self.hosts[i]) for i in np.sort(first)]
 
     def to_table(self) -> pa.Table:
+        import pyarrow as pa
+
         coords = self.layout.coords()
         cols = {
             "rank": pa.array(np.arange(self.world_size), pa.int32()),
@@ -119,6 +124,8 @@ class Topology:
 
     def rows(self, ranks: np.ndarray) -> pa.Table:
         """The topology rows of some ranks only (what one host's processor knows)."""
+        import pyarrow as pa
+
         return self.to_table().take(pa.array(np.asarray(ranks, dtype=np.int64)))
 
     @classmethod

@@ -109,18 +109,28 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--slowdown", type=int, default=4)
     p.add_argument("--stall-ms", type=float, default=400.0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--progress", action="store_true", help='rank 0 prints {"step": n} after each step')
+    p.add_argument("--stats", help="directory: each rank writes rank<r>.json with its step times and RSS")
+    p.add_argument("--profile", action="store_true", help="keep torch.profiler (CPU activities) on all run")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234 + rank)
+    stats = _Stats(args, rank)
+    args.on_step = stats.on_step
+    profiler = None
+    if args.profile:  # the comparison point: a profiler kept on, as users would to catch a fault
+        profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        profiler.__enter__()
     if args.mode == "pipeline":
         if world % 2:
             raise SystemExit("pipeline mode needs an even number of ranks (2 stages)")
         _pipeline(args, rank, world)
     else:
         _ddp(args, rank, world)
+    stats.write()
     dist.barrier()
     if rank == 0:
         print(json.dumps({"done": True, "steps": args.steps, "world": world}), flush=True)
@@ -151,6 +161,51 @@ def _ddp(args: argparse.Namespace, rank: int, world: int) -> None:
                 loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        _report(args, rank, step)
+
+
+def _report(args: argparse.Namespace, rank: int, step: int) -> None:
+    args.on_step(step)
+    if args.progress and rank == 0:
+        print(json.dumps({"step": step + 1, "of": args.steps}), flush=True)
+
+
+class _Stats:
+    """Step wall times and resident memory, measured by the job itself (for ``bench overhead``)."""
+
+    def __init__(self, args: argparse.Namespace, rank: int):
+        self.dir = args.stats
+        self.rank = rank
+        self.steps = args.steps
+        self.step_s: list[float] = []
+        self.rss_mb: list[tuple[int, float]] = []
+        self.last = time.perf_counter()
+
+    def on_step(self, step: int) -> None:
+        if not self.dir:
+            return
+        now = time.perf_counter()
+        self.step_s.append(now - self.last)
+        self.last = now
+        if (step + 1) % max(self.steps // 20, 1) == 0:
+            self.rss_mb.append((step + 1, _rss_mb()))
+
+    def write(self) -> None:
+        if self.dir:
+            import resource
+
+            doc = {"rank": self.rank, "step_s": self.step_s, "rss_mb": self.rss_mb,
+                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            with open(os.path.join(self.dir, f"rank{self.rank}.json"), "w") as fh:
+                json.dump(doc, fh)
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return float("nan")
 
 
 def _pipeline(args: argparse.Namespace, rank: int, world: int) -> None:
@@ -193,6 +248,7 @@ def _pipeline(args: argparse.Namespace, rank: int, world: int) -> None:
                 param.grad /= half
         opt.step()
         opt.zero_grad(set_to_none=True)
+        _report(args, rank, step)
 
 
 class _Null:

@@ -74,12 +74,29 @@ def test_info_prints_what_the_store_holds(tmp_path):
     assert bad.returncode == 2 and "not an Argus store" in bad.stderr
 
 
-def test_demo_runs_the_main_job_into_a_fresh_store(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "argus", "demo", "--steps", "8"], capture_output=True, text=True,
+def test_demo_trains_a_real_job_and_names_the_slow_rank(tmp_path):
+    pytest.importorskip("torch")
+    out = subprocess.run([sys.executable, "-m", "argus", "demo", "--steps", "24"], capture_output=True, text=True,
                          cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr
-    assert "compute_straggler" in out.stdout and "store:" in out.stdout
-    assert len(list((tmp_path / "argus-demo").iterdir())) == 1
+    assert "compute_straggler" in out.stdout and "report:" in out.stdout
+    (run,) = list((tmp_path / "argus-demo").iterdir())
+    report = json.loads((run / "report.json").read_text())
+    serious = [i for i in report["incidents"] if i["severity"] != "info"]
+    assert [(i["class"], i["culprit_ranks"]) for i in serious] == [("compute_straggler", [1])]
+
+
+def test_simulated_demo_needs_no_pytorch(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "argus", "demo", "--simulated", "jit_stall", "--steps", "12", "--out",
+                          str(tmp_path / "d")], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "host_stall" in out.stdout and (tmp_path / "d" / "report.json").exists()
+
+
+def test_demo_refuses_a_fault_rank_outside_the_job(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "argus", "demo", "--fault-rank", "7", "--out", str(tmp_path / "d")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "is not a rank of 4" in out.stderr
 
 
 def test_bench_simulate_prints_json_lines():

@@ -16,7 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 if __name__ != "__main__":
-    from tests.e2e.netns import NamespaceCluster, available, cleanup_stale, launch_job
+    from argus.workloads.netns import NamespaceCluster, available, cleanup_stale, launch_job
 
     pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
 

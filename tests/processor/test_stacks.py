@@ -360,18 +360,18 @@ def test_suspicion_raises_the_rate_for_stalled_and_slow_ranks_and_lets_it_go():
     assert [r["suspect"] for r in s.status()["ranks"]] == [None, None]
     clock.t += 2.0
     _report(s, a, [3], [3 * sec], [4 * sec])
-    _report(s, b, [3], [3 * sec], [int(5.5 * sec)])  # 2.5 s > 1.5 × the median
+    _report(s, b, [3], [3 * sec], [int(6.5 * sec)])  # 3.5 s > 3 × the median
     clock.t += 0.5
     s.tick(0)
     assert [r["suspect"] for r in s.status()["ranks"]] == [None, "slow"]
     assert [s._rate(st) for st in s.states.values()] == [1.0, 10.0]
     clock.t += 1.5
-    _report(s, b, [4], [int(5.5 * sec)], [int(6.5 * sec)])  # b is back to normal: held "slow" a while
+    _report(s, b, [4], [int(6.5 * sec)], [int(7.5 * sec)])  # b is back to normal: held "slow" a while
     clock.t += 2.0  # a: silent for 4 s > 3 × 1 s
     s.tick(0)
     assert [r["suspect"] for r in s.status()["ranks"]] == ["stalled", "slow"]
     _report(s, a, [4], [4 * sec], [5 * sec])
-    _report(s, b, [5], [int(6.5 * sec)], [int(7.5 * sec)])
+    _report(s, b, [5], [int(7.5 * sec)], [int(8.5 * sec)])
     clock.t += 0.5
     s.tick(0)
     assert [r["suspect"] for r in s.status()["ranks"]] == ["stalled", "slow"]  # held for a while

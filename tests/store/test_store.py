@@ -164,3 +164,14 @@ def test_store_reference_doc_is_generated_from_the_schemas():
     for spec in TABLES.values():
         for name in spec.column_names:
             assert f"`{name}`" in doc
+
+
+def test_many_processes_create_one_store_at_once(tmp_path):
+    """Several hosts' processors start together on one shared store directory."""
+    root = tmp_path / "shared"
+    code = ("import sys; from argus.store import Store; Store.create(sys.argv[1]); print('ok')")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(8)]
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-300:] for o in outs]
+    assert Store.open(root).manifest["schema_version"] == SCHEMA_VERSION

@@ -1,0 +1,101 @@
+"""Real training, real faults: gloo jobs under ``argus run``, diagnosed from the store.
+
+Each test launches a real multi-process PyTorch job (``argus.workloads.train_transformer``)
+with the producer injected by ``argus run`` (no code change in the job), then runs
+``argus diagnose --json`` on what the processor stored and checks the class and culprits.
+The link test builds one network namespace per host and throttles one host's link with
+``tc tbf`` (root only; skipped elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from argus.workloads.netns import NamespaceCluster, available, cleanup_stale, launch_job  # noqa: E402
+
+WORKLOAD = [sys.executable, "-m", "argus.workloads.train_transformer"]
+STEPS = ["--steps", "30", "--microbatches", "2"]
+JOB_ENV = {"OMP_NUM_THREADS": "1", "ARGUS_OP_SAMPLE_EVERY": "5"}  # short jobs: CPU ops of one step in 5
+
+
+def _argus_run(store: Path, job: list[str], layout: str | None = None, nproc: int = 4) -> None:
+    cmd = [sys.executable, "-m", "argus", "run", "--store", str(store), "--run-id", "e2e"]
+    if layout:
+        cmd += ["--layout", layout]
+    cmd += ["--", sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            "-m", "argus.workloads.train_transformer", *STEPS, *job]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**_env(), **JOB_ENV})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "traced run e2e" in done.stderr
+
+
+def _env() -> dict:
+    import os
+
+    return dict(os.environ)
+
+
+def _incidents(store: Path) -> list[dict]:
+    done = subprocess.run([sys.executable, "-m", "argus", "diagnose", str(store), "--json"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout)
+    return [i for i in doc["incidents"] if i["severity"] in ("warning", "critical")]
+
+
+def _only(incidents: list[dict]) -> dict:
+    assert len(incidents) == 1, json.dumps(incidents, indent=1)[:4000]
+    return incidents[0]
+
+
+def test_compute_slowdown_of_one_ddp_rank(tmp_path):
+    _argus_run(tmp_path / "s", ["--fault", "compute", "--fault-rank", "1", "--fault-start", "8", "--slowdown", "6"])
+    inc = _only(_incidents(tmp_path / "s"))
+    assert inc["class"] == "compute_straggler" and inc["culprit_ranks"] == [1]
+    assert inc["phase"] in ("self_attention", "forward-compute", "backward-compute")
+
+
+def test_host_stall_in_one_microbatch(tmp_path):
+    _argus_run(tmp_path / "s", ["--fault", "stall", "--fault-rank", "2", "--fault-start", "6"])
+    inc = _only(_incidents(tmp_path / "s"))
+    assert inc["class"] == "host_stall" and inc["culprit_ranks"] == [2]
+    assert inc["phase"] == "backward-compute" and len(inc["steps"]) >= 3
+
+
+def test_compute_slowdown_in_a_pipeline_stage(tmp_path):
+    _argus_run(tmp_path / "s", ["--mode", "pipeline", "--fault", "compute", "--fault-rank", "3", "--fault-start", "8",
+                                "--slowdown", "6"], layout="pp=2,dp=2")
+    inc = _only(_incidents(tmp_path / "s"))
+    assert inc["class"] in ("compute_straggler", "pipeline_imbalance") and inc["culprit_ranks"] == [3]
+
+
+def test_a_clean_run_reports_nothing(tmp_path):
+    _argus_run(tmp_path / "s", ["--fault", "none"])
+    assert _incidents(tmp_path / "s") == []
+
+
+@pytest.mark.skipif(available() is not None, reason=str(available()))
+def test_throttled_link_of_one_host(tmp_path):
+    """Six hosts (one namespace each), a two-stage pipeline, data parallel by three; host 4's
+    link limited to 20 Mbit/s from the start. Each host runs its own ``argus run`` (its own
+    processor) into one shared store, as on a cluster with a shared filesystem."""
+    store = tmp_path / "s"
+    cleanup_stale()
+    with NamespaceCluster(6) as cluster:
+        cluster.throttle(4, rate="20mbit", burst="32kbit", latency="400ms")
+        results = launch_job(cluster, "-m", ["argus", "run", "--store", str(store), "--run-id", "e2e", "--layout",
+                                             "pp=2,dp=3", "--", *WORKLOAD, "--mode", "pipeline", "--steps", "25",
+                                             "--microbatches", "2", "--d-model", "64", "--layers", "1", "--vocab",
+                                             "256"], env=JOB_ENV, timeout=300)
+    for rank, res in enumerate(results):
+        assert res.returncode == 0, f"rank {rank}: {res.stderr[-2000:]}"
+    inc = _only(_incidents(store))
+    assert inc["class"] == "link_degradation"
+    assert inc["hosts"] == [cluster.host_name(4)] and inc["culprit_ranks"] == [4]
