@@ -21,6 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-buffered-events", type=int, default=20_000_000, help="memory cap; beyond it batches are dropped")
     p.add_argument("--raw-kernels", action="store_true", help="also store raw kernel events (small jobs)")
     p.add_argument("--no-evidence", action="store_true", help="do not write Perfetto evidence files")
+    p.add_argument("--evidence-interval", type=float, default=10.0,
+                   help="seconds between evidence files of normal windows (slow windows always get one; 0: every "
+                        "window)")
     p.add_argument("--evidence-max-mb", type=float, default=512.0, help="evidence retention by size per host")
     p.add_argument("--evidence-max-age-h", type=float, default=24.0, help="evidence retention by age")
     p.add_argument("--no-fsync", action="store_true", help="skip fsync on commit (tests, tmpfs)")
@@ -43,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
                              window_steps=args.window_steps, window_timeout_s=args.window_timeout,
                              max_buffered_events=args.max_buffered_events, raw_kernels=args.raw_kernels,
                              evidence=not args.no_evidence, evidence_max_bytes=int(args.evidence_max_mb * (1 << 20)),
-                             evidence_max_age_s=args.evidence_max_age_h * 3600, durable=not args.no_fsync,
+                             evidence_max_age_s=args.evidence_max_age_h * 3600,
+                             evidence_interval_s=args.evidence_interval, durable=not args.no_fsync,
                              stacks=not args.no_stacks, stack_hz=args.stack_hz, suspect_stack_hz=args.suspect_stack_hz,
                              hw_interval_s=args.hw_interval)
     proc = Processor(config)

@@ -67,6 +67,7 @@ class ProcessorConfig:
     evidence: bool = True
     evidence_max_bytes: int = 512 << 20
     evidence_max_age_s: float = 24 * 3600.0
+    evidence_interval_s: float = 10.0  # evidence for a normal window at most this often (slow ones always)
     status_interval_s: float = 2.0
     durable: bool = True
     stacks: bool = True  # sample local ranks' Python stacks with py-spy
@@ -116,6 +117,8 @@ class _AttemptState:
     writer: WindowWriter
     topology: Topology
     new_ranks: list[int] = field(default_factory=list)
+    evidence_last: float = float("-inf")  # monotonic time of the last evidence file
+    evidence_recent: list[float] = field(default_factory=list)  # median step time of recent windows
 
 
 class Processor:
@@ -442,13 +445,34 @@ class Processor:
                 if topo_rows is not None:
                     st.writer.writer.write("topology", topo_rows, window=data.window)
                 stats = st.writer.write(data)
-                if self.config.evidence:
+                if self.config.evidence and self._evidence_due(st, data):
                     self._write_evidence(st, data)
                 self._done.put((key, data.window, data.start_step, data.end_step, ranks, stats.rows))
             except Exception as exc:  # keep serving: a failed window is logged and counted
                 self.stats["write_errors"] += 1
                 log.exception("writing window %d failed: %s", data.window, exc)
                 self._done.put((key, data.window, data.start_step, data.end_step, set(), None))
+
+    def _evidence_due(self, st: _AttemptState, data: WindowData) -> bool:
+        """A window's Perfetto trace costs a few ms to build: write one when the window's steps
+        are slow against the recent ones (what an analysis will want to open), else at most
+        every ``evidence_interval_s``."""
+        step_s = float("nan")
+        if data.steps is not None and data.steps.num_rows:
+            import numpy as np
+
+            d = (data.steps.column("end_ns").to_numpy() - data.steps.column("start_ns").to_numpy()) / 1e9
+            step_s = float(np.median(d)) if d.size else float("nan")
+        recent = st.evidence_recent
+        slow = bool(recent) and step_s == step_s and step_s > 1.3 * sorted(recent)[len(recent) // 2]
+        if step_s == step_s:
+            recent.append(step_s)
+            del recent[:-32]
+        now = time.monotonic()
+        if slow or now - st.evidence_last >= self.config.evidence_interval_s:
+            st.evidence_last = now
+            return True
+        return False
 
     def _write_evidence(self, st: _AttemptState, data: WindowData) -> None:
         try:

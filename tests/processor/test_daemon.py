@@ -42,7 +42,8 @@ def processor(tmp_path):
 
     def start(*extra: str) -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-m", "argus", "processor", "--store", str(store), "--socket",
-                                 str(sock), "--host", "node-0000", "--window-steps", "2", "--no-fsync", *extra],
+                                 str(sock), "--host", "node-0000", "--window-steps", "2", "--no-fsync",
+                                 "--evidence-interval", "0", *extra],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         procs.append(proc)
         _wait_for(lambda: sock.exists() or proc.poll() is not None, what="the processor socket")
@@ -196,3 +197,22 @@ def test_a_frame_before_hello_is_rejected_and_others_are_unaffected(processor):
     good.close()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
+
+
+def test_evidence_for_slow_windows_always_and_for_normal_ones_at_an_interval(tmp_path):
+    import types
+
+    import pyarrow as pa
+
+    from argus.processor.daemon import Processor, ProcessorConfig
+
+    proc = Processor.__new__(Processor)
+    proc.config = ProcessorConfig(store=tmp_path / "s", socket_path=tmp_path / "p.sock", evidence_interval_s=3600)
+    st = types.SimpleNamespace(evidence_last=float("-inf"), evidence_recent=[])
+
+    def window(step_s):
+        starts = [0, 0]
+        return types.SimpleNamespace(steps=pa.table({"start_ns": starts, "end_ns": [int(step_s * 1e9)] * 2}))
+
+    due = [proc._evidence_due(st, window(s)) for s in (1.0, 1.0, 1.02, 0.98, 2.5, 1.0)]
+    assert due == [True, False, False, False, True, False]
