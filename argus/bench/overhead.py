@@ -35,12 +35,17 @@ import numpy as np
 __all__ = ["MODES", "run_overhead"]
 
 MODES = ("none", "argus-semantic", "argus-ops", "argus", "profiler")
+#: Model sizes: ``base`` steps take ~130 ms on one core (closer to real steps, which take
+#: 0.1–10 s); ``tiny`` ~20 ms, where per-step fixed costs (hooks, processor) weigh most.
+MODELS = {"base": ["--d-model", "192", "--layers", "4", "--seq", "128", "--batch", "4"],
+          "tiny": ["--d-model", "128", "--layers", "2", "--seq", "64", "--batch", "4"]}
 
 
-def _command(mode: str, store: Path, stats: Path, ranks: int, steps: int, op_every: int) -> tuple[list[str], dict]:
+def _command(mode: str, store: Path, stats: Path, ranks: int, steps: int, op_every: int,
+             model: str) -> tuple[list[str], dict]:
     job = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
            "-m", "argus.workloads.train_transformer", "--steps", str(steps), "--microbatches", "2",
-           "--stats", str(stats)]
+           "--stats", str(stats), *MODELS[model]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ARGUS_OP_SAMPLE_EVERY": str(op_every)}
     if mode == "none":
         return job, env
@@ -54,11 +59,11 @@ def _command(mode: str, store: Path, stats: Path, ranks: int, steps: int, op_eve
     return [*run, "--", *job], env
 
 
-def _one(mode: str, ranks: int, steps: int, op_every: int) -> dict:
+def _one(mode: str, ranks: int, steps: int, op_every: int, model: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="argus-overhead-") as tmp:
         stats, store = Path(tmp) / "stats", Path(tmp) / "store"
         stats.mkdir()
-        cmd, env = _command(mode, store, stats, ranks, steps, op_every)
+        cmd, env = _command(mode, store, stats, ranks, steps, op_every, model)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
@@ -80,9 +85,11 @@ def _one(mode: str, ranks: int, steps: int, op_every: int) -> dict:
             "peak_rss_mb": max(d["peak_rss_mb"] for d in docs), "rss_growth_mb": float(np.nanmax(growth))}
 
 
-def run_overhead(ranks: int = 2, steps: int = 300, repeats: int = 2, modes: tuple[str, ...] = MODES,
-                 op_every: int = 50) -> Iterator[dict]:
+def run_overhead(ranks: int = 2, steps: int = 150, repeats: int = 2, modes: tuple[str, ...] = MODES,
+                 op_every: int = 50, model: str = "base") -> Iterator[dict]:
     """Yield one JSON-ready row per mode (after every repeat of every mode has run)."""
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}; models are {', '.join(MODELS)}")
     unknown = sorted(set(modes) - set(MODES))
     if unknown:
         raise ValueError(f"unknown mode {unknown[0]!r}; modes are {', '.join(MODES)}")
@@ -91,7 +98,7 @@ def run_overhead(ranks: int = 2, steps: int = 300, repeats: int = 2, modes: tupl
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     for _ in range(repeats):
         for mode in modes:
-            runs[mode].append(_one(mode, ranks, steps, op_every))
+            runs[mode].append(_one(mode, ranks, steps, op_every, model))
     # The mean, not the median: a channel that costs one step in N (CPU-op capture) costs
     # real time that a median would hide.
     base = float(np.mean(np.concatenate([r["step_s"] for r in runs["none"]])))
@@ -99,7 +106,7 @@ def run_overhead(ranks: int = 2, steps: int = 300, repeats: int = 2, modes: tupl
     for mode in modes:
         all_steps = np.concatenate([r["step_s"] for r in runs[mode]])
         step = float(np.mean(all_steps))
-        row = {"bench": "overhead", "mode": mode, "ranks": ranks, "steps": steps, "repeats": repeats,
+        row = {"bench": "overhead", "mode": mode, "model": model, "ranks": ranks, "steps": steps, "repeats": repeats,
                "step_ms": round(step * 1e3, 3), "median_step_ms": round(float(np.median(all_steps)) * 1e3, 3),
                "ratio": round(step / base, 4),
                "overhead_pct": round(100 * (step / base - 1), 2),

@@ -40,7 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     o = bsub.add_parser("overhead", help="tracing cost on a real CPU training job: none vs Argus vs torch.profiler")
     o.add_argument("--ranks", type=int, default=2, help="training processes (default 2)")
-    o.add_argument("--steps", type=int, default=300, help="steps per run (default 300)")
+    o.add_argument("--steps", type=int, default=150, help="steps per run (default 150)")
+    o.add_argument("--model", choices=["base", "tiny"], default="base",
+                   help="base: ~130 ms steps on one core; tiny: ~20 ms (fixed per-step costs weigh most)")
     o.add_argument("--repeats", type=int, default=2, help="runs per mode, interleaved (default 2)")
     o.add_argument("--modes", default="none,argus-semantic,argus-ops,argus,profiler",
                    help="comma list of modes (default: all)")
@@ -185,7 +187,7 @@ def _run_overhead(args: argparse.Namespace) -> int:
     every = args.op_sample_every or ProducerConfig().op_sample_every
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     try:
-        for row in run_overhead(args.ranks, args.steps, args.repeats, modes, every):
+        for row in run_overhead(args.ranks, args.steps, args.repeats, modes, every, args.model):
             print(json.dumps(row), flush=True)
     except (ValueError, RuntimeError) as exc:
         print(f"argus bench overhead: {exc}", file=sys.stderr)

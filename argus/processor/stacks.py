@@ -41,11 +41,12 @@ the stack changes, or after ``RUN_FLUSH_NS`` (a hang must not hold it).
 **Suspicion** (sample at ``suspect_hz`` instead of ``hz``), per rank, against the median
 step time *m* of the recent steps of its attempt's ranks on this host (16 per rank, at least
 3 in all): *stalled* when no finished step has arrived for more than max(3 m, 2 × its usual
-interval between step reports), *slow* when its last step took more than 3 m or its last five
-a median above 1.5 m (one merely slow step — an op-capture step, a checkpoint — must not
-raise every rank to the suspect rate: in synchronous training all ranks share it). The raised
-rate holds ``max(HOLD_S, 3 m)`` after the condition ends, and an episode is capped at
-``MAX_SUSPECT_S`` (a day-long hang must not cost a core for a day).
+interval between step reports, 2 s — producers batch once a second); *slow* when its last
+step took more than 3 m or its last five a median above 1.5 m (one merely slow step — an
+op-capture step, a checkpoint — must not raise every rank to the suspect rate: in
+synchronous training all ranks share it). The raised rate holds ``max(HOLD_S, 3 m)`` after
+the condition ends, and an episode is capped at ``MAX_SUSPECT_S`` (a day-long hang must not
+cost a core for a day).
 
 **No ptrace** (py-spy says "Permission Denied"): the processor sends that rank a
 ``CONTROL`` frame ``{"stacks": {"inprocess_hz": hz}}`` and the producer samples itself at
@@ -76,6 +77,7 @@ __all__ = ["PY_SPY_ENV", "StackSampler", "Suspicion", "find_py_spy", "parse_dump
 
 SLOW_ONE = 3.0  # one step this many × the host's median step time …
 SLOW_RECENT = 1.5  # … or the median of the last five this many ×
+MIN_REPORT_GAP_S = 1.0  # producers batch step records this often: silence shorter than 2× is normal
 log = logging.getLogger("argus.processor")
 
 PY_SPY_ENV = "ARGUS_PY_SPY"  # path of the py-spy executable (default: next to this Python, else on PATH)
@@ -435,9 +437,10 @@ class StackSampler(Sampler):
             condition, median = None, 0.0
             if len(durations) >= 3:
                 median = float(np.median(durations))
-                usual_gap = float(np.median(st.gaps)) if len(st.gaps) >= 3 else 0.0
+                # until a few report intervals are known, assume the producer's batching (1 s)
+                usual_gap = float(np.median(st.gaps)) if len(st.gaps) >= 3 else MIN_REPORT_GAP_S
                 silent = now - (st.last_report if st.last_report is not None else st.joined)
-                if silent > max(3 * median, 2 * usual_gap):
+                if silent > max(3 * median, 2 * usual_gap, 2 * MIN_REPORT_GAP_S):
                     condition = "stalled"
                 elif st.durations and (st.durations[-1] > SLOW_ONE * median or (
                         len(st.durations) >= 5 and float(np.median(list(st.durations)[-5:])) > SLOW_RECENT * median)):

@@ -246,6 +246,68 @@ class SchedClock:
             return 0
 
 
-def make_layout(config: ProducerConfig, world_size: int) -> Layout:
-    """``ARGUS_LAYOUT`` / option, else pure data parallel."""
-    return parse_layout(config.layout or "", world_size=world_size, order=config.order or None)
+#: Megatron-LM's names for the layout sizes (command-line flags and config keys).
+MEGATRON_KEYS = {"tp": ("tensor_model_parallel_size", "tensor-model-parallel-size"),
+                 "pp": ("pipeline_model_parallel_size", "pipeline-model-parallel-size"),
+                 "cp": ("context_parallel_size", "context-parallel-size"),
+                 "ep": ("expert_model_parallel_size", "expert-model-parallel-size")}
+
+
+def make_layout(config: ProducerConfig, world_size: int, argv: list[str] | None = None) -> Layout:
+    """The parallel layout: the option / ``ARGUS_LAYOUT`` (``"pp=2,dp=4"``, or
+    ``"megatron:config.json"``), else Megatron-LM flags on this process's command line
+    (``--tensor-model-parallel-size 2`` …), else pure data parallel."""
+    text = config.layout or ""
+    order = config.order or None
+    if text.startswith("megatron:"):
+        return parse_layout(megatron_sizes(_read_config(text[len("megatron:"):])), world_size, order)
+    if not text:
+        found = megatron_sizes(_argv_options(sys.argv if argv is None else argv))
+        if found:
+            return parse_layout(found, world_size, order)
+    return parse_layout(text, world_size=world_size, order=order)
+
+
+def megatron_sizes(options: dict[str, Any]) -> dict[str, int]:
+    """Layout sizes from Megatron-LM options (missing ones are 1; dp is derived)."""
+    out = {}
+    for axis, names in MEGATRON_KEYS.items():
+        for name in names:
+            if name in options and options[name] not in (None, ""):
+                out[axis] = int(options[name])
+    return out
+
+
+def _argv_options(argv: list[str]) -> dict[str, str]:
+    opts = {}
+    for i, arg in enumerate(argv):
+        if arg.startswith("--"):
+            key, eq, value = arg[2:].partition("=")
+            if eq:
+                opts[key] = value
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                opts[key] = argv[i + 1]
+    return opts
+
+
+def _read_config(path: str) -> dict[str, Any]:
+    """A Megatron-style config: JSON, or flat ``key: value`` YAML."""
+    from argus.errors import ConfigError
+
+    try:
+        text = open(path).read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read the Megatron config {path}: {exc}") from None
+    import json
+
+    try:
+        doc = json.loads(text)
+        return doc if isinstance(doc, dict) else {}
+    except ValueError:
+        pass
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.split("#", 1)[0].partition(":")
+        if sep and key.strip() and not line.startswith((" ", "\t")):
+            out[key.strip()] = value.strip().strip("'\"")
+    return out

@@ -107,3 +107,16 @@ def test_bench_simulate_prints_json_lines():
     for r in rows:
         assert r["events"] > 0 and r["events_per_s"] > 0 and r["peak_rss_mb"] > 0
     assert rows[1]["store_mb"] > 0
+
+
+def test_bench_overhead_compares_modes_side_by_side():
+    pytest.importorskip("torch")
+    out = argus("bench", "overhead", "--model", "tiny", "--steps", "12", "--repeats", "1",
+                "--modes", "none,argus-semantic,profiler")
+    assert out.returncode == 0, out.stderr
+    rows = {r["mode"]: r for r in map(json.loads, out.stdout.strip().splitlines())}
+    assert set(rows) == {"none", "argus-semantic", "profiler"}
+    assert rows["none"]["ratio"] == 1.0 and all(r["step_ms"] > 0 and r["peak_rss_mb"] > 0 for r in rows.values())
+    assert "channel_cost_pct" in rows["argus-semantic"]
+    bad = argus("bench", "overhead", "--modes", "none,bogus")
+    assert bad.returncode == 2 and "unknown mode 'bogus'" in bad.stderr

@@ -55,3 +55,27 @@ def test_identity_from_launchers(env, expected):
 def test_rank_outside_world_is_an_error():
     with pytest.raises(ConfigError, match="rank 4 is outside a world of 4"):
         resolve_identity(ProducerConfig(), {"RANK": "4", "WORLD_SIZE": "4"})
+
+
+def test_layout_from_megatron_flags_and_config(tmp_path):
+    from argus.producer.runtime import make_layout
+
+    argv = ["pretrain_gpt.py", "--tensor-model-parallel-size", "2", "--pipeline-model-parallel-size=4", "--bf16"]
+    layout = make_layout(ProducerConfig(), 32, argv)
+    assert (layout.tp, layout.pp, layout.dp) == (2, 4, 4)
+    cfg = tmp_path / "megatron.yaml"
+    cfg.write_text("tensor_model_parallel_size: 2  # TP\npipeline_model_parallel_size: 2\n"
+                   "expert_model_parallel_size: 2\nseq_length: 4096\n")
+    layout = make_layout(ProducerConfig(layout=f"megatron:{cfg}"), 32, [])
+    assert (layout.tp, layout.pp, layout.ep, layout.dp) == (2, 2, 2, 4)
+    assert make_layout(ProducerConfig(), 8, ["train.py"]).dp == 8  # pure data parallel by default
+    with pytest.raises(ConfigError, match="cannot read the Megatron config"):
+        make_layout(ProducerConfig(layout="megatron:/nonexistent.json"), 8, [])
+
+
+def test_every_variable_is_documented():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "producer.md").read_text()
+    missing = [var for var in ENV.values() if f"`{var}`" not in doc]
+    assert not missing, f"docs/producer.md lacks {missing}"
