@@ -76,8 +76,9 @@ def run_socket(mode: str, events: int | None = 5_000_000, rate_per_min_per_rank:
     sock = tmp / "p.sock"
     args = [sys.executable, "-m", "argus", "processor", "--store", str(tmp / "store"), "--socket", str(sock),
             "--host", "bench", "--window-steps", str(window_steps), "--no-fsync"]
-    if not evidence:
-        args.append("--no-evidence")
+    # evidence on = a Perfetto trace of every window: the worst case (the default writes one
+    # for slow windows and one every 10 s otherwise)
+    args += ["--evidence-interval", "0"] if evidence else ["--no-evidence"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
