@@ -1,6 +1,7 @@
 """Progressive diagnosis of one run attempt: L1 over the whole step series, then L2 and L3 on
 every window (not only where L1 fires: a link slow from the first step never spikes), then
-root cause into incidents, stored in the store's ``incidents`` table."""
+root cause into incidents, deepened by L4 (replay, pipeline, device gaps) and L5 (stacks),
+stored in the store's ``incidents`` table."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow.compute as pc
 
+from argus.analysis.deepen import DeepenConfig, deepen
 from argus.analysis.frames import load_phase_totals, load_phases, load_steps
 from argus.analysis.incident import Incident, incidents_document, incidents_table
 from argus.analysis.l1_windows import L1Config, L1Result, detect_windows
@@ -35,6 +37,7 @@ class DiagnoseConfig:
     l2: L2Config = field(default_factory=L2Config)
     l3: L3Config = field(default_factory=L3Config)
     rootcause: RootCauseConfig = field(default_factory=RootCauseConfig)
+    deepen: DeepenConfig = field(default_factory=DeepenConfig)
 
     def __post_init__(self) -> None:
         if self.window_steps is not None and self.window_steps < 1:
@@ -146,6 +149,10 @@ def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,
     hw = load_hw_signals(attempt, step_of_ts)
     incidents = build_incidents(attempt, topology, l1, windows, hw, step_time, config.rootcause)
     timings["rootcause"] = time.perf_counter() - t
+    t = time.perf_counter()
+    deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen)
+    incidents.sort(key=lambda i: (-i.severity_rank, -(i.slowdown_pct or 0.0), i.start_step))
+    timings["l4_l5"] = time.perf_counter() - t
     if config.store_incidents and incidents:
         n = len(attempt.files("incidents"))
         attempt.writer("diagnose").write("incidents", incidents_table(incidents), window=n)

@@ -1,34 +1,17 @@
-"""Independent evidence outside the timing data: hardware telemetry and CPU stack samples.
-
-Hardware: a PCIe link below its maximum generation or width, NIC ports reported down,
-thermal throttling. Stacks: what a rank's host thread did in given steps, folded into top
-frames and classified (JIT/compile, garbage collection, data loading, checkpoint I/O,
-synchronisation) against the same rank's normal steps.
-"""
+"""Independent evidence outside the timing data: hardware telemetry (a PCIe link below its
+maximum generation or width, NIC ports reported down, thermal throttling). CPU stacks are
+L5 (``l5_stacks``), re-exported here for the callers that read both."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import numpy as np
-import pyarrow.compute as pc
 
+from argus.analysis.l5_stacks import CAUSE_WORDS, StackCause, stack_cause
 from argus.store import Attempt
 
 __all__ = ["HwSignals", "load_hw_signals", "StackCause", "stack_cause", "CAUSE_WORDS"]
-
-MIN_CAUSE_SAMPLES = 3  # a cause is named from at least this many extra samples of one stack
-
-#: Frame keywords → host-stall cause (first match wins, in this order).
-CAUSE_WORDS = (
-    ("jit_compile", ("triton/compiler", "torch/_inductor", "torch/_dynamo/convert_frame", "torch/_dynamo/symbolic_convert",
-                     "compile_fx", "torch/jit/", "nvrtc", "make_cubin")),
-    ("garbage_collection", ("gc_collect", "gcmodule", "(gc)", "gc.collect")),
-    ("checkpoint_io", ("checkpoint", "serialization", "torch/save", "save (")),
-    ("data_loading", ("dataloader", "get_batch", "queue.py", "_next_data")),
-    ("synchronisation", ("synchronize", "distributed_c10d", "barrier", "wait (")),
-)
-
 
 @dataclass
 class HwSignals:
@@ -78,47 +61,3 @@ def load_hw_signals(attempt: Attempt, step_of_ts=None) -> HwSignals:
         if v > 0 and temp.get(r, 0) >= 80:
             out.thermal[r] = temp[r]
     return out
-
-
-@dataclass
-class StackCause:
-    cause: str  # one of CAUSE_WORDS' keys, or "unknown"
-    top_frames: list[tuple[str, int]]  # (leaf-most frames, samples) elevated in the affected steps
-    samples: int
-
-    def to_json(self) -> dict:
-        return {"cause": self.cause, "samples": self.samples,
-                "top_frames": [{"frames": f, "samples": n} for f, n in self.top_frames]}
-
-
-def _short(frames: str, depth: int = 4) -> str:
-    return ";".join(frames.split(";")[-depth:])
-
-
-def stack_cause(attempt: Attempt, rank: int, steps: list[int]) -> StackCause | None:
-    """What ``rank``'s host thread did in ``steps`` beyond what it does in its other steps."""
-    t = attempt.read("stacks", columns=["rank", "step", "frames", "count"], filter=pc.field("rank") == rank)
-    if t.num_rows == 0:
-        return None
-    step = t.column("step").to_numpy()
-    frames = np.asarray(t.column("frames").to_pylist(), dtype=object)
-    count = t.column("count").to_numpy()
-    hit = np.isin(step, steps)
-    if not hit.any():
-        return None
-    normal_steps = max(len(np.unique(step[~hit])), 1)
-    hit_steps = max(len(np.unique(step[hit])), 1)
-    scores: dict[str, float] = {}
-    for f, c, h in zip(frames, count, hit):
-        scores[f] = scores.get(f, 0.0) + (c / hit_steps if h else -c / normal_steps)
-    elevated = sorted(((f, s) for f, s in scores.items() if s > 0), key=lambda x: -x[1])[:5]
-    if not elevated:
-        return StackCause("unknown", [], int(count[hit].sum()))
-    cause = "unknown"
-    if elevated[0][1] * hit_steps < MIN_CAUSE_SAMPLES:  # too few samples to name a cause
-        return StackCause(cause, [(_short(f), int(round(s * hit_steps))) for f, s in elevated], int(count[hit].sum()))
-    for name, words in CAUSE_WORDS:
-        if any(w in elevated[0][0] for w in words):
-            cause = name
-            break
-    return StackCause(cause, [(_short(f), int(round(s * hit_steps))) for f, s in elevated], int(count[hit].sum()))

@@ -9,8 +9,10 @@ send/recv per microbatch, data parallel across pipelines through per-stage group
 
 Faults (on ``--fault-rank``, from ``--fault-start``):
 * ``compute``: the attention of that rank repeats its matmuls ``--slowdown`` times (a slow GPU);
-* ``stall``: a host-side sleep of ``--stall-ms`` inside one microbatch's backward, every
-  third step (a JIT-compile-like stall: the device idles while the host is busy);
+* ``stall``: a host-side stall of ``--stall-ms`` inside one microbatch's backward, every
+  third step: with ``--stall-kind jit`` (default) the host really compiles — TorchScript
+  functions never seen before, until the time is up (production case 4: runtime compilation
+  while the device idles); with ``sleep`` it just sleeps (a cause no stack can name);
 * ``none``: healthy. (Link faults are made outside, by throttling the rank's network.)
 
 Launch with torchrun, or one process per rank with RANK/WORLD_SIZE/MASTER_ADDR set.
@@ -85,9 +87,33 @@ class Stage(nn.Module):
         return self.head(x) if self.head is not None else x
 
 
-def _stall_hook(ms: float):
+def _compile_for(ms: float) -> None:
+    """Compile fresh TorchScript functions for ``ms``: real JIT work, each one new (no cache)."""
+    import linecache
+    import sys
+    import types
+
+    deadline = time.perf_counter() + ms / 1000.0
+    while time.perf_counter() < deadline:
+        _compile_for.count = getattr(_compile_for, "count", 0) + 1
+        name = f"argus_jit_{os.getpid()}_{_compile_for.count}"
+        src = ("import torch\n" f"def fused_{_compile_for.count}(x: torch.Tensor) -> torch.Tensor:\n"
+               + "".join(f"    x = x * {j + 1} + torch.relu(x)\n" for j in range(40)) + "    return x\n")
+        filename = f"<{name}>"
+        linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+        module = types.ModuleType(name)
+        module.__file__ = filename
+        sys.modules[name] = module
+        exec(compile(src, filename, "exec"), module.__dict__)
+        torch.jit.script(module.__dict__[f"fused_{_compile_for.count}"])  # compiled, not run: no device work
+
+
+def _stall_hook(ms: float, kind: str = "jit"):
     def hook(grad: torch.Tensor) -> torch.Tensor:
-        time.sleep(ms / 1000.0)  # the host is busy (e.g. compiling) while the device waits
+        if kind == "jit":
+            _compile_for(ms)  # the host compiles while the device waits
+        else:
+            time.sleep(ms / 1000.0)
         return grad
     return hook
 
@@ -108,6 +134,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fault-start", type=int, default=8)
     p.add_argument("--slowdown", type=int, default=4)
     p.add_argument("--stall-ms", type=float, default=400.0)
+    p.add_argument("--stall-kind", choices=["jit", "sleep"], default="jit",
+                   help="what the host does during a stall: compile TorchScript, or sleep")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--progress", action="store_true", help='rank 0 prints {"step": n} after each step')
     p.add_argument("--stats", help="directory: each rank writes rank<r>.json with its step times and RSS")
@@ -156,7 +184,7 @@ def _ddp(args: argparse.Namespace, rank: int, world: int) -> None:
             with ctx:
                 logits = ddp(x)
                 if args.fault == "stall" and _faulty(args, rank, step) and step % 3 == 0 and mb == 1:
-                    logits.register_hook(_stall_hook(args.stall_ms))
+                    logits.register_hook(_stall_hook(args.stall_ms, args.stall_kind))
                 loss = F.cross_entropy(logits.view(-1, args.vocab), x.view(-1)) / args.microbatches
                 loss.backward()
         opt.step()
@@ -230,7 +258,7 @@ def _pipeline(args: argparse.Namespace, rank: int, world: int) -> None:
                 grad = torch.empty(shape)
                 dist.recv(grad, peer)
                 if args.fault == "stall" and _faulty(args, rank, step) and step % 3 == 0 and mb == 1:
-                    act.register_hook(_stall_hook(args.stall_ms))
+                    act.register_hook(_stall_hook(args.stall_ms, args.stall_kind))
                 act.backward(grad)
             else:
                 inp = torch.empty(shape)
@@ -238,7 +266,7 @@ def _pipeline(args: argparse.Namespace, rank: int, world: int) -> None:
                 inp.requires_grad_(True)
                 logits = model(inp)
                 if args.fault == "stall" and _faulty(args, rank, step) and step % 3 == 0 and mb == 1:
-                    logits.register_hook(_stall_hook(args.stall_ms))
+                    logits.register_hook(_stall_hook(args.stall_ms, args.stall_kind))
                 loss = F.cross_entropy(logits.view(-1, args.vocab), tokens.view(-1)) / args.microbatches
                 loss.backward()
                 dist.send(inp.grad, peer)

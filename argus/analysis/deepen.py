@@ -1,0 +1,106 @@
+"""L4/L5 on the incidents L1–L3 produced: the automated last mile.
+
+For each compute, pipeline or host-stall incident: replay its steps without the culprits'
+excess (what-if impact and the critical path), the pipeline's busy/bubble picture when the
+job is pipelined, the device's idle gaps inside a stalled phase, and the stalled host's
+stacks. Their findings become evidence; the what-if replaces L1's impact estimate (it
+isolates the culprits' share of the slowdown where L1 measures everything that happened);
+agreement with L1–L3 confirms the incident.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from argus.analysis.incident import Incident
+from argus.analysis.l4_gaps import gpu_idle
+from argus.analysis.l4_pipeline import pipeline_bubbles
+from argus.analysis.l4_replay import MAX_REPLAY_RANKS, what_if
+from argus.analysis.l5_stacks import stack_cause
+from argus.store import Attempt
+from argus.topology import Topology
+
+__all__ = ["DeepenConfig", "deepen"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeepenConfig:
+    enabled: bool = True
+    max_replays: int = 3  # steps replayed per incident (intermittent faults: the affected ones first)
+    max_ranks: int = MAX_REPLAY_RANKS  # above this, no replay: L1's impact stands
+    critical_pct: float = 20.0
+    warning_pct: float = 2.0
+
+
+def _severity(current: str, pct: float, config: DeepenConfig) -> str:
+    ranks = ("info", "warning", "critical")
+    by_pct = "critical" if pct >= config.critical_pct else "warning" if pct >= config.warning_pct else "info"
+    return max(current, by_pct, key=ranks.index)
+
+
+def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step_time: dict[int, float],
+           normal_step, config: DeepenConfig = DeepenConfig()) -> None:
+    """Add L4/L5 evidence to ``incidents`` in place; ``normal_step(s)`` says whether a step is
+    neither warm-up nor checkpoint (those are replayed only when nothing else is affected)."""
+    if not config.enabled:
+        return
+    world = topology.world_size
+    for inc in incidents:
+        if inc.klass not in ("compute_straggler", "pipeline_imbalance", "host_stall") or inc.severity == "info":
+            continue
+        steps = inc.steps or list(range(inc.start_step, inc.end_step + 1))
+        # a stall in a warm-up step is still a stall; a persistent fault is measured on normal steps
+        normal = steps if inc.klass == "host_stall" else ([s for s in steps if normal_step(s)] or steps)
+        agree: list[str] = []
+        wi = None
+        if world <= config.max_ranks:
+            # intermittent faults: replay the affected steps; persistent: a spread of normal ones
+            wi = what_if(attempt, steps, inc.culprit_ranks, topology.hosts, step_time, config.max_replays, normal)
+        if wi is not None:
+            previous = {"slowdown_pct": inc.slowdown_pct, "gpu_hours_lost": inc.gpu_hours_lost}
+            inc.evidence.append({"level": "L1", "kind": "impact_estimate", **{
+                k: None if v is None else round(float(v), 4) for k, v in previous.items()},
+                "note": "extra job time against L1's healthy level (superseded by the L4 what-if)"})
+            # the slowdown of the job over the incident's window (an intermittent stall's cost
+            # spread over the steps between, as a user sees it), not of the stalled steps alone
+            span = [step_time[s] for s in range(inc.start_step, inc.end_step + 1)
+                    if np.isfinite(step_time.get(s, np.nan))]
+            wi.slowdown_pct = 100.0 * wi.extra_s / max(sum(span) - wi.extra_s, 1e-12) if span else wi.slowdown_pct
+            inc.slowdown_pct, inc.gpu_hours_lost = wi.slowdown_pct, wi.gpu_hours_lost
+            inc.severity = _severity(inc.severity, wi.slowdown_pct, config)
+            inc.evidence += [wi.to_json(), wi.critical_json()]
+            top = max(wi.critical.items(), key=lambda kv: kv[1], default=(None, 0.0))
+            if top[0] in inc.culprit_ranks:
+                agree.append("critical_path")
+        rep = wi.replays[0].step if wi is not None and wi.replays else (normal[len(normal) // 2] if normal else None)
+        if inc.klass in ("compute_straggler", "pipeline_imbalance") and attempt.layout.pp > 1 and rep is not None:
+            pipe = pipeline_bubbles(attempt, inc.culprit_ranks, rep)
+            if pipe is not None:
+                inc.evidence.append(pipe)
+                if pipe["origin_rank"] in inc.culprit_ranks:
+                    agree.append("pipeline_origin")
+        if inc.klass == "host_stall":
+            rank = inc.culprit_ranks[0]
+            mb = next((int(e["microbatch"]) for e in inc.evidence
+                       if e.get("kind") == "busy_outlier" and e.get("microbatch", -1) is not None
+                       and int(e.get("microbatch", -1)) >= 0), -1)
+            gaps = gpu_idle(attempt, rank, steps, inc.phase, mb)
+            if gaps is not None:
+                inc.evidence.append(gaps)
+                if gaps.get("host_stall"):
+                    agree.append("gpu_idle")
+            if not any(e.get("level") == "L5" for e in inc.evidence):
+                stack = stack_cause(attempt, rank, steps)
+                if stack is not None:
+                    inc.evidence.append({"level": "L5", "kind": "stacks", "rank": rank, **stack.to_json()})
+            cause = next((e["cause"] for e in inc.evidence if e.get("level") == "L5"), "unknown")
+            if cause != "unknown":
+                agree.append("stacks")
+                inc.summary = inc.summary.replace("(unknown)", f"({cause.replace('_', ' ')})")
+        if agree:
+            inc.evidence.append({"level": "L4", "kind": "agreement", "with": agree,
+                                 "note": "automated trace and stack analysis agree with L1–L3"})
+            if inc.state == "suspected":
+                inc.state = "confirmed"
