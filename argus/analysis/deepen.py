@@ -28,7 +28,8 @@ __all__ = ["DeepenConfig", "deepen"]
 @dataclass(frozen=True, slots=True)
 class DeepenConfig:
     enabled: bool = True
-    max_replays: int = 3  # steps replayed per incident (intermittent faults: the affected ones first)
+    max_replays: int = 3  # steps replayed per incident at least …
+    event_budget: int = 150_000  # … and more while their communication events fit this budget
     max_ranks: int = MAX_REPLAY_RANKS  # above this, no replay: L1's impact stands
     critical_pct: float = 20.0
     warning_pct: float = 2.0
@@ -57,7 +58,8 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
         wi = None
         if world <= config.max_ranks:
             # intermittent faults: replay the affected steps; persistent: a spread of normal ones
-            wi = what_if(attempt, steps, inc.culprit_ranks, topology.hosts, step_time, config.max_replays, normal)
+            wi = what_if(attempt, steps, inc.culprit_ranks, topology.hosts, step_time, config.max_replays, normal,
+                         config.event_budget)
         if wi is not None:
             previous = {"slowdown_pct": inc.slowdown_pct, "gpu_hours_lost": inc.gpu_hours_lost}
             inc.evidence.append({"level": "L1", "kind": "impact_estimate", **{

@@ -335,7 +335,8 @@ def replay_step(attempt: Attempt, step: int, culprits: list[int], hosts: np.ndar
 
 
 def what_if(attempt: Attempt, steps: list[int], culprits: list[int], hosts: np.ndarray,
-            step_time: dict[int, float], max_replays: int = 4, replay_from: list[int] | None = None) -> WhatIf | None:
+            step_time: dict[int, float], max_replays: int = 4, replay_from: list[int] | None = None,
+            event_budget: int = 0) -> WhatIf | None:
     """Impact of the culprits over ``steps``: a few of them replayed, the median time saved
     applied to the others (intermittent faults: every affected step replayed, up to the cap)."""
     if attempt.layout.world_size > MAX_REPLAY_RANKS:
@@ -344,6 +345,10 @@ def what_if(attempt: Attempt, steps: list[int], culprits: list[int], hosts: np.n
     if not usable:
         return None
     pool = [s for s in (replay_from or usable) if s in set(usable)] or usable  # e.g. normal steps only
+    if event_budget and len(pool) > max_replays:  # small jobs: replay more steps, each is cheap
+        per_step = attempt.sql(f"SELECT count(*) AS n FROM phases WHERE step = {int(pool[0])} "
+                               "AND category = 'comm'").column("n")[0].as_py() or 1
+        max_replays = max(max_replays, min(len(pool), event_budget // per_step))
     pick = pool if len(pool) <= max_replays else [pool[int(i)] for i in np.linspace(0, len(pool) - 1,
                                                                                   max_replays).round()]
     replays = [r for r in (replay_step(attempt, s, culprits, hosts, step_time[s]) for s in pick) if r is not None]

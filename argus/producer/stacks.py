@@ -21,9 +21,10 @@ _TRAMPOLINES = ("torch/_compile.py", "torch/_dynamo/eval_frame.py", "torch/utils
 
 
 def fold(frame: Any, limit: int = 64) -> str:
-    """Root-first folded stack; frames from Argus's own hooks (and the dispatch trampolines
-    that lead into them) are cut, so an op captured by the producer is not read as, say, a
-    ``torch/_dynamo`` compile stall."""
+    """Root-first folded stack without Argus's own hook frames (and the dispatch trampolines
+    that lead into them), so an op captured by the producer is not read as, say, a
+    ``torch/_dynamo`` compile stall. User code called *from* a hook (a tensor hook run under
+    the producer's backward hook) stays: it is what the host was doing."""
     parts, files = [], []
     while frame is not None and len(parts) < limit:
         code = frame.f_code
@@ -32,10 +33,12 @@ def fold(frame: Any, limit: int = 64) -> str:
         frame = frame.f_back
     parts.reverse()
     files.reverse()
-    cut = next((i for i, f in enumerate(files) if any(o in f for o in _OWN)), len(parts))
-    while cut < len(parts) and 0 < cut and any(t in files[cut - 1] for t in _TRAMPOLINES):
-        cut -= 1
-    return ";".join(parts[:cut]) or "argus (producer)"
+    own = [any(o in f for o in _OWN) for f in files]
+    for i in range(len(files) - 2, -1, -1):  # trampolines right before our frames are ours too
+        if own[i + 1] and any(t in files[i] for t in _TRAMPOLINES):
+            own[i] = True
+    kept = [p for p, o in zip(parts, own) if not o]
+    return ";".join(kept) or "argus (producer)"
 
 
 class StackSampler:

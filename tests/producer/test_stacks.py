@@ -49,3 +49,14 @@ def test_sampler_aggregates_counts_per_step():
     assert 10 <= total <= 80  # ~60 at 200 Hz over 0.3 s, allowing for a loaded machine
     names = {v: k for k, v in rec.names.items()}
     assert any("test_sampler_aggregates_counts_per_step" in names[r[3]] for r in rows)
+
+
+def test_fold_keeps_user_code_called_from_an_argus_hook():
+    code = compile("def hook():\n    return user()\n", "/site-packages/argus/producer/torch_hooks.py", "exec")
+    user = compile("def user():\n    return sys._getframe()\n", "/work/train.py", "exec")
+    ns = {"sys": sys}
+    exec(user, ns)
+    exec(code, ns)
+    folded = fold(ns["hook"]())
+    assert "argus/producer" not in folded
+    assert folded.split(";")[-1].startswith("user (/work/train.py")

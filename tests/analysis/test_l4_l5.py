@@ -1,0 +1,151 @@
+"""L4 (replay, pipeline, device gaps) and L5 (stacks) on the simulator's production cases,
+scored against the simulator's truth (the same seed re-run without the fault)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from argus.analysis.frames import load_steps
+from argus.analysis.l4_gaps import _union_ns, gpu_idle
+from argus.analysis.l4_pipeline import pipeline_bubbles
+from argus.analysis.l4_replay import replay_step, what_if
+from argus.analysis.l5_stacks import classify_frames, stack_cause
+from argus.store import conform
+
+
+def _evidence(incident: dict, kind: str) -> dict:
+    found = [e for e in incident["evidence"] if e["kind"] == kind]
+    assert found, f"no {kind} evidence in {[e['kind'] for e in incident['evidence']]}"
+    return found[0]
+
+
+def _only(diagnosis, klass: str) -> dict:
+    incs = [i for i in diagnosis.document()["incidents"] if i["severity"] != "info"]
+    assert [i["class"] for i in incs] == [klass]
+    return incs[0]
+
+
+def test_pipeline_bubble_origin_stage_and_what_if_within_15pct_of_truth(diagnosed):
+    attempt, truth, d = diagnosed("pipeline_bubble")
+    fault = truth["faults"][0]
+    inc = _only(d, "pipeline_imbalance")
+    pipe = _evidence(inc, "pipeline")
+    culprit = fault["culprit_ranks"][0]
+    assert pipe["origin_rank"] == culprit
+    assert pipe["origin_stage"] == int(attempt.layout.stage_of(culprit))
+    origin = pipe["stages"][pipe["origin_stage"]]
+    assert origin["bwd_ms_per_mb"] > 1.5 * origin["peer_bwd_ms_per_mb"]  # backward ~1.9× its peers'
+    assert abs(origin["fwd_ms_per_mb"] / origin["peer_fwd_ms_per_mb"] - 1) < 0.2  # forward normal
+    others = [s for s in pipe["stages"] if s["stage"] != pipe["origin_stage"]]
+    assert all(s["bubble_ms"] > 1.5 * s["peer_bubble_ms"] for s in others)  # they idle waiting for it
+    assert pipe["amplification"] > 0.3
+    wi = _evidence(inc, "what_if")
+    true_extra = fault["impact"]["extra_s"]
+    assert abs(wi["extra_s"] - true_extra) <= 0.15 * true_extra, (wi["extra_s"], true_extra)
+    assert abs(inc["impact"]["gpu_hours_lost"] - fault["impact"]["gpu_hours_lost"]) <= \
+        0.15 * fault["impact"]["gpu_hours_lost"]
+    assert max(wi["replay_error_pct"]) < 10  # the replay reproduces the recorded steps
+    crit = _evidence(inc, "critical_path")
+    assert crit["by_rank"][0]["rank"] == culprit
+    assert inc["state"] == "confirmed" and "pipeline_origin" in _evidence(inc, "agreement")["with"]
+
+
+def test_jit_stall_cause_gaps_and_what_if_within_15pct_of_truth(diagnosed):
+    attempt, truth, d = diagnosed("jit_stall", kernels=True)
+    fault = truth["faults"][0]
+    inc = _only(d, "host_stall")
+    assert inc["culprit_ranks"] == fault["culprit_ranks"]
+    assert inc["steps"] == fault["steps"] and inc["phase"] == fault["phase"]
+    stacks = _evidence(inc, "stacks")
+    assert stacks["cause"] == "jit_compile" and stacks["top_frames"]
+    gaps = _evidence(inc, "gpu_idle")
+    assert gaps["method"] == "raw_kernels" and gaps["microbatch"] == fault["microbatch"]
+    assert gaps["idle_pct"] > 90 and gaps["host_stall"]
+    assert gaps["launches_per_ms"] < 0.05 * gaps["peer_launches_per_ms"]  # launches sparse
+    assert gaps["kernels"] == pytest.approx(gaps["peer_kernels"], rel=0.2)  # same work, spread out
+    wi = _evidence(inc, "what_if")
+    true_extra = fault["impact"]["extra_s"]
+    assert abs(wi["extra_s"] - true_extra) <= 0.15 * true_extra, (wi["extra_s"], true_extra)
+    assert set(_evidence(inc, "agreement")["with"]) >= {"gpu_idle", "stacks"}
+
+
+@pytest.mark.parametrize("scenario", ["compute_straggler", "masked_compute_straggler", "gc_pause"])
+def test_what_if_matches_truth_for_other_faults(diagnosed, scenario):
+    _, truth, d = diagnosed(scenario)
+    inc = [i for i in d.document()["incidents"] if i["severity"] != "info"][0]
+    true_extra = truth["faults"][0]["impact"]["extra_s"]
+    assert abs(_evidence(inc, "what_if")["extra_s"] - true_extra) <= 0.15 * true_extra
+
+
+def test_replay_without_culprits_changes_nothing_on_a_healthy_job(diagnosed):
+    attempt, _, _ = diagnosed("healthy")
+    sf = load_steps(attempt)
+    step = int(sf.steps[len(sf.steps) // 2])
+    rec = float(sf.job_step_time[len(sf.steps) // 2])
+    r = replay_step(attempt, step, [], attempt.topology().hosts, rec)
+    assert r is not None and r.forced == 0
+    assert r.fixed_s == pytest.approx(r.asis_s)
+    assert abs(r.fidelity_pct) < 10
+    # a healthy rank replaced by its peers' medians costs or saves almost nothing
+    r1 = replay_step(attempt, step, [5], attempt.topology().hosts, rec)
+    assert abs(r1.fixed_s / r1.asis_s - 1) < 0.05
+
+
+def test_what_if_declines_above_the_replay_limit(diagnosed, monkeypatch):
+    attempt, truth, _ = diagnosed("pipeline_bubble")
+    import argus.analysis.l4_replay as l4
+
+    monkeypatch.setattr(l4, "MAX_REPLAY_RANKS", 8)
+    sf = load_steps(attempt)
+    st = {int(s): float(t) for s, t in zip(sf.steps, sf.job_step_time)}
+    assert l4.what_if(attempt, [5, 6], [1], attempt.topology().hosts, st) is None
+
+
+def test_pipeline_analysis_needs_a_pipeline(diagnosed):
+    attempt, _, _ = diagnosed("compute_straggler", layout="tp=2,dp=32")
+    assert pipeline_bubbles(attempt, [3], 10) is None
+
+
+def test_union_of_device_intervals():
+    busy, gap = _union_ns(np.array([0, 5, 20, 22]), np.array([10, 8, 25, 30]))
+    assert busy == 20 and gap == 10  # [0,10] ∪ [20,30]
+    assert _union_ns(np.array([], np.int64), np.array([], np.int64)) == (0.0, 0.0)
+
+
+def test_gpu_idle_is_none_without_the_phase(diagnosed):
+    attempt, _, _ = diagnosed("healthy")
+    assert gpu_idle(attempt, 0, [5], "no-such-phase") is None
+
+
+def _stacks(rows: list[tuple[int, int, str, int]]) -> pa.Table:
+    r, s, f, c = zip(*rows)
+    return conform("stacks", {"rank": list(r), "step": list(s), "start_ns": [0] * len(r), "end_ns": [1] * len(r),
+                              "thread": ["MainThread"] * len(r), "frames": list(f), "count": list(c)})
+
+
+def test_stack_causes_are_summed_over_distinct_stacks(diagnosed):
+    attempt, _, _ = diagnosed("healthy", ranks=16, steps=12)
+    base = "main (train.py:1);step (train.py:9)"
+    rows = [(3, s, base, 5) for s in range(10)]
+    # the stall: five different compiler stacks, one sample each, in steps 4 and 7
+    rows += [(3, s, f"{base};script (torch/jit/_script.py:{i});build (torch/jit/frontend.py:{i})", 1)
+             for s in (4, 7) for i in range(5)]
+    rows += [(3, 4, f"{base};load (data.py:3)", 1)]
+    attempt.writer("test").write("stacks", _stacks(rows), window=900)
+    cause = stack_cause(attempt, 3, [4, 7])
+    assert cause.cause == "jit_compile" and cause.by_cause["jit_compile"] == 10
+    assert all("torch/jit" in f for f, _ in cause.top_frames[:5])
+    assert stack_cause(attempt, 3, [2]).cause == "unknown"  # a normal step shows nothing extra
+
+
+@pytest.mark.parametrize("frames,cause", [
+    ("a;collect (gc)", "garbage_collection"),
+    ("a;_next_data (torch/utils/data/dataloader.py:1)", "data_loading"),
+    ("a;save (torch/serialization.py:1)", "checkpoint_io"),
+    ("a;barrier (torch/distributed/distributed_c10d.py:1)", "synchronisation"),
+    ("a;forward (model.py:3)", "unknown"),
+])
+def test_frames_are_classified(frames, cause):
+    assert classify_frames(frames) == cause
