@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diagnose", help="find what slows a job: incidents with culprits, impact and evidence",
                        description="Run progressive diagnosis (L1 anomalous windows, L2 stragglers, L3 degraded "
                                    "kernels, root cause) over a store and report incidents.")
-    p.add_argument("store", help="store directory")
+    p.add_argument("store", help="store directory, or prom://HOST:PORT?job=NAME[&run=ID] (a Prometheus-compatible "
+                                 "TSDB, see docs/tsdb.md)")
     p.add_argument("--json", action="store_true", help="print the incidents document (JSON) on stdout")
     p.add_argument("--run", help="run id (default: latest)")
     p.add_argument("--attempt", help="attempt id (default: latest)")
@@ -30,9 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from argus.analysis import DiagnoseConfig, diagnose
-    from argus.store import Store
+    from argus.tsdb import open_attempt
 
-    attempt = Store.open(args.store).attempt(args.run, args.attempt)
+    attempt = open_attempt(args.store, args.run, args.attempt)
     config = DiagnoseConfig(window_steps=args.window_steps, store_incidents=not args.no_store)
     n_windows = max(1, len(attempt.sql("SELECT DISTINCT step FROM steps")) // (args.window_steps or 5))
     with progress_bar("diagnosing windows", n_windows) as advance:
@@ -42,6 +43,41 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print_diagnosis(diagnosis, evidence=args.evidence)
     return 0
+
+
+def _hours(h: float | None) -> str:
+    return "-" if h is None else f"{h:.2f}" if h >= 0.01 else f"{h:.2g}"
+
+
+def deep_lines(evidence: list[dict]) -> list[str]:
+    """One line each for what L4/L5 found: the what-if, the critical path, the pipeline's
+    origin stage, the device gaps of a stall and the host's stacks."""
+    from rich.markup import escape
+
+    by = {e.get("kind"): e for e in evidence}
+    lines = []
+    if "what_if" in by:
+        w = by["what_if"]
+        pairs = ", ".join(f"{a:.3f}→{b:.3f} s" for a, b in list(zip(w["step_s"], w["without_fault_s"]))[:3])
+        lines.append(f"L4 what-if: without the culprits' excess {pairs} (replayed {len(w['steps'])} step(s)); "
+                     f"{w['extra_s']:.2f} s lost over {w['covers_steps']} steps")
+    if "critical_path" in by and by["critical_path"]["by_rank"]:
+        top = by["critical_path"]["by_rank"][:3]
+        lines.append("L4 critical path: " + ", ".join(f"rank {t['rank']} {100 * t['share']:.0f}%" for t in top))
+    if "pipeline" in by:
+        p = by["pipeline"]
+        amp = f", amplification ×{p['amplification']:.2f}" if p.get("amplification") is not None else ""
+        lines.append(f"L4 pipeline: {p['note']}{amp}")
+    if "gpu_idle" in by:
+        g = by["gpu_idle"]
+        how = "measured" if g.get("method") == "raw_kernels" else "estimated"
+        lines.append(f"L4 device idle {g.get('idle_pct', 0):.0f}% ({how}) in {g['phase']} step {g['step']}: "
+                     f"{g['phase_ms']:.0f} ms vs peers' {g.get('peer_phase_ms') or 0:.0f} ms")
+    if "stacks" in by:
+        st = by["stacks"]
+        frame = st["top_frames"][0]["frames"].split(";")[-1] if st.get("top_frames") else "-"
+        lines.append(f"L5 host: {st['cause'].replace('_', ' ')} ({st['samples']} samples), top frame {frame}")
+    return [escape(x) for x in lines]
 
 
 def print_diagnosis(diagnosis, evidence: bool = False) -> None:
@@ -67,7 +103,7 @@ def print_diagnosis(diagnosis, evidence: bool = False) -> None:
     for inc in diagnosis.incidents:
         ranks = ", ".join(map(str, inc.culprit_ranks[:6])) + ("…" if len(inc.culprit_ranks) > 6 else "")
         hosts = ", ".join(inc.hosts[:3]) + ("…" if len(inc.hosts) > 3 else "")
-        impact = (f"+{inc.slowdown_pct:.1f}% · {inc.gpu_hours_lost:.2f} GPU-h"
+        impact = (f"+{inc.slowdown_pct:.1f}% · {_hours(inc.gpu_hours_lost)} GPU-h"
                   if inc.slowdown_pct is not None else "-")
         table.add_row(f"[{_STYLE[inc.severity]}]{inc.severity}[/]", inc.klass, inc.state,
                       f"ranks {ranks}\n{hosts}", f"{inc.start_step}–{inc.end_step}", inc.phase or "-", impact,
@@ -75,6 +111,8 @@ def print_diagnosis(diagnosis, evidence: bool = False) -> None:
     out.print(table)
     for inc in diagnosis.incidents:
         out.print(f"[bold]{inc.id}[/bold] {inc.summary}")
+        for line in deep_lines(inc.evidence):
+            out.print(f"    [cyan]{line}[/cyan]", markup=True, highlight=False)
         if evidence:
             for ev in inc.evidence:
                 out.print("    " + json.dumps(ev, default=str)[:300])
