@@ -345,10 +345,12 @@ def what_if(attempt: Attempt, steps: list[int], culprits: list[int], hosts: np.n
     if not usable:
         return None
     pool = [s for s in (replay_from or usable) if s in set(usable)] or usable  # e.g. normal steps only
-    if event_budget and len(pool) > max_replays:  # small jobs: replay more steps, each is cheap
+    if event_budget:  # small jobs: replay more steps, each is cheap; large ones: one
         per_step = attempt.sql(f"SELECT count(*) AS n FROM phases WHERE step = {int(pool[0])} "
                                "AND category = 'comm'").column("n")[0].as_py() or 1
         max_replays = max(max_replays, min(len(pool), event_budget // per_step))
+        if per_step * max_replays > 4 * event_budget:
+            max_replays = 1
     pick = pool if len(pool) <= max_replays else [pool[int(i)] for i in np.linspace(0, len(pool) - 1,
                                                                                   max_replays).round()]
     replays = [r for r in (replay_step(attempt, s, culprits, hosts, step_time[s]) for s in pick) if r is not None]
