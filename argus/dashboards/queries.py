@@ -1,0 +1,103 @@
+"""The PromQL Argus's dashboards and alert rules run over the series of ``argus.tsdb``.
+
+One place for every expression, so the Grafana panels, the alert rules and the test that
+runs each of them against a real Prometheus all use the same text. ``$job`` and ``$run``
+are Grafana template variables; alert rules aggregate over every job and run instead.
+"""
+
+from __future__ import annotations
+
+__all__ = ["SEL", "PANELS", "RULES", "Panel", "Rule", "substitute"]
+
+from dataclasses import dataclass
+
+SEL = 'job="$job", run=~"$run"'
+
+
+@dataclass(frozen=True)
+class Panel:
+    title: str
+    kind: str  # timeseries | heatmap | bargauge | stat
+    exprs: tuple[tuple[str, str], ...]  # (legend, PromQL)
+    unit: str = "s"
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    priority: str  # P0 | P1 | P2
+    expr: str
+    for_: str
+    summary: str
+
+
+PANELS: tuple[Panel, ...] = (
+    Panel("Job step time", "timeseries", (
+        ("median over ranks", f'quantile by (run) (0.5, argus_step_duration_seconds{{{SEL}}} < +Inf)'),
+        ("slowest rank", f'max by (run) (argus_step_duration_seconds{{{SEL}}} < +Inf)'),
+    ), description="Step wall time; Argus alerts are shown as annotations."),
+    Panel("Straggler ratio (slowest rank's compute / median)", "timeseries", (
+        ("ratio", f'max by (run) (sum by (run, rank) (argus_phase_seconds{{{SEL}, category="compute"}} '
+                  f'- argus_phase_wait_seconds{{{SEL}, category="compute"}})) / quantile by (run) (0.5, sum by '
+                  f'(run, rank) (argus_phase_seconds{{{SEL}, category="compute"}} - argus_phase_wait_seconds{{{SEL}, '
+                  f'category="compute"}}))'),
+    ), unit="none", description="1.0 = every rank computes like the median; a straggler lifts it."),
+    Panel("Rank × time: busy seconds of $phase", "heatmap", (
+        ("{{rank}}", f'sum by (rank) (argus_phase_seconds{{{SEL}, phase=~"$phase"}} - '
+                     f'argus_phase_wait_seconds{{{SEL}, phase=~"$phase"}})'),
+    ), description="One row per rank: a straggler is a bright row."),
+    Panel("Rank × phase: busy seconds per step (top 20 ranks)", "bargauge", (
+        ("{{rank}} {{phase}}", f'topk(20, sum by (rank, phase) (argus_phase_seconds{{{SEL}, category="compute"}} - '
+                                f'argus_phase_wait_seconds{{{SEL}, category="compute"}}))'),
+    )),
+    Panel("Collective transfer time per group (p50 over ranks)", "timeseries", (
+        ("{{phase}} pp={{pp}}", f'quantile by (phase, pp) (0.5, argus_phase_min_seconds{{{SEL}, category="comm"}})'),
+    ), description="The shortest member duration of each collective: its transfer time, not waiting."),
+    Panel("Communication kernel quantiles per group", "timeseries", (
+        ("p50 {{kernel}} pp={{pp}}", f'max by (kernel, pp) (argus_kernel_p50_seconds{{{SEL}, category="comm"}})'),
+        ("p99 {{kernel}} pp={{pp}}", f'max by (kernel, pp) (argus_kernel_p99_seconds{{{SEL}, category="comm"}})'),
+    )),
+    Panel("Hardware: SM clock, temperature", "timeseries", (
+        ("sm clock {{host}}", f'min by (host) (argus_hw{{{SEL}, metric="sm_clock_mhz"}})'),
+        ("temperature {{host}}", f'max by (host) (argus_hw{{{SEL}, metric="temperature_c"}})'),
+    ), unit="none"),
+    Panel("Hardware: PCIe links below their maximum", "stat", (
+        ("degraded links", f'count(argus_hw{{{SEL}, metric="pcie_gen"}} < on (run, rank) '
+                           f'argus_hw{{{SEL}, metric="pcie_gen_max"}}) or vector(0)'),
+    ), unit="none"),
+    Panel("Records dropped by processors", "timeseries", (
+        ("{{host}} {{table}}", f'sum by (host, table) (argus_dropped_events{{{SEL}}})'),
+    ), unit="none", description="What an analysis did not see: overload, unreachable TSDB."),
+)
+
+_ALL = "job, run, attempt"
+_BUSY_RANK = (f'sum by ({_ALL}, rank) (argus_phase_seconds{{category="compute"}} '
+              f'- argus_phase_wait_seconds{{category="compute"}})')
+
+RULES: tuple[Rule, ...] = (
+    Rule("ArgusStepNeverFinished", "P0", f'max by ({_ALL}) (argus_step_duration_seconds) == +Inf', "0m",
+         "a step of {{ $labels.run }} never finished: the job is hung"),
+    Rule("ArgusRankLost", "P0",
+         f'count by ({_ALL}) (max by ({_ALL}, rank) (max_over_time(argus_step[15m]))) > '
+         f'count by ({_ALL}) (max by ({_ALL}, rank) (max_over_time(argus_step[3m])))', "2m",
+         "ranks of {{ $labels.run }} stopped reporting steps while others go on (GPU or host lost)"),
+    Rule("ArgusStraggler", "P1",
+         f'max by ({_ALL}) ({_BUSY_RANK}) / quantile by ({_ALL}) (0.5, {_BUSY_RANK}) > 1.1', "5m",
+         "a rank of {{ $labels.run }} computes {{ $value | humanize }}× the median: a straggler costing >10%"),
+    Rule("ArgusLinkDegraded", "P1",
+         f'max by ({_ALL}, phase) (argus_phase_min_seconds{{category="comm"}}) / quantile by ({_ALL}, phase) '
+         f'(0.5, argus_phase_min_seconds{{category="comm"}}) > 2', "10m",
+         "{{ $labels.phase }} of {{ $labels.run }}: some groups transfer {{ $value | humanize }}× slower"),
+    Rule("ArgusStepTimeRegression", "P2",
+         f'quantile by ({_ALL}) (0.5, argus_step_duration_seconds < +Inf) > 1.2 * quantile by ({_ALL}) '
+         f'(0.5, min_over_time((argus_step_duration_seconds < +Inf)[1h:1m]))', "10m",
+         "{{ $labels.run }}: median step time 20% above its best this hour"),
+    Rule("ArgusRecordsDropped", "P2", 'sum by (job, run, attempt, host) (argus_dropped_events) > 0', "0m",
+         "processor on {{ $labels.host }} dropped records of {{ $labels.run }}: analysis is partial"),
+)
+
+
+def substitute(expr: str, job: str, run: str = ".*", phase: str = ".*") -> str:
+    """A panel's PromQL with the dashboard variables filled in (for checking it)."""
+    return expr.replace("$job", job).replace("$run", run).replace("$phase", phase)
