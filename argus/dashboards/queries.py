@@ -51,9 +51,11 @@ PANELS: tuple[Panel, ...] = (
         ("{{rank}} {{phase}}", f'topk(20, sum by (rank, phase) (argus_phase_seconds{{{SEL}, category="compute"}} - '
                                 f'argus_phase_wait_seconds{{{SEL}, category="compute"}}))'),
     )),
-    Panel("Collective transfer time per group (p50 over ranks)", "timeseries", (
-        ("{{phase}} pp={{pp}}", f'quantile by (phase, pp) (0.5, argus_phase_min_seconds{{{SEL}, category="comm"}})'),
-    ), description="The shortest member duration of each collective: its transfer time, not waiting."),
+    Panel("Data-parallel transfer time per group", "timeseries", (
+        ("{{phase}} tp={{tp}} pp={{pp}}", f'min by (phase, tp, pp) (argus_phase_min_seconds{{{SEL}, category="comm", '
+                                          f'group="dp"}})'),
+    ), description="A group's fastest member's collective time: its transfer, not waiting. One slow group "
+                   "above the others is a degraded link."),
     Panel("Communication kernel quantiles per group", "timeseries", (
         ("p50 {{kernel}} pp={{pp}}", f'max by (kernel, pp) (argus_kernel_p50_seconds{{{SEL}, category="comm"}})'),
         ("p99 {{kernel}} pp={{pp}}", f'max by (kernel, pp) (argus_kernel_p99_seconds{{{SEL}, category="comm"}})'),
@@ -75,6 +77,15 @@ _ALL = "job, run, attempt"
 _BUSY_RANK = (f'sum by ({_ALL}, rank) (argus_phase_seconds{{category="compute"}} '
               f'- argus_phase_wait_seconds{{category="compute"}})')
 
+#: collective group kind → the coordinate labels that identify one group of that kind
+_GROUP_KEYS = (("dp", "tp, pp"), ("tp", "cp, ep, dp, pp"), ("ep", "tp, cp, dp, pp"))
+
+
+def _group_ratio(kind: str, by: str) -> str:
+    inner = f'min by ({_ALL}, phase, {by}) (argus_phase_min_seconds{{category="comm", group="{kind}"}})'
+    return f"max by ({_ALL}, phase) ({inner}) / quantile by ({_ALL}, phase) (0.5, {inner})"
+
+
 RULES: tuple[Rule, ...] = (
     Rule("ArgusStepNeverFinished", "P0", f'max by ({_ALL}) (argus_step_duration_seconds) == +Inf', "0m",
          "a step of {{ $labels.run }} never finished: the job is hung"),
@@ -83,11 +94,13 @@ RULES: tuple[Rule, ...] = (
          f'count by ({_ALL}) (max by ({_ALL}, rank) (max_over_time(argus_step[3m])))', "2m",
          "ranks of {{ $labels.run }} stopped reporting steps while others go on (GPU or host lost)"),
     Rule("ArgusStraggler", "P1",
-         f'max by ({_ALL}) ({_BUSY_RANK}) / quantile by ({_ALL}) (0.5, {_BUSY_RANK}) > 1.1', "5m",
+         f'max by ({_ALL}) ({_BUSY_RANK}) / quantile by ({_ALL}) (0.5, {_BUSY_RANK}) > 1.2', "5m",
          "a rank of {{ $labels.run }} computes {{ $value | humanize }}× the median: a straggler costing >10%"),
+    # a group's transfer time is its fastest member's (the others also waited); compare groups,
+    # and never call a compute straggler a link (it makes its peers' collectives look slow)
     Rule("ArgusLinkDegraded", "P1",
-         f'max by ({_ALL}, phase) (argus_phase_min_seconds{{category="comm"}}) / quantile by ({_ALL}, phase) '
-         f'(0.5, argus_phase_min_seconds{{category="comm"}}) > 2', "10m",
+         "(" + " or ".join(f"({_group_ratio(g, by)} > 1.3)" for g, by in _GROUP_KEYS) + f") unless on ({_ALL}) "
+         f'(max by ({_ALL}) ({_BUSY_RANK}) / quantile by ({_ALL}) (0.5, {_BUSY_RANK}) > 1.2)', "10m",
          "{{ $labels.phase }} of {{ $labels.run }}: some groups transfer {{ $value | humanize }}× slower"),
     Rule("ArgusStepTimeRegression", "P2",
          f'quantile by ({_ALL}) (0.5, argus_step_duration_seconds < +Inf) > 1.2 * quantile by ({_ALL}) '
