@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["ArgusError", "LayoutError", "StoreError", "ScenarioError", "ConfigError", "IngestError", "ProtocolError"]
+__all__ = ["ArgusError", "LayoutError", "StoreError", "ScenarioError", "ConfigError", "IngestError", "ProtocolError",
+           "TsdbError"]
 
 
 class ArgusError(Exception):
@@ -31,3 +32,7 @@ class IngestError(ArgusError):
 
 class ProtocolError(ArgusError):
     """A malformed or unsupported frame on the producer → processor socket."""
+
+
+class TsdbError(StoreError):
+    """A ``prom://`` URL that cannot be used, or a TSDB that cannot be reached or refuses a query."""

@@ -48,6 +48,8 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
     if not config.enabled:
         return
     world = topology.world_size
+    # phases aggregated per step (read back from a TSDB) have no event order to replay
+    replayable = attempt.meta.get("phase_detail") != "aggregated"
     for inc in incidents:
         if inc.klass not in ("compute_straggler", "pipeline_imbalance", "host_stall") or inc.severity == "info":
             continue
@@ -56,7 +58,7 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
         normal = steps if inc.klass == "host_stall" else ([s for s in steps if normal_step(s)] or steps)
         agree: list[str] = []
         wi = None
-        if world <= config.max_ranks:
+        if replayable and world <= config.max_ranks:
             # intermittent faults: replay the affected steps; persistent: a spread of normal ones
             wi = what_if(attempt, steps, inc.culprit_ranks, topology.hosts, step_time, config.max_replays, normal,
                          config.event_budget)

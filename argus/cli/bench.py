@@ -38,6 +38,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     a.add_argument("--scenario", default="compute_straggler")
     a.set_defaults(func=_run_analysis)
 
+    r = bsub.add_parser("report", help="argus report on a large job: wall time (diagnosis included) and file size")
+    r.add_argument("--store", help="report this store (default: simulate --ranks × --steps of --scenario)")
+    r.add_argument("--out", help="keep the report here (default: a temp file, deleted)")
+    r.add_argument("--ranks", type=int, default=10240)
+    r.add_argument("--steps", type=int, default=10)
+    r.add_argument("--scenario", default="compute_straggler")
+    r.set_defaults(func=_run_report)
+
     o = bsub.add_parser("overhead", help="tracing cost on a real CPU training job: none vs Argus vs torch.profiler")
     o.add_argument("--ranks", type=int, default=2, help="training processes (default 2)")
     o.add_argument("--steps", type=int, default=150, help="steps per run (default 150)")
@@ -82,6 +90,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", type=float, default=30.0, help="seconds of the paced mode")
     p.add_argument("--no-evidence", action="store_true", help="processor without Perfetto evidence")
     p.set_defaults(func=_run_processor)
+
+    rw = bsub.add_parser("remote-write", help="Prometheus remote-write sink: samples/s and bytes per rank-step "
+                                              "against the 10,000-GPU budget")
+    rw.add_argument("--windows", type=int, default=40, help="host windows (8 ranks × 5 steps) to send (default 40)")
+    rw.add_argument("--url", help="remote-write endpoint, e.g. VictoriaMetrics' http://127.0.0.1:8428/api/v1/write "
+                                  "(default: a local HTTP server that discards)")
+    rw.add_argument("--step-s", type=float, default=1.0, help="step time assumed for the budget (default 1 s)")
+    rw.set_defaults(func=lambda a: __import__("argus.bench.remote_write", fromlist=["main"]).main(a))
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
@@ -130,6 +146,14 @@ def _run_analysis(args: argparse.Namespace) -> int:
 
     lo, _, hi = args.window.partition(":")
     print(json.dumps(run(ranks=args.ranks, steps=args.steps, window=(int(lo), int(hi)), store=args.store,
+                         scenario=args.scenario)), flush=True)
+    return 0
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from argus.bench.report import run
+
+    print(json.dumps(run(store=args.store, out=args.out, ranks=args.ranks, steps=args.steps,
                          scenario=args.scenario)), flush=True)
     return 0
 

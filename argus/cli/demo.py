@@ -170,9 +170,13 @@ def _diagnose(out: Path) -> int:
     print()
     diagnosis = diagnose(Store.open(out).attempt())
     print_diagnosis(diagnosis)
+    from argus.report import build_report
+
     report = out / "report.json"
     report.write_text(json.dumps(diagnosis.document(), indent=2, default=str))
-    print(f"\nreport: {report}   store: {out}   (argus diagnose {out} --json · argus info {out})")
+    html = build_report(diagnosis.attempt, out / "report.html", diagnosis)
+    print(f"\nreport: {html.path}  (open it in a browser; {report} has the JSON)\nstore: {out}   "
+          f"(argus diagnose {out} --json · argus serve {out})")
     return 0
 
 

@@ -33,6 +33,10 @@ def run(args: argparse.Namespace) -> int:
     from argus.analysis import DiagnoseConfig, diagnose
     from argus.tsdb import open_attempt
 
+    if args.store.startswith("s3://"):  # object storage: pulled into a local cache, then read as usual
+        from argus.objstore import local_copy
+
+        args.store = str(local_copy(args.store))
     attempt = open_attempt(args.store, args.run, args.attempt)
     config = DiagnoseConfig(window_steps=args.window_steps, store_incidents=not args.no_store)
     n_windows = max(1, len(attempt.sql("SELECT DISTINCT step FROM steps")) // (args.window_steps or 5))

@@ -33,12 +33,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-stacks", action="store_true", help="do not sample the ranks' stacks with py-spy")
     p.add_argument("--hw-interval", type=float, default=5.0,
                    help="seconds between NVML GPU telemetry samples (default 5; off without NVML)")
+    p.add_argument("--remote-write", action="append", default=[], metavar="URL",
+                   help="also send each window's series to this Prometheus remote-write endpoint (repeatable), e.g. "
+                        "http://127.0.0.1:8428/api/v1/write; see docs/tsdb.md")
+    p.add_argument("--remote-write-job", help="job label of the series (default $ARGUS_TSDB_JOB, else 'argus')")
+    p.add_argument("--remote-write-queue", type=int, default=16,
+                   help="windows waiting per TSDB before the oldest is dropped (default 16)")
+    p.add_argument("--remote-write-max-backoff", type=float, default=5.0,
+                   help="longest wait between retries of a request, seconds (default 5)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from argus.processor import Processor, ProcessorConfig, default_socket_path
+
+    remote = []
+    if args.remote_write:
+        from argus.tsdb import RemoteWriteConfig
+
+        remote = [RemoteWriteConfig(url=u, job=args.remote_write_job, queue_windows=args.remote_write_queue,
+                                    max_backoff_s=args.remote_write_max_backoff,
+                                    backoff_s=min(0.1, args.remote_write_max_backoff)) for u in args.remote_write]
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s argus-processor %(levelname)s %(message)s")
@@ -49,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
                              evidence_max_age_s=args.evidence_max_age_h * 3600,
                              evidence_interval_s=args.evidence_interval, durable=not args.no_fsync,
                              stacks=not args.no_stacks, stack_hz=args.stack_hz, suspect_stack_hz=args.suspect_stack_hz,
-                             hw_interval_s=args.hw_interval)
+                             hw_interval_s=args.hw_interval, remote_write=remote)
     proc = Processor(config)
     proc.install_signal_handlers()
     proc.serve_forever()

@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--raw-kernels", action="store_true", help="keep raw kernel/op events too")
     p.add_argument("--kernels", choices=["auto", "cupti", "cpu_ops", "off"], help="kernel channel (default auto)")
     p.add_argument("--no-stacks", action="store_true", help="processor: do not sample stacks")
+    p.add_argument("--remote-write", action="append", default=[], metavar="URL",
+                   help="processor: also send series to this Prometheus remote-write endpoint (repeatable)")
+    p.add_argument("--remote-write-job", help="processor: job label of the series (default 'argus')")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run")
     p.set_defaults(func=run)
 
@@ -81,6 +84,10 @@ def run(args: argparse.Namespace) -> int:
             pargs.append("--raw-kernels")
         if args.no_stacks:
             pargs.append("--no-stacks")
+        for url in args.remote_write:
+            pargs += ["--remote-write", url]
+        if args.remote_write_job:
+            pargs += ["--remote-write-job", args.remote_write_job]
         log_path = sock.with_suffix(".log")  # read when it fails; a pipe nobody drains could block it
         log_file = open(log_path, "w")
         processor = subprocess.Popen(pargs, stdout=subprocess.DEVNULL, stderr=log_file, text=True)

@@ -75,6 +75,8 @@ class ProcessorConfig:
     suspect_stack_hz: float = 10.0  # rate for ranks under suspicion (stalled, slow last step)
     py_spy: str | None = None  # py-spy executable (default: $ARGUS_PY_SPY, next to Python, PATH)
     hw_interval_s: float = 5.0  # NVML telemetry period (off without NVML)
+    remote_write: list[Any] = field(default_factory=list)  # argus.tsdb.RemoteWriteConfig per TSDB
+    remote_write_flush_s: float = 10.0  # at shutdown, time the sinks get to send what is queued
 
     def __post_init__(self) -> None:
         self.store, self.socket_path = Path(self.store), Path(self.socket_path)
@@ -89,6 +91,8 @@ class ProcessorConfig:
                               "must be in (0, 100]")
         if self.hw_interval_s <= 0:
             raise ConfigError(f"hw_interval_s must be positive, not {self.hw_interval_s}")
+        if self.remote_write_flush_s < 0:
+            raise ConfigError(f"remote_write_flush_s must not be negative, not {self.remote_write_flush_s}")
 
 
 _OUTBOX_LIMIT = 256 << 10  # a client that stops reading its ACKs loses them beyond this
@@ -145,6 +149,11 @@ class Processor:
             samplers.insert(0, StackSampler(hz=config.stack_hz, suspect_hz=config.suspect_stack_hz,
                                             py_spy=config.py_spy))
         self._samplers = Samplers(samplers)
+        self._sinks: list[Any] = []
+        if config.remote_write:  # imported only when asked for: the TSDB path is optional
+            from argus.tsdb import RemoteWriteSink
+
+            self._sinks = [RemoteWriteSink(c) for c in config.remote_write]
 
     # -- lifecycle -----------------------------------------------------------------------
     def stop(self) -> None:
@@ -188,6 +197,8 @@ class Processor:
         self._listen()
         self._writer.start()
         self._samplers.start()
+        for sink in self._sinks:
+            sink.start()
         log.info("processor on %s writing %s (host %s)", self.config.socket_path, self.config.store, self.config.host)
         try:
             while not self._stop.is_set():
@@ -205,6 +216,7 @@ class Processor:
                 self._enqueue(key, idx, block=True)
         self._work.put(None)
         self._writer.join()
+        self._close_sinks()
         self._handle_done()
         for conn in list(self._conns.values()):
             self._close(conn, reason=None)
@@ -445,6 +457,7 @@ class Processor:
                 if topo_rows is not None:
                     st.writer.writer.write("topology", topo_rows, window=data.window)
                 stats = st.writer.write(data)
+                self._remote_write(key, st, data, ranks, stats)
                 if self.config.evidence and self._evidence_due(st, data):
                     self._write_evidence(st, data)
                 self._done.put((key, data.window, data.start_step, data.end_step, ranks, stats.rows))
@@ -452,6 +465,45 @@ class Processor:
                 self.stats["write_errors"] += 1
                 log.exception("writing window %d failed: %s", data.window, exc)
                 self._done.put((key, data.window, data.start_step, data.end_step, set(), None))
+
+    def _remote_write(self, key: tuple[str, str], st: _AttemptState, data: WindowData, ranks: set[int],
+                      stats: Any) -> None:
+        """Hand the window to each TSDB sink (a queue append) and store what they dropped."""
+        if not self._sinks:
+            return
+        try:  # the window is in the store already: nothing here may cost its acknowledgement
+            from argus.tsdb import WindowJob
+
+            topo = st.topology
+            info = {int(r): (str(topo.hosts[r]), int(topo.local_ranks[r]), str(topo.gpu_uuids[r])) for r in ranks}
+            job = WindowJob(run_id=key[0], attempt_id=key[1], host=self.config.host, layout=st.attempt.layout,
+                            ranks=info, window=data.window, start_step=data.start_step, end_step=data.end_step,
+                            steps=data.steps, phases=data.phases, hw=data.hw, drops=data.drops,
+                            summaries=stats.kernel_summaries)
+            for sink in self._sinks:
+                sink.submit(job)
+            self._store_sink_drops(key, st)
+        except Exception as exc:
+            self.stats["remote_write_errors"] = self.stats.get("remote_write_errors", 0) + 1
+            log.exception("remote write of window %d not queued: %s", data.window, exc)
+
+    def _store_sink_drops(self, key: tuple[str, str], st: _AttemptState) -> None:
+        rows = [(w, ev, b, reason) for sink in self._sinks for w, ev, b, reason in sink.take_drops(key)]
+        if rows:
+            st.writer.writer.write("drops", {
+                "window": [r[0] for r in rows], "rank": [-1] * len(rows), "host": [self.config.host] * len(rows),
+                "table": ["remote_write"] * len(rows), "events": [r[1] for r in rows],
+                "batches": [r[2] for r in rows], "reason": [r[3] for r in rows]}, window=max(r[0] for r in rows))
+
+    def _close_sinks(self) -> None:
+        """Flush the sinks (bounded), then record their last drops."""
+        for sink in self._sinks:
+            sink.close(timeout_s=self.config.remote_write_flush_s)
+        for key, st in self._attempts.items():
+            try:
+                self._store_sink_drops(key, st)
+            except Exception as exc:  # shutting down: log, never raise
+                log.warning("cannot record remote-write drops: %s", exc)
 
     def _evidence_due(self, st: _AttemptState, data: WindowData) -> bool:
         """A window's Perfetto trace costs a few ms to build: write one when the window's steps
@@ -539,6 +591,8 @@ class Processor:
             f"{k[0]}/{k[1]}": sorted(st.assembler.windows) for k, st in self._attempts.items()},
             buffered_events=sum(st.assembler.buffered_events for st in self._attempts.values()),
             samplers=self._samplers.status(), config={k: str(v) for k, v in asdict(self.config).items()})
+        if self._sinks:
+            doc["remote_write"] = [sink.stats() for sink in self._sinks]
         path = self.config.store / "processors" / f"{self.config.host}.json"
         try:
             write_bytes_atomic(path, json.dumps(doc, indent=1).encode(), durable=False)

@@ -38,6 +38,7 @@ class WindowStats:
     rows: dict[str, int] = field(default_factory=dict)
     kernel_events: int = 0
     bytes_written: int = 0
+    kernel_summaries: pa.Table | None = None  # what was written, for the TSDB sinks
 
 
 class WindowWriter:
@@ -67,6 +68,7 @@ class WindowWriter:
             self.writer.write("kernel_summaries", summaries, window=data.window)
             self.writer.write("kernel_sketches", sketches, window=data.window)
             stats.rows["kernel_summaries"] = summaries.num_rows
+            stats.kernel_summaries = summaries
             stats.rows["kernel_sketches"] = sketches.num_rows
         stats.bytes_written = self.writer.bytes_written
         return stats

@@ -158,11 +158,13 @@ TABLES: dict[str, TableSpec] = {
                 ("window", _I64, "window index the counts belong to (-1: outside any window)"),
                 ("rank", _I32, "rank the data came from (-1: unknown, e.g. before the handshake)"),
                 ("host", _STR, "host of the collector"),
-                ("table", _STR, "kind of data dropped (`steps`, `phases`, `kernels`, `stacks`, `hw`, `frames`)"),
+                ("table", _STR, "kind of data dropped (`steps`, `phases`, `kernels`, `stacks`, `hw`, `frames`; "
+                 "`remote_write`: series a TSDB sink did not deliver)"),
                 ("events", _I64, "records dropped"),
                 ("batches", _I64, "batches (frames) dropped"),
                 ("reason", _STR, "`queue_full`, `memory_cap`, `malformed`, `disconnected`, `producer_buffer_full`, "
-                 "`invalid_duration`"),
+                 "`invalid_duration`; TSDB sinks: `tsdb_queue_full`, `tsdb_unreachable`, `tsdb_rejected`, "
+                 "`tsdb_out_of_order`, `tsdb_encode_error` (see docs/tsdb.md)"),
             ),
             step_column=None,
         ),

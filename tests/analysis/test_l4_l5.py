@@ -10,7 +10,7 @@ import pytest
 from argus.analysis.frames import load_steps
 from argus.analysis.l4_gaps import _union_ns, gpu_idle
 from argus.analysis.l4_pipeline import pipeline_bubbles
-from argus.analysis.l4_replay import replay_step, what_if
+from argus.analysis.l4_replay import replay_step
 from argus.analysis.l5_stacks import classify_frames, stack_cause
 from argus.store import conform
 

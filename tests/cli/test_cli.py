@@ -91,6 +91,8 @@ def test_simulated_demo_needs_no_pytorch(tmp_path):
                           str(tmp_path / "d")], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     assert "host_stall" in out.stdout and (tmp_path / "d" / "report.json").exists()
+    html = (tmp_path / "d" / "report.html").read_text()
+    assert "<svg" in html and "host_stall" in html and "jit_compile" in html
 
 
 def test_demo_refuses_a_fault_rank_outside_the_job(tmp_path):

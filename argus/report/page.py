@@ -1,0 +1,268 @@
+"""HTML assembly: the self-contained report document and the sections the web UI reuses.
+
+The report is one file with inline CSS and inline SVG, no script, no external resource
+(its Content-Security-Policy forbids them, so even a rendering bug cannot make it load or
+run anything). Every user-derived string goes through ``esc``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable
+from urllib.parse import quote
+
+from argus import __version__
+from argus.report.charts import (L1_COLORS, cdf_chart, critical_path_chart, phase_heatmap_chart, pipeline_chart,
+                                 step_time_chart, w1_matrix_chart, what_if_chart)
+from argus.report.model import EvidenceFile, IncidentView, ReportData
+from argus.report.svg import esc, fmt
+
+__all__ = ["CSS", "render_report", "document", "summary_section", "step_section", "incidents_table",
+           "incident_section", "PERFETTO_URL", "REPORT_CSP"]
+
+PERFETTO_URL = "https://ui.perfetto.dev"
+REPORT_CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+              "form-action 'none'")
+MAX_RANKS_LISTED = 64
+MAX_EVIDENCE_ROWS = 80
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:0;color:#1b1b1b;background:#f6f7f9}
+main{max-width:1180px;margin:0 auto;padding:16px 24px 48px}
+header.top{background:#1f2a37;color:#fff;padding:10px 24px}
+header.top a{color:#cfe3ff}
+h1{font-size:20px;margin:8px 0}h2{font-size:17px;margin:28px 0 8px}h3{font-size:15px;margin:18px 0 6px}
+section.card{background:#fff;border:1px solid #dde1e6;border-radius:6px;padding:12px 16px;margin:12px 0}
+table{border-collapse:collapse;font-size:13px}td,th{border-bottom:1px solid #e6e8eb;padding:3px 8px;
+text-align:left;vertical-align:top}th{background:#f0f2f5}
+dl.kv{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;margin:6px 0}dl.kv dt{color:#555}
+dl.kv dd{margin:0}
+.sev{display:inline-block;padding:0 7px;border-radius:9px;font-size:12px;color:#fff}
+.sev-critical{background:#c62828}.sev-warning{background:#ef8f00}.sev-info{background:#78909c}
+.culprit{color:#b00;font-weight:600}
+.muted{color:#666}.mono{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px}
+svg.plot{max-width:100%;height:auto;display:block;margin:6px 0}
+.scroll{overflow-x:auto}
+.chip{display:inline-block;border-radius:3px;padding:0 6px;margin-right:4px;font-size:12px;color:#fff}
+details>summary{cursor:pointer;color:#234}
+.sbar{display:inline-block;height:9px;background:#1f77b4;vertical-align:middle}
+figure{margin:8px 0 14px}figcaption{color:#555;font-size:12px;max-width:860px}
+.fig-title{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;margin:6px 0 0;word-break:break-all}
+"""
+
+
+def document(title: str, body: str, *, csp: str = REPORT_CSP, head_extra: str = "") -> str:
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f'<meta http-equiv="Content-Security-Policy" content="{esc(csp)}">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<link rel="icon" href="data:,"><title>{esc(title)}</title><style>{CSS}</style>{head_extra}</head>'
+            f"<body>{body}</body></html>\n")
+
+
+def _ranks(ranks: list[int], culprit: bool = True) -> str:
+    cls = ' class="culprit"' if culprit else ""
+    shown = ", ".join(esc(r) for r in ranks[:MAX_RANKS_LISTED])
+    extra = len(ranks) - MAX_RANKS_LISTED
+    more = f' <span class="muted">… {extra} more</span>' if extra > 0 else ""
+    return f"<span{cls}>{shown}</span>{more}" if ranks else '<span class="muted">none</span>'
+
+
+def _list(items: list[Any], limit: int = 12) -> str:
+    shown = ", ".join(esc(x) for x in items[:limit])
+    return shown + (f' <span class="muted">… {len(items) - limit} more</span>' if len(items) > limit else "") \
+        if items else '<span class="muted">—</span>'
+
+
+def summary_section(data: ReportData) -> str:
+    rng = data.step_range
+    steps = f"{rng[0]}–{rng[1]} ({rng[1] - rng[0] + 1} steps)" if rng else "no steps recorded"
+    base = f"{data.baseline_s:.3f} s" if data.baseline_s else "—"
+    n = len(data.incidents)
+    sev: dict[str, int] = {}
+    for v in data.incidents:
+        sev[str(v.incident.get("severity"))] = sev.get(str(v.incident.get("severity")), 0) + 1
+    counts = ", ".join(f"{k} {c}" for k, c in sorted(sev.items()))
+    scenario = f"<dt>scenario</dt><dd>{esc(data.scenario)}</dd>" if data.scenario else ""
+    diag = ("not diagnosed yet (stored incidents only)" if not data.diagnosed else
+            f"diagnosed in {data.diagnosis_s:.1f} s" if data.diagnosis_s is not None else "diagnosed")
+    return (f'<section class="card summary"><dl class="kv">'
+            f"<dt>run</dt><dd class=\"mono\">{esc(data.run_id)}</dd><dt>attempt</dt><dd class=\"mono\">"
+            f"{esc(data.attempt_id)}</dd><dt>layout</dt><dd class=\"mono\">{esc(data.layout)}</dd>"
+            f"<dt>ranks</dt><dd>{data.ranks:,} on {data.hosts:,} hosts</dd><dt>steps</dt><dd>{esc(steps)}</dd>"
+            f"<dt>baseline step time</dt><dd>{esc(base)}</dd>"
+            f"<dt>incidents</dt><dd id=\"incident-count\">{n}{' (' + esc(counts) + ')' if counts else ''}</dd>"
+            f"<dt>source</dt><dd>{esc(data.source)}</dd>{scenario}<dt>analysis</dt><dd>{esc(diag)}</dd>"
+            "</dl></section>")
+
+
+def step_section(data: ReportData, highlight: tuple[int, int] | None = None) -> str:
+    windows = [w for w in data.l1_windows]
+    rows = "".join(
+        f'<tr><td><span class="chip" style="background:{L1_COLORS.get(str(w.get("kind")), "#ffbf00")}">'
+        f'{esc(w.get("kind"))}</span></td><td>{esc(w.get("start_step"))}–{esc(w.get("end_step"))}</td>'
+        f'<td>×{fmt(w.get("magnitude"))}</td><td>{esc(w.get("detail", ""))}</td></tr>' for w in windows)
+    table = (f"<table><tr><th>L1 window</th><th>steps</th><th>vs baseline</th><th>detail</th></tr>{rows}</table>"
+             if rows else '<p class="muted">No anomalous window in the step-time series.</p>'
+             if data.diagnosed else '<p class="muted">Step-time windows appear once the attempt is diagnosed.</p>')
+    unfinished = (f'<p class="culprit">Steps that never finished on some rank: {_list(data.series.unfinished_steps)}'
+                  "</p>" if data.series.unfinished_steps else "")
+    return (f'<section class="card steps">{step_time_chart(data, highlight).html()}{unfinished}'
+            f"{table}</section>")
+
+
+def incidents_table(data: ReportData, href: Callable[[IncidentView], str]) -> str:
+    if not data.incidents:
+        return ('<p class="healthy">No incident: every rank\'s work, collectives and kernels match its peers\'.</p>'
+                if data.diagnosed else '<p class="muted">No incident yet.</p>')
+    rows = []
+    for v in data.incidents:
+        j = v.incident
+        w = j.get("window") or {}
+        imp = j.get("impact") or {}
+        impact = (f"+{fmt(imp.get('slowdown_pct'))}% · {fmt(imp.get('gpu_hours_lost'))} GPU-h"
+                  if imp.get("slowdown_pct") is not None else "—")
+        rows.append(f'<tr class="incident-row"><td><span class="sev sev-{esc(j.get("severity"))}">'
+                    f'{esc(j.get("severity"))}</span></td><td><a href="{esc(href(v))}">{esc(j.get("class"))}</a></td>'
+                    f'<td>{esc(j.get("state"))}</td><td>{_ranks(list(j.get("culprit_ranks") or [])[:12])}'
+                    f'{" …" if len(j.get("culprit_ranks") or []) > 12 else ""}</td>'
+                    f'<td>{esc(w.get("start_step"))}–{esc(w.get("end_step"))}</td><td>{esc(j.get("phase") or "—")}</td>'
+                    f'<td>{esc(impact)}</td><td>{esc(j.get("action"))}</td></tr>')
+    return ("<table class=\"incidents\"><tr><th>severity</th><th>class</th><th>state</th><th>culprit ranks</th>"
+            "<th>steps</th><th>phase</th><th>impact</th><th>action</th></tr>" + "".join(rows) + "</table>")
+
+
+def _header(j: dict[str, Any], source: str) -> str:
+    w = j.get("window") or {}
+    imp = j.get("impact") or {}
+    steps = list(j.get("steps") or [])
+    affected = f"<dt>steps affected</dt><dd>{_list(steps, 30)}</dd>" if steps else ""
+    src = '<dt>source</dt><dd>stored incident (incidents table)</dd>' if source == "store" else ""
+    return (f'<h3><span class="sev sev-{esc(j.get("severity"))}">{esc(j.get("severity"))}</span> '
+            f'{esc(j.get("class"))} <span class="muted">· {esc(j.get("state"))} · {esc(j.get("id"))}</span></h3>'
+            f'<p class="summary">{esc(j.get("summary") or "")}</p><dl class="kv">'
+            f'<dt>culprit ranks</dt><dd class="culprits">{_ranks(list(j.get("culprit_ranks") or []))}</dd>'
+            f'<dt>hosts</dt><dd class="mono">{_list(list(j.get("hosts") or []))}</dd>'
+            f'<dt>GPUs</dt><dd class="mono">{_list(list(j.get("gpus") or []), 4)}</dd>'
+            f'<dt>window</dt><dd>steps {esc(w.get("start_step"))}–{esc(w.get("end_step"))}</dd>{affected}'
+            f'<dt>phase</dt><dd class="mono">{esc(j.get("phase") or "—")}</dd>'
+            f'<dt>kernels</dt><dd class="mono">{_list(list(j.get("kernels") or []), 6)}</dd>'
+            f'<dt>impact</dt><dd>slowdown {fmt(imp.get("slowdown_pct"))}% · {fmt(imp.get("gpu_hours_lost"))} '
+            f'GPU-hours lost</dd><dt>action</dt><dd><b>{esc(j.get("action"))}</b></dd>{src}</dl>')
+
+
+def _stacks(ev: dict[str, Any]) -> str:
+    frames = [f for f in ev.get("top_frames") or [] if isinstance(f, dict)]
+    total = max([int(f.get("samples") or 0) for f in frames] + [1])
+    rows = []
+    for f in frames[:10]:
+        parts = str(f.get("frames", "")).split(";")
+        leaf = " ← ".join(reversed(parts[-3:]))
+        n = int(f.get("samples") or 0)
+        rows.append(f'<tr><td>{n}<br><span class="sbar" style="width:{60 * n / total:.0f}px"></span></td>'
+                    f'<td class="mono">{esc(leaf)}<details><summary>full stack ({len(parts)} frames)</summary>'
+                    + "<br>".join(esc(p) for p in parts) + "</details></td></tr>")
+    return (f'<h4>Top stack frames of rank <span class="culprit">{esc(ev.get("rank"))}</span> · cause '
+            f'<b>{esc(ev.get("cause", "unknown"))}</b> · {esc(ev.get("samples", "?"))} samples</h4>'
+            f'<table class="stacks"><tr><th>samples</th><th>leaf frames (innermost first)</th></tr>{"".join(rows)}'
+            "</table>")
+
+
+def _what_if(ev: dict[str, Any]) -> str:
+    nums = " · ".join(f"{label} {fmt(ev.get(k))}{unit}" for k, label, unit in (
+        ("slowdown_pct", "slowdown", "%"), ("gpu_hours_lost", "GPU-hours lost", ""), ("extra_s", "extra time", " s"))
+        if ev.get(k) is not None)
+    chart = what_if_chart(ev)
+    return f'<h4>What-if impact</h4><p class="what-if-numbers">{esc(nums)}</p>{chart.html() if chart else ""}'
+
+
+def _gpu_idle(evs: list[dict[str, Any]]) -> str:
+    keys = ("rank", "step", "phase", "microbatch", "phase_ms", "gpu_busy_ms", "idle_pct")
+    rows = "".join("<tr>" + "".join(f"<td>{esc(fmt(e.get(k)) if isinstance(e.get(k), float) else e.get(k, '—'))}</td>"
+                                    for k in keys) + "</tr>" for e in evs[:20])
+    return ("<h4>GPU idle inside phases (host stall)</h4><table class=\"gpu-idle\"><tr>"
+            + "".join(f"<th>{k}</th>" for k in keys) + f"</tr>{rows}</table>")
+
+
+def _evidence_table(evidence: list[Any]) -> str:
+    rows = []
+    for ev in evidence[:MAX_EVIDENCE_ROWS]:
+        if not isinstance(ev, dict):
+            continue
+        rest = {k: v for k, v in ev.items() if k not in ("level", "kind", "w1_ms", "top_frames", "stages")}
+        text = "; ".join(f"{k}={v}" for k, v in rest.items())
+        rows.append(f'<tr><td>{esc(ev.get("level", ""))}</td><td>{esc(ev.get("kind", ""))}</td>'
+                    f'<td class="mono">{esc(text[:300])}</td></tr>')
+    extra = len(evidence) - MAX_EVIDENCE_ROWS
+    more = f'<p class="muted">… {extra} more</p>' if extra > 0 else ""
+    return (f"<details class=\"evidence\"><summary>All evidence ({len(evidence)} entries)</summary><table><tr>"
+            f"<th>level</th><th>kind</th><th>detail</th></tr>{''.join(rows)}</table>{more}</details>")
+
+
+def _trace_files(view: IncidentView, file_href: Callable[[EvidenceFile], str]) -> str:
+    how = (f'Open <a href="{PERFETTO_URL}" rel="noopener noreferrer" target="_blank">ui.perfetto.dev</a> and drag a '
+           "trace file onto the page (or use <i>Open trace file</i>); the trace is read in your browser, nothing "
+           "is uploaded. Each rank is a track; collectives are joined by flow arrows that end at the rank "
+           "everybody waited for.")
+    if not view.files:
+        return ("<h4>Evidence trace</h4><p class=\"muted\">No Perfetto evidence file covers this window (the processor "
+                "writes one for every slow window; the simulator writes none). Per-rank traces of any store: "
+                "<span class=\"mono\">argus export kineto STORE --out DIR</span>, then " + how + "</p>")
+    rows = "".join(f'<tr><td class="mono"><a class="evidence-file" href="{esc(file_href(f))}">{esc(f.rel_path)}</a>'
+                   f'</td><td>{esc(f.host)}</td><td>{f"steps {f.steps[0]}–{f.steps[1]}" if f.steps else "—"}'
+                   f"</td><td>{f.bytes / 1e6:.2f} MB</td></tr>" for f in view.files)
+    more = (f'<p class="muted">{view.files_total - len(view.files)} more files under '
+            f'<span class="mono">evidence/</span></p>' if view.files_total > len(view.files) else "")
+    return (f"<h4>Evidence trace</h4><p>{how}</p><table class=\"trace-files\"><tr><th>file (relative to the attempt "
+            f"directory)</th><th>host</th><th>window</th><th>size</th></tr>{rows}</table>{more}")
+
+
+def incident_section(view: IncidentView, file_href: Callable[[EvidenceFile], str]) -> str:
+    j = view.incident
+    evidence = [e for e in j.get("evidence") or [] if isinstance(e, dict)]
+    parts = [_header(j, view.source)]
+    culprits = {int(r) for r in j.get("culprit_ranks") or [] if isinstance(r, int)}
+    if view.heatmap is not None:
+        parts.append("<h4>Where the time went: culprits vs peers</h4>" + phase_heatmap_chart(view.heatmap).html())
+    w1 = [f for f in (w1_matrix_chart(e) for e in evidence if e.get("kind") == "w1_matrix") if f][:2]
+    if w1:
+        parts.append("<h4>Kernel distances (W₁)</h4>" + "".join(f.html() for f in w1))
+    if view.cdfs:
+        parts.append("<h4>Kernel duration distributions: culprits vs peers</h4>"
+                     + "".join(cdf_chart(k).html() for k in view.cdfs))
+    pipes = [f for f in (pipeline_chart(e) for e in evidence if e.get("kind") == "pipeline") if f][:2]
+    if pipes:
+        parts.append("<h4>Pipeline stages</h4>" + "".join(f.html() for f in pipes))
+    paths = [f for f in (critical_path_chart(e, culprits) for e in evidence if e.get("kind") == "critical_path") if f]
+    if paths:
+        parts.append("<h4>Critical path</h4>" + paths[0].html())
+    idle = [e for e in evidence if e.get("kind") == "gpu_idle"]
+    if idle:
+        parts.append(_gpu_idle(idle))
+    parts += [_stacks(e) for e in evidence if e.get("kind") == "stacks"][:3]
+    parts += [_what_if(e) for e in evidence if e.get("kind") == "what_if"][:1]
+    parts.append(_trace_files(view, file_href))
+    parts.append(_evidence_table(evidence))
+    return f'<section class="card incident" id="{esc(view.id)}">' + "".join(parts) + "</section>"
+
+
+def render_report(data: ReportData, out_dir: Path | None = None) -> str:
+    """The whole report as one HTML string; evidence links are relative to ``out_dir``
+    (where the report is written), so they open from the same machine."""
+    base = Path(out_dir or Path.cwd()).resolve()
+
+    def file_href(f: EvidenceFile) -> str:
+        rel = os.path.relpath(Path(data.attempt_path).resolve() / f.rel_path, base)
+        return quote(rel.replace(os.sep, "/"))
+
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(data.generated_ns / 1e9 if data.generated_ns else None))
+    body = (f'<header class="top"><b>Argus</b> report · <span class="mono">{esc(data.run_id)}</span> attempt '
+            f'<span class="mono">{esc(data.attempt_id)}</span></header><main>'
+            f"<h1>{esc(data.run_id)} / {esc(data.attempt_id)}</h1>{summary_section(data)}"
+            f"<h2>Step time</h2>{step_section(data)}"
+            f"<h2>Incidents</h2>{incidents_table(data, lambda v: '#' + v.id)}"
+            + "".join(incident_section(v, file_href) for v in data.incidents)
+            + f'<p class="muted">Generated {esc(when)} by argus {esc(__version__)}. Heatmaps show culprits, at most '
+              "32 evenly sampled peers and peer quantiles; step time is the median rank's.</p></main>")
+    return document(f"Argus report · {data.run_id}/{data.attempt_id}", body)

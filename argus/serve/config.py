@@ -1,0 +1,65 @@
+"""Settings of the web UI, validated before anything binds a socket."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from argus.errors import ConfigError
+
+__all__ = ["ServeConfig", "is_loopback", "ENV_TOKEN", "DEFAULT_PORT"]
+
+DEFAULT_PORT = 8765
+ENV_TOKEN = "ARGUS_SERVE_TOKEN"  # the access token, when not given as --token (keeps it out of `ps`)
+_LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
+
+
+def is_loopback(host: str) -> bool:
+    """True for names and addresses that only this machine can reach."""
+    h = host.strip("[]").lower()
+    if h in _LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(kw_only=True, slots=True)
+class ServeConfig:
+    """``host`` defaults to loopback. Any other address serves the store's data to the
+    network, so it needs a ``token`` (every request then carries it) or an explicit
+    ``insecure``. ``poll_s`` is how often pages ask the server whether the store changed."""
+
+    store: Path
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    token: str | None = None
+    insecure: bool = False
+    poll_s: float = 3.0
+    quiet: bool = True  # no per-request log lines
+
+    def __post_init__(self) -> None:
+        self.store = Path(self.store)
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be an integer in 0..65535 (0: any free port), got {self.port!r}")
+        if not self.host:
+            raise ConfigError("host must not be empty (use 127.0.0.1 for this machine only)")
+        if self.token is not None and not self.token.strip():
+            raise ConfigError("token must not be empty")
+        if not 0.5 <= self.poll_s <= 3600:
+            raise ConfigError(f"poll_s must be between 0.5 and 3600 seconds, got {self.poll_s!r}")
+        if not is_loopback(self.host) and self.token is None and not self.insecure:
+            raise ConfigError(
+                f"binding {self.host} would serve the store to the network without authentication: pass --token T "
+                f"(or set {ENV_TOKEN}; clients send 'Authorization: Bearer T' or open the UI once with ?token=T), "
+                "or --insecure if the network is trusted, or bind 127.0.0.1 and use an SSH tunnel")
+
+    @classmethod
+    def from_env(cls, **explicit: object) -> "ServeConfig":
+        """Explicit values win; the token falls back to ``ARGUS_SERVE_TOKEN``."""
+        if explicit.get("token") is None and os.environ.get(ENV_TOKEN):
+            explicit["token"] = os.environ[ENV_TOKEN]
+        return cls(**explicit)  # type: ignore[arg-type]

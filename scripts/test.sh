@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The README's test command: the system programs the integration tests drive (Chromium for
+# the browser checks; Prometheus, VictoriaMetrics and Alertmanager servers on 127.0.0.1),
+# the package with its test extra, then the whole suite. Extra arguments go to pytest.
+# Tests whose program could not be installed (no root, no apt) skip with a reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
+
+need=()
+for pair in chromium:chromium prometheus:prometheus victoria-metrics:victoria-metrics \
+            prometheus-alertmanager:prometheus-alertmanager promtool:prometheus; do
+  command -v "${pair%%:*}" >/dev/null || need+=("${pair##*:}")
+done
+if ((${#need[@]})); then
+  mapfile -t need < <(printf '%s\n' "${need[@]}" | sort -u)
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=$(command -v sudo || true)
+  if [ "$(id -u)" = 0 ] || [ -n "$sudo" ]; then
+    echo "installing ${need[*]}" >&2
+    $sudo apt-get install -y --no-install-recommends "${need[@]}" \
+      || { $sudo apt-get update && $sudo apt-get install -y --no-install-recommends "${need[@]}"; }
+  else
+    echo "cannot install ${need[*]} (not root): their tests will be skipped" >&2
+  fi
+fi
+
+pip install -e '.[test]'
+python -m pytest -q "$@"
