@@ -479,7 +479,7 @@ class Processor:
             job = WindowJob(run_id=key[0], attempt_id=key[1], host=self.config.host, layout=st.attempt.layout,
                             ranks=info, window=data.window, start_step=data.start_step, end_step=data.end_step,
                             steps=data.steps, phases=data.phases, hw=data.hw, drops=data.drops,
-                            summaries=stats.kernel_summaries)
+                            summaries=stats.kernel_summaries, sketches=stats.kernel_sketches)
             for sink in self._sinks:
                 sink.submit(job)
             self._store_sink_drops(key, st)

@@ -39,6 +39,7 @@ class WindowStats:
     kernel_events: int = 0
     bytes_written: int = 0
     kernel_summaries: pa.Table | None = None  # what was written, for the TSDB sinks
+    kernel_sketches: pa.Table | None = None
 
 
 class WindowWriter:
@@ -69,6 +70,7 @@ class WindowWriter:
             self.writer.write("kernel_sketches", sketches, window=data.window)
             stats.rows["kernel_summaries"] = summaries.num_rows
             stats.kernel_summaries = summaries
+            stats.kernel_sketches = sketches
             stats.rows["kernel_sketches"] = sketches.num_rows
         stats.bytes_written = self.writer.bytes_written
         return stats

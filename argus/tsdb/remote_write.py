@@ -7,6 +7,14 @@ The message is small enough to encode by hand (field numbers from Prometheus'
     TimeSeries   { repeated Label labels = 1; repeated Sample samples = 2; }
     Label        { string name = 1; string value = 2; }
     Sample       { double value = 1; int64 timestamp = 2; }   // ms since the epoch
+    TimeSeries.histograms = 4: Histogram { uint64 count_int = 1; double sum = 3;
+        sint32 schema = 4; double zero_threshold = 5; uint64 zero_count_int = 6;
+        repeated BucketSpan positive_spans = 11; repeated sint64 positive_deltas = 12;
+        int64 timestamp = 15; }   BucketSpan { sint32 offset = 1; uint32 length = 2; }
+
+Native histograms (opt-in: Prometheus must run with ``--enable-feature=native-histograms``,
+or it refuses the whole request) carry the kernel sketches exactly: their buckets *are*
+native-histogram buckets (``argus.compress.sketch``).
 
 Samples are the bulk of a body and are encoded for all series at once with numpy (one
 ``(n, 22)`` byte matrix, then a mask): ~0.1 µs per sample instead of ~2 µs with the
@@ -22,8 +30,8 @@ from typing import Sequence
 
 import numpy as np
 
-__all__ = ["encode_varints", "encode_labels", "encode_write_request", "compress", "decompress", "LabelCache",
-           "HEADERS"]
+__all__ = ["encode_varints", "encode_labels", "encode_write_request", "encode_histogram_series", "compress",
+           "decompress", "LabelCache", "HEADERS"]
 
 #: HTTP headers of a remote-write v1 request.
 HEADERS = {"Content-Type": "application/x-protobuf", "Content-Encoding": "snappy",
@@ -107,6 +115,48 @@ def encode_write_request(labels: Sequence[bytes], series: np.ndarray, ts_ms: np.
         lab = labels[sid]
         out.append(b"\x0a" + _varint(len(lab) + b - a) + lab + blob[a:b])
     return b"".join(out)
+
+
+def _zigzag(n: int) -> int:
+    return (n << 1) ^ (n >> 63)
+
+
+def _spans_and_deltas(buckets: np.ndarray, counts: np.ndarray) -> tuple[list[tuple[int, int]], list[int]]:
+    """Native-histogram spans (first offset absolute, then gaps) and count deltas."""
+    spans: list[tuple[int, int]] = []
+    prev_end = None
+    for b in buckets.tolist():
+        if prev_end is not None and b == prev_end:
+            off, length = spans[-1]
+            spans[-1] = (off, length + 1)
+        else:
+            spans.append((b if prev_end is None else b - prev_end, 1))
+        prev_end = b + 1
+    c = counts.astype(np.int64)
+    deltas = np.diff(np.r_[0, c]).tolist()
+    return spans, deltas
+
+
+def encode_histogram_series(labels: bytes, ts_ms: int, schema: int, count: int, zero_count: int, total: float,
+                            buckets: np.ndarray, counts: np.ndarray) -> bytes:
+    """One TimeSeries holding one native histogram (integer counts) at ``ts_ms``."""
+    import struct
+
+    order = np.argsort(buckets, kind="stable")
+    spans, deltas = _spans_and_deltas(np.asarray(buckets)[order], np.asarray(counts)[order])
+    h = bytearray()
+    h += b"\x08" + _varint(int(count))
+    h += b"\x19" + struct.pack("<d", float(total))
+    h += b"\x20" + _varint(_zigzag(int(schema)) & 0xFFFFFFFF)
+    h += b"\x29" + struct.pack("<d", 0.0)  # zero threshold: only exact zeros are zero
+    h += b"\x30" + _varint(int(zero_count))
+    for off, length in spans:
+        h += _field(0x5A, b"\x08" + _varint(_zigzag(off) & 0xFFFFFFFF) + b"\x10" + _varint(length))
+    if deltas:
+        h += _field(0x62, b"".join(_varint(_zigzag(d) & 0xFFFFFFFFFFFFFFFF) for d in deltas))
+    h += b"\x78" + _varint(int(ts_ms) & 0xFFFFFFFFFFFFFFFF)
+    entry = labels + _field(0x22, bytes(h))
+    return b"\x0a" + _varint(len(entry)) + entry
 
 
 def compress(body: bytes) -> bytes:

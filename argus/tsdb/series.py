@@ -31,7 +31,8 @@ import pyarrow.compute as pc
 
 from argus.topology import Layout
 
-__all__ = ["WindowJob", "AttemptClock", "SeriesBatch", "build_window_series", "rank_label_names", "METRICS"]
+__all__ = ["WindowJob", "AttemptClock", "SeriesBatch", "build_window_series", "rank_label_names", "METRICS",
+           "HISTOGRAM"]
 
 #: Series Argus writes (name → what one sample is). ``docs/tsdb.md`` has the full table.
 METRICS = {
@@ -52,11 +53,14 @@ METRICS = {
     "argus_kernel_min_seconds": "shortest duration of the cluster",
     "argus_kernel_max_seconds": "longest duration of the cluster",
     "argus_hw": "hardware sample (label metric: sm_clock_mhz, pcie_gen, …)",
+    "argus_kernel_duration_nanoseconds": "native histogram of the kernel's durations over the window (opt-in): "
+                                         "the mergeable sketch itself",
     "argus_dropped_events": "records the processor dropped in the window (labels table, reason)",
     "argus_dropped_batches": "batches the processor dropped in the window",
 }
 
 _AXES = ("tp", "cp", "ep", "dp", "pp")
+HISTOGRAM = "argus_kernel_duration_nanoseconds"  # ns, not s: the sketch's buckets stay exact
 _NS_PER_MS = 1_000_000
 
 
@@ -82,6 +86,7 @@ class WindowJob:
     hw: pa.Table | None = None
     drops: pa.Table | None = None
     summaries: pa.Table | None = None
+    sketches: pa.Table | None = None  # kernel_sketches rows: sent as native histograms when enabled
 
     @property
     def key(self) -> tuple[str, str]:
@@ -106,6 +111,8 @@ class SeriesBatch:
     ts_ms: list[np.ndarray] = field(default_factory=list)
     values: list[np.ndarray] = field(default_factory=list)
     _index: dict[tuple, int] = field(default_factory=dict)
+    #: native histograms: (sorted label pairs with __name__, ts_ms, kernel_sketches row as a dict)
+    histograms: list[tuple[tuple[tuple[str, str], ...], int, dict]] = field(default_factory=list)
 
     def add(self, name: str, base: Sequence[tuple[str, str]], label_cols: dict[str, np.ndarray],
             ts_ms: np.ndarray, values: np.ndarray, rank: np.ndarray | None = None,
@@ -304,6 +311,12 @@ def build_window_series(job: WindowJob, clock: AttemptClock, job_label: str,
         batch.add("argus_rank_info", base, cols, np.full(len(info), window_ms), np.ones(len(info)))
     if job.summaries is not None and job.summaries.num_rows:
         _add_kernels(batch, base, job.summaries, window_ms, labels_of)
+    if job.sketches is not None and job.sketches.num_rows:
+        labels_of(_np(job.sketches, "rank").astype(np.int64))
+        for row in job.sketches.to_pylist():
+            pairs = (*base, *rank_labels[int(row["rank"])], ("kernel", str(row["kernel"])),
+                     ("stream", str(int(row["stream"]))), ("category", str(row["category"])), ("op", str(row["op"])))
+            batch.histograms.append(((("__name__", HISTOGRAM),) + tuple(sorted(pairs)), window_ms, row))
     if hw is not None and hw.num_rows:
         h_rank = _np(hw, "rank").astype(np.int64)
         labels_of(h_rank)

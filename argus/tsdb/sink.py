@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from argus.errors import ConfigError
-from argus.tsdb.remote_write import HEADERS, LabelCache, compress, encode_write_request
+from argus.tsdb.remote_write import HEADERS, LabelCache, compress, encode_histogram_series, encode_write_request
 from argus.tsdb.series import AttemptClock, SeriesBatch, WindowJob, build_window_series
 
 __all__ = ["RemoteWriteConfig", "RemoteWriteSink", "DROP_REASONS", "ENV_JOB"]
@@ -64,6 +64,8 @@ class RemoteWriteConfig:
     backoff_s: float = 0.1
     max_backoff_s: float = 5.0
     max_samples_per_request: int = 20_000
+    native_histograms: bool = False  # also send kernel sketches as native histograms (Prometheus needs
+    # --enable-feature=native-histograms, or it refuses the whole request)
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -219,9 +221,22 @@ class RemoteWriteSink:
         for lo, hi in _chunks(series, self.config.max_samples_per_request):
             body = encode_write_request(labels, series[lo:hi], ts[lo:hi], values[lo:hi])
             ok &= self._send(compress(body), len(body), hi - lo, job)
+        if self.config.native_histograms and batch.histograms:
+            ok &= self._send_histograms(batch, job)
         if ok:
             with self._cond:
                 self._stats["windows_sent"] += 1
+
+    def _send_histograms(self, batch: SeriesBatch, job: WindowJob) -> bool:
+        ok = True
+        step = max(1, self.config.max_samples_per_request // 50)  # a histogram is ~50 samples' bytes
+        for lo in range(0, len(batch.histograms), step):
+            parts = [encode_histogram_series(self._labels.get(k), ts, row["schema"], row["count"], row["zero_count"],
+                                             row["sum_ns"], np.asarray(row["buckets"]), np.asarray(row["counts"]))
+                     for k, ts, row in batch.histograms[lo:lo + step]]
+            body = b"".join(parts)
+            ok &= self._send(compress(body), len(body), len(parts), job)
+        return ok
 
     def _state(self, key: tuple[str, str]) -> tuple[AttemptClock, dict[tuple, int]]:
         """An attempt's clock and last stamps; only the most recent attempts are remembered
