@@ -44,6 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--remote-write-native-histograms", action="store_true",
                    help="also send each kernel's duration sketch as a native histogram (Prometheus needs "
                         "--enable-feature=native-histograms, or it refuses the requests)")
+    p.add_argument("--mirror", metavar="URI",
+                   help="also push the store to object storage (s3://bucket/prefix) every --mirror-interval seconds "
+                        "and at exit; evidence there kept within the same retention")
+    p.add_argument("--mirror-interval", type=float, default=60.0)
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=run)
 
@@ -70,7 +74,17 @@ def run(args: argparse.Namespace) -> int:
                              evidence_interval_s=args.evidence_interval, durable=not args.no_fsync,
                              stacks=not args.no_stacks, stack_hz=args.stack_hz, suspect_stack_hz=args.suspect_stack_hz,
                              hw_interval_s=args.hw_interval, remote_write=remote)
+    mirror = None
+    if args.mirror:  # a thread of its own: an unreachable bucket never slows the processor
+        from argus.objstore import Mirror, open_objstore
+
+        mirror = Mirror(args.store, open_objstore(args.mirror, create_bucket=True), args.mirror_interval,
+                        int(args.evidence_max_mb * (1 << 20)), args.evidence_max_age_h * 3600).start()
     proc = Processor(config)
     proc.install_signal_handlers()
-    proc.serve_forever()
+    try:
+        proc.serve_forever()
+    finally:
+        if mirror is not None:
+            mirror.stop()  # one last push: what the processor flushed at exit reaches the bucket
     return 0

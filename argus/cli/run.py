@@ -45,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--remote-write", action="append", default=[], metavar="URL",
                    help="processor: also send series to this Prometheus remote-write endpoint (repeatable)")
     p.add_argument("--remote-write-job", help="processor: job label of the series (default 'argus')")
+    p.add_argument("--mirror", metavar="URI", help="processor: also push the store to s3://bucket/prefix")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run")
     p.set_defaults(func=run)
 
@@ -88,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
             pargs += ["--remote-write", url]
         if args.remote_write_job:
             pargs += ["--remote-write-job", args.remote_write_job]
+        if args.mirror:
+            pargs += ["--mirror", args.mirror]
         log_path = sock.with_suffix(".log")  # read when it fails; a pipe nobody drains could block it
         log_file = open(log_path, "w")
         processor = subprocess.Popen(pargs, stdout=subprocess.DEVNULL, stderr=log_file, text=True)

@@ -162,3 +162,58 @@ def test_local_paths_work_through_the_same_interface(tmp_path):
     assert [o.key for o in b.list()] == ["a/b.pftrace"] and b.get("a/b.pftrace") == b"x"
     with pytest.raises(Exception, match="unsupported"):
         open_objstore("gs://bucket/x")
+
+
+def test_serve_follows_a_store_in_the_bucket(s3, tmp_path):
+    """``argus serve s3://…`` serves a local copy and keeps pulling what the bucket gains."""
+    from argus.cli.serve import _local_store
+
+    store = tmp_path / "s"
+    simulate_to_store(SimConfig(ranks=8, steps=8, seed=6), "healthy", store, baseline=False)
+    b = _bucket(s3, "serve")
+    push(store, b)
+    os.environ["ARGUS_CACHE_DIR"] = str(tmp_path / "cache")
+    try:
+        local, stop = _local_store(f"s3://serve/jobs/a?endpoint={s3}", every_s=0.2)
+        assert (Path(local) / "argus-store.json").exists()
+        b.put("runs/extra/later.bin", b"new window")
+        for _ in range(50):
+            if (Path(local) / "runs/extra/later.bin").exists():
+                break
+            time.sleep(0.1)
+        stop.set()
+        assert (Path(local) / "runs/extra/later.bin").read_bytes() == b"new window"
+    finally:
+        os.environ.pop("ARGUS_CACHE_DIR", None)
+
+
+def test_processor_mirrors_its_store_and_evidence_to_the_bucket(s3, tmp_path):
+    """A real processor with ``--mirror s3://…``: what it wrote (tables, Perfetto evidence) is
+    in the bucket once it exits."""
+    import signal as _signal
+    import tempfile
+
+    from argus.sim.run import prepare
+    from tests.tsdb.feed import Feeder
+
+    config = SimConfig(ranks=8, steps=10, run_id="mirrored", seed=7)
+    _, ctx, _, _ = prepare(config, "healthy")
+    sock = Path(tempfile.mkdtemp(prefix="argus-mir-")) / "p.sock"
+    env = {**os.environ}
+    proc = subprocess.Popen([sys.executable, "-m", "argus", "processor", "--store", str(tmp_path / "P"), "--socket",
+                             str(sock), "--host", "proc-0", "--no-fsync", "--no-stacks", "--evidence-interval", "0",
+                             "--mirror", f"s3://mirrored/p?endpoint={s3}", "--mirror-interval", "0.5"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    for _ in range(300):
+        if sock.exists() or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    feeder = Feeder(sock, "mirrored", ctx.layout, ctx.topology)
+    simulate_to_store(config, "healthy", tmp_path / "S", on_step=feeder.step, baseline=False)
+    feeder.close()
+    proc.send_signal(_signal.SIGTERM)
+    assert proc.wait(60) == 0, proc.stderr.read()[-2000:]
+    keys = {o.key for o in open_objstore(f"s3://mirrored/p?endpoint={s3}").list()}
+    local = {o.key for o in LocalObjectStore(tmp_path / "P").list()}
+    assert local and local <= keys
+    assert any(k.endswith(".pftrace") for k in keys) and any("/steps/" in k for k in keys)

@@ -164,3 +164,16 @@ def test_tsdb_outage_never_stops_the_processor(own_victoria, tmp_path):
     assert {d["reason"] for d in drops} <= {"tsdb_unreachable", "tsdb_queue_full"}
     final = json.loads(status_path.read_text())["remote_write"][0]
     assert final["retries"] >= outage["retries"] > 0 and final["failed_requests"] + final["dropped_windows"] > 0
+
+
+def test_serve_reads_a_snapshot_from_the_tsdb(streamed, prometheus):
+    """``argus serve prom://…`` serves the attempt materialised from the TSDB."""
+    from argus.cli.serve import _local_store
+
+    _, proc_store, run_id = streamed("compute_straggler")
+    local, follow = _local_store(prometheus.prom_url(run=run_id), every_s=60)
+    assert follow is None
+    served = Store.open(local).attempt()
+    assert served.identity.run_id == run_id and served.meta["phase_detail"] == "aggregated"
+    mine = Store.open(proc_store).attempt()
+    assert served.read("steps").num_rows == mine.read("steps").num_rows
