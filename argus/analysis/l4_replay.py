@@ -88,8 +88,6 @@ class WhatIf:
 @dataclass
 class _Events:
     rank: np.ndarray  # per event
-    start: np.ndarray  # ns, clock-corrected
-    dur: np.ndarray
     gap: np.ndarray  # own work before the event (ns)
     blocking: np.ndarray
     unit: np.ndarray  # synchronisation unit of each event
@@ -158,8 +156,7 @@ def _events(f: PhaseFrame, layout: Layout, hosts: np.ndarray, starts: dict[int, 
         e = ends.get(r, -1)
         tail[r] = max((e - off_rank[r]) - cursor, 0.0) if e >= 0 else 0.0
         by_rank[r] = idx
-    return _Events(ev_rank, ev_start, f.dur[c].astype(np.float64), gap, blocking, dense, size, tr, by_rank,
-                   step_start, tail)
+    return _Events(ev_rank, gap, blocking, dense, size, tr, by_rank, step_start, tail)
 
 
 def _pair_p2p(f: PhaseFrame, layout: Layout, start: np.ndarray, end: np.ndarray, unit: np.ndarray,
