@@ -24,6 +24,7 @@ the offsets the collectives imply.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -36,7 +37,7 @@ from argus.topology import Layout
 
 __all__ = ["StepReplay", "WhatIf", "replay_step", "what_if", "MAX_REPLAY_RANKS"]
 
-MAX_REPLAY_RANKS = 2048  # above this the replay (a Python event loop) is skipped: impact stays L1's
+MAX_REPLAY_RANKS = 16384  # above this the replay (a Python event loop, ~4 s per 2 M events) is skipped
 
 
 @dataclass
@@ -93,7 +94,7 @@ class _Events:
     unit: np.ndarray  # synchronisation unit of each event
     unit_size: np.ndarray
     unit_transfer: np.ndarray
-    by_rank: dict[int, np.ndarray]  # rank → its events in order
+    by_rank: dict[int, list[int]]  # rank → its events in order
     step_start: dict[int, float]
     tail: dict[int, float]  # own work after the last blocking event
 
@@ -138,25 +139,30 @@ def _events(f: PhaseFrame, layout: Layout, hosts: np.ndarray, starts: dict[int, 
     size = np.bincount(dense)
     tr = np.zeros(size.size)
     tr[dense] = np.asarray(transfer, np.float64)[unit_c]
-    ev_rank, ev_start = f.rank[c], start[c]
-    gap = np.zeros(c.size)
-    by_rank: dict[int, np.ndarray] = {}
-    tail: dict[int, float] = {}
-    step_start: dict[int, float] = {}
-    for r in np.unique(ev_rank):
-        idx = np.flatnonzero(ev_rank == r)
-        r = int(r)
-        s0 = starts.get(r, ev_start[idx[0]] + off_rank[r]) - off_rank[r]
-        cursor = float(min(s0, ev_start[idx[0]]))
-        step_start[r] = cursor
-        for i in idx:  # events of one rank, in start order
-            gap[i] = max(ev_start[i] - cursor, 0.0)
-            if blocking[i]:
-                cursor = max(cursor, ev_start[i] + f.dur[c[i]])
-        e = ends.get(r, -1)
-        tail[r] = max((e - off_rank[r]) - cursor, 0.0) if e >= 0 else 0.0
-        by_rank[r] = idx
-    return _Events(ev_rank, gap, blocking, dense, size, tr, by_rank, step_start, tail)
+    # Gaps, vectorised: the cursor before an event is the later of the rank's step start and
+    # the end of its previous blocking event (a running max within each rank's run of rows).
+    ev_rank = f.rank[c]
+    base = float(start[c].min())
+    rel = start[c] - base
+    ranks, first, counts = np.unique(ev_rank, return_index=True, return_counts=True)
+    seg = np.repeat(np.arange(ranks.size), counts)
+    s0 = np.array([starts.get(int(r), np.nan) for r in ranks], np.float64) - off_rank[ranks] - base
+    ss = np.fmin(np.where(np.isnan(s0), rel[first], s0), rel[first])
+    floor = float(min(rel.min(), ss.min())) - 1.0
+    ends_b = np.where(blocking, rel + np.maximum(f.dur[c], 0), floor)
+    lift = (float(np.abs(ends_b).max()) + float(np.abs(floor)) + 1.0) * seg
+    running = np.maximum.accumulate(ends_b + lift) - lift
+    prev = np.r_[floor, running[:-1]]
+    prev[first] = floor  # nothing before a rank's first event
+    cursor = np.maximum(ss[seg], prev)
+    gap = np.maximum(rel - cursor, 0.0)
+    final = np.maximum(ss, running[first + counts - 1])
+    end_ns = np.array([ends.get(int(r), -1) for r in ranks], np.float64)
+    tail_v = np.where(end_ns >= 0, np.maximum(end_ns - off_rank[ranks] - base - final, 0.0), 0.0)
+    rl = ranks.tolist()
+    by_rank = {r: list(range(a, a + n)) for r, a, n in zip(rl, first.tolist(), counts.tolist())}
+    return _Events(ev_rank, gap, blocking, dense, size, tr, by_rank, dict(zip(rl, ss.tolist())),
+                   dict(zip(rl, tail_v.tolist())))
 
 
 def _pair_p2p(f: PhaseFrame, layout: Layout, start: np.ndarray, end: np.ndarray, unit: np.ndarray,
@@ -208,13 +214,16 @@ def _pair_p2p(f: PhaseFrame, layout: Layout, start: np.ndarray, end: np.ndarray,
 
 # -- the replay -------------------------------------------------------------------------------
 def _replay(ev: _Events, gap: np.ndarray, tail: dict[int, float]) -> tuple[dict[int, float], dict[int, float], int]:
-    """Returns (rank → replayed step duration, rank → critical-path share, forced units)."""
+    """Returns (rank → replayed step duration, rank → critical-path share, forced units).
+    Plain Python lists: the loop is per event, and numpy scalar indexing would triple its cost."""
     n_units = ev.unit_size.size
-    arrived = np.zeros(n_units, np.int64)
-    max_arr = np.full(n_units, -np.inf)
-    last = np.full(n_units, -1, np.int64)  # event that arrived last
-    unit_end = np.full(n_units, np.nan)
-    arr = np.full(ev.rank.size, np.nan)
+    unit, blocking, size = ev.unit.tolist(), ev.blocking.tolist(), ev.unit_size.tolist()
+    transfer, gaps = ev.unit_transfer.tolist(), gap.tolist()
+    arrived = [0] * n_units
+    max_arr = [-math.inf] * n_units
+    last = [-1] * n_units  # event that arrived last
+    unit_end: list[float | None] = [None] * n_units
+    arr: list[float | None] = [None] * len(unit)
     cursor = dict(ev.step_start)
     ptr = {r: 0 for r in ev.by_rank}
     waiters: dict[int, list[int]] = {}
@@ -223,7 +232,7 @@ def _replay(ev: _Events, gap: np.ndarray, tail: dict[int, float]) -> tuple[dict[
     forced = 0
 
     def complete(u: int) -> None:
-        unit_end[u] = max_arr[u] + ev.unit_transfer[u]
+        unit_end[u] = max_arr[u] + transfer[u]
         active.extend(waiters.pop(u, ()))
 
     while len(done) < len(ev.by_rank):
@@ -231,55 +240,59 @@ def _replay(ev: _Events, gap: np.ndarray, tail: dict[int, float]) -> tuple[dict[
             r = active.popleft()
             if r in done:
                 continue
-            events = ev.by_rank[r]
-            while ptr[r] < events.size:
-                e = events[ptr[r]]
-                u = ev.unit[e]
-                if np.isnan(arr[e]):
-                    arr[e] = cursor[r] + gap[e]
+            events, i, cur = ev.by_rank[r], ptr[r], cursor[r]
+            n = len(events)
+            while i < n:
+                e = events[i]
+                u = unit[e]
+                if arr[e] is None:
+                    a = arr[e] = cur + gaps[e]
                     arrived[u] += 1
-                    if arr[e] >= max_arr[u]:
-                        max_arr[u], last[u] = arr[e], e
-                    if arrived[u] == ev.unit_size[u]:
+                    if a >= max_arr[u]:
+                        max_arr[u], last[u] = a, e
+                    if arrived[u] == size[u]:
                         complete(u)
-                if ev.blocking[e]:
-                    if np.isnan(unit_end[u]):
+                if blocking[e]:
+                    end = unit_end[u]
+                    if end is None:
                         waiters.setdefault(u, []).append(r)
                         break
-                    cursor[r] = max(cursor[r], unit_end[u])
-                ptr[r] += 1
-            else:
-                done[r] = cursor[r] + tail[r] - ev.step_start[r]
+                    if end > cur:
+                        cur = end
+                i += 1
+            ptr[r], cursor[r] = i, cur
+            if i >= n:
+                done[r] = cur + tail[r] - ev.step_start[r]
         if len(done) < len(ev.by_rank):  # members missing (unmatched calls): release the earliest unit
             if not waiters:
                 break
             u = min(waiters, key=lambda x: max_arr[x])
             forced += 1
             complete(u)
-    critical = _critical_path(ev, gap, tail, arr, last, unit_end, done)
+    critical = _critical_path(ev, gaps, tail, last, done)
     return done, critical, forced
 
 
-def _critical_path(ev: _Events, gap: np.ndarray, tail: dict[int, float], arr: np.ndarray, last: np.ndarray,
-                   unit_end: np.ndarray, done: dict[int, float]) -> dict[int, float]:
+def _critical_path(ev: _Events, gap: list[float], tail: dict[int, float], last: list[int],
+                   done: dict[int, float]) -> dict[int, float]:
     """Walk back from the rank that finished last: at each blocking event, follow the member
     that arrived last; a rank's own gaps on that walk are its share of the critical path."""
     if not done:
         return {}
     r = max(done, key=lambda x: done[x] + ev.step_start[x])
     own: dict[int, float] = {r: tail[r]}
-    pos = {q: {int(e): i for i, e in enumerate(events)} for q, events in ev.by_rank.items()}
+    pos = {q: {e: i for i, e in enumerate(events)} for q, events in ev.by_rank.items()}
     i = len(ev.by_rank[r]) - 1
     guard = ev.rank.size + 1
     while i >= 0 and guard > 0:
         guard -= 1
-        e = int(ev.by_rank[r][i])
+        e = ev.by_rank[r][i]
         if not ev.blocking[e]:
             own[r] = own.get(r, 0.0) + gap[e]
             i -= 1
             continue
-        u = ev.unit[e]
-        q_e = int(last[u]) if last[u] >= 0 else e
+        u = int(ev.unit[e])
+        q_e = last[u] if last[u] >= 0 else e
         q = int(ev.rank[q_e])
         own[q] = own.get(q, 0.0) + gap[q_e]
         r, i = q, pos[q][q_e] - 1
@@ -297,7 +310,7 @@ def _fixed_gaps(ev: _Events, culprits: list[int], layout: Layout) -> tuple[np.nd
         peers = [int(p) for p in layout.peer_set(r) if int(p) not in bad and int(p) in ev.by_rank]
         if not peers:
             continue
-        same = [p for p in peers if ev.by_rank[p].size == mine.size]
+        same = [p for p in peers if len(ev.by_rank[p]) == len(mine)]
         if len(same) >= max(1, len(peers) // 2):
             gap[mine] = np.median(np.stack([ev.gap[ev.by_rank[p]] for p in same]), axis=0)
         else:  # different event sequences: scale the rank's work to its peers' total
