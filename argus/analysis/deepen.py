@@ -17,7 +17,7 @@ import numpy as np
 from argus.analysis.incident import Incident
 from argus.analysis.l4_gaps import gpu_idle
 from argus.analysis.l4_pipeline import pipeline_bubbles
-from argus.analysis.l4_replay import MAX_REPLAY_RANKS, what_if
+from argus.analysis.l4_replay import what_if
 from argus.analysis.l5_stacks import stack_cause
 from argus.store import Attempt
 from argus.topology import Topology
@@ -30,7 +30,6 @@ class DeepenConfig:
     enabled: bool = True
     max_replays: int = 3  # steps replayed per incident at least …
     event_budget: int = 150_000  # … and more while their communication events fit this budget
-    max_ranks: int = MAX_REPLAY_RANKS  # above this, no replay: L1's impact stands
     critical_pct: float = 20.0
     warning_pct: float = 2.0
 
@@ -47,7 +46,6 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
     neither warm-up nor checkpoint (those are replayed only when nothing else is affected)."""
     if not config.enabled:
         return
-    world = topology.world_size
     # phases aggregated per step (read back from a TSDB) have no event order to replay
     replayable = attempt.meta.get("phase_detail") != "aggregated"
     for inc in incidents:
@@ -58,7 +56,7 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
         normal = steps if inc.klass == "host_stall" else ([s for s in steps if normal_step(s)] or steps)
         agree: list[str] = []
         wi = None
-        if replayable and world <= config.max_ranks:
+        if replayable:  # what_if itself declines jobs too large to replay
             # intermittent faults: replay the affected steps; persistent: a spread of normal ones
             wi = what_if(attempt, steps, inc.culprit_ranks, topology.hosts, step_time, config.max_replays, normal,
                          config.event_budget)

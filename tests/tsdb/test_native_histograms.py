@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from argus.compress import LogSketch
 from argus.compress.summarize import sketch_from_row
@@ -25,33 +24,7 @@ from argus.store import Store
 from argus.tsdb.remote_write import encode_histogram_series, encode_labels
 from tests.tsdb.conftest import Server, _server, wait_for
 from tests.tsdb.feed import Feeder
-
-
-def _timeseries_class():
-    fd = descriptor_pb2.FileDescriptorProto(name="test_prompb_hist.proto", package="prometheus_h", syntax="proto3")
-    label = fd.message_type.add(name="Label")
-    label.field.add(name="name", number=1, type=9, label=1)
-    label.field.add(name="value", number=2, type=9, label=1)
-    span = fd.message_type.add(name="BucketSpan")
-    span.field.add(name="offset", number=1, type=17, label=1)  # sint32
-    span.field.add(name="length", number=2, type=13, label=1)  # uint32
-    h = fd.message_type.add(name="Histogram")
-    h.field.add(name="count_int", number=1, type=4, label=1)
-    h.field.add(name="sum", number=3, type=1, label=1)
-    h.field.add(name="schema", number=4, type=17, label=1)
-    h.field.add(name="zero_threshold", number=5, type=1, label=1)
-    h.field.add(name="zero_count_int", number=6, type=4, label=1)
-    h.field.add(name="positive_spans", number=11, type=11, label=3, type_name=".prometheus_h.BucketSpan")
-    h.field.add(name="positive_deltas", number=12, type=18, label=3)  # sint64, packed
-    h.field.add(name="timestamp", number=15, type=3, label=1)
-    ts = fd.message_type.add(name="TimeSeries")
-    ts.field.add(name="labels", number=1, type=11, label=3, type_name=".prometheus_h.Label")
-    ts.field.add(name="histograms", number=4, type=11, label=3, type_name=".prometheus_h.Histogram")
-    wr = fd.message_type.add(name="WriteRequest")
-    wr.field.add(name="timeseries", number=1, type=11, label=3, type_name=".prometheus_h.TimeSeries")
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(fd)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("prometheus_h.WriteRequest"))
+from tests.tsdb.test_remote_write import WriteRequest
 
 
 def _decode_buckets(h) -> tuple[list[int], list[int]]:
@@ -73,7 +46,7 @@ def test_histogram_encoding_decodes_with_prometheus_definitions():
     labels = encode_labels([("__name__", "argus_kernel_duration_nanoseconds"), ("kernel", "gemm")])
     body = encode_histogram_series(labels, 1_700_000_000_123, sk.schema, sk.count, sk.zero_count, sk.sum,
                                    sk.buckets, sk.counts)
-    msg = _timeseries_class().FromString(body)
+    msg = WriteRequest.FromString(body)
     (series,) = msg.timeseries
     assert {(lab.name, lab.value) for lab in series.labels} == {("__name__", "argus_kernel_duration_nanoseconds"),
                                                                 ("kernel", "gemm")}

@@ -22,9 +22,22 @@ def _write_request_class():
     sample = fd.message_type.add(name="Sample")
     sample.field.add(name="value", number=1, type=1, label=1)
     sample.field.add(name="timestamp", number=2, type=3, label=1)
+    span = fd.message_type.add(name="BucketSpan")
+    span.field.add(name="offset", number=1, type=17, label=1)  # sint32
+    span.field.add(name="length", number=2, type=13, label=1)  # uint32
+    h = fd.message_type.add(name="Histogram")  # the integer-count fields Argus writes
+    h.field.add(name="count_int", number=1, type=4, label=1)
+    h.field.add(name="sum", number=3, type=1, label=1)
+    h.field.add(name="schema", number=4, type=17, label=1)
+    h.field.add(name="zero_threshold", number=5, type=1, label=1)
+    h.field.add(name="zero_count_int", number=6, type=4, label=1)
+    h.field.add(name="positive_spans", number=11, type=11, label=3, type_name=".prometheus.BucketSpan")
+    h.field.add(name="positive_deltas", number=12, type=18, label=3)  # sint64, packed
+    h.field.add(name="timestamp", number=15, type=3, label=1)
     ts = fd.message_type.add(name="TimeSeries")
     ts.field.add(name="labels", number=1, type=11, label=3, type_name=".prometheus.Label")
     ts.field.add(name="samples", number=2, type=11, label=3, type_name=".prometheus.Sample")
+    ts.field.add(name="histograms", number=4, type=11, label=3, type_name=".prometheus.Histogram")
     wr = fd.message_type.add(name="WriteRequest")
     wr.field.add(name="timeseries", number=1, type=11, label=3, type_name=".prometheus.TimeSeries")
     pool = descriptor_pool.DescriptorPool()
