@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from argus.processor import Msg, ProcessorClient
-from argus.processor.protocol import encode_array, encode_json
+from argus.wire import Msg, ProcessorClient
+from argus.wire.protocol import encode_array, encode_json
 
 __all__ = ["run_compression", "run_socket"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import socket
 
 __all__ = ["register"]
@@ -44,6 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--remote-write-native-histograms", action="store_true",
                    help="also send each kernel's duration sketch as a native histogram (Prometheus needs "
                         "--enable-feature=native-histograms, or it refuses the requests)")
+    p.add_argument("--hang-min-s", type=float, default=float(os.environ.get("ARGUS_HANG_MIN_S", 30.0)),
+                   help="live hang detection: never call a stall a hang before this many seconds without progress "
+                        "(default $ARGUS_HANG_MIN_S or 30)")
+    p.add_argument("--hang-step-factor", type=float, default=float(os.environ.get("ARGUS_HANG_STEP_FACTOR", 10.0)),
+                   help="… nor before this many median step times (default $ARGUS_HANG_STEP_FACTOR or 10)")
     p.add_argument("--mirror", metavar="URI",
                    help="also push the store to object storage (s3://bucket/prefix) every --mirror-interval seconds "
                         "and at exit; evidence there kept within the same retention")
@@ -53,7 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from argus.processor import Processor, ProcessorConfig, default_socket_path
+    from argus.processor import HangConfig, Processor, ProcessorConfig
+    from argus.wire import default_socket_path
 
     remote = []
     if args.remote_write:
@@ -73,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
                              evidence_max_age_s=args.evidence_max_age_h * 3600,
                              evidence_interval_s=args.evidence_interval, durable=not args.no_fsync,
                              stacks=not args.no_stacks, stack_hz=args.stack_hz, suspect_stack_hz=args.suspect_stack_hz,
-                             hw_interval_s=args.hw_interval, remote_write=remote)
+                             hw_interval_s=args.hw_interval, remote_write=remote,
+                             hang=HangConfig(min_s=args.hang_min_s, step_factor=args.hang_step_factor))
     mirror = None
     if args.mirror:  # a thread of its own: an unreachable bucket never slows the processor
         from argus.objstore import Mirror, open_objstore

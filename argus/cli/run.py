@@ -1,12 +1,15 @@
 """``argus run [--store S] -- CMD...``: trace any training command without changing it.
 
 1. start this host's processor on a fresh socket (or use ``--socket`` of a running one);
-2. run CMD with the producer injected into every Python process that is a rank
-   (``sitecustomize`` on ``PYTHONPATH``; ranks are processes with ``RANK`` set, or the one
-   process of a plain ``python`` command), the run id, layout and socket in the environment;
+2. run CMD with the producer armed in every Python process (``sitecustomize`` on
+   ``PYTHONPATH``): it starts in the processes that become ranks — those whose
+   ``torch.distributed.init_process_group`` returns — and nowhere else, so CMD can be torchrun,
+   ``python -m torch.distributed.run``, a shell script or wrapper ending in one, ``srun`` per
+   task, or accelerate/deepspeed-style launchers (a job that never makes a process group is
+   traced with ``ARGUS_FORCE=1``);
 3. when CMD exits, stop the processor, which writes everything it received, then return
    CMD's exit code. If the processor cannot start (e.g. the store is not writable) the
-   error is printed and CMD still runs, untraced.
+   error is printed and CMD still runs, untraced. If no rank ever connected, it says so.
 
 Multi-host: run it on every host (``srun argus run --store /shared/S --run-id $SLURM_JOB_ID
 -- python train.py``): one processor per host, each writing its own host partition.
@@ -46,13 +49,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="processor: also send series to this Prometheus remote-write endpoint (repeatable)")
     p.add_argument("--remote-write-job", help="processor: job label of the series (default 'argus')")
     p.add_argument("--mirror", metavar="URI", help="processor: also push the store to s3://bucket/prefix")
+    p.add_argument("--hang-min-s", type=float, help="processor: seconds without progress before a hang is recorded "
+                                                     "(default $ARGUS_HANG_MIN_S or 30)")
+    p.add_argument("--hang-step-factor", type=float, help="processor: … and at least this many median step times "
+                                                           "(default $ARGUS_HANG_STEP_FACTOR or 10)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run")
     p.set_defaults(func=run)
 
 
-def _is_launcher(cmd: list[str]) -> bool:
-    name = os.path.basename(cmd[0]) if cmd else ""
-    return name == "torchrun" or "torch.distributed.run" in cmd[:3] or "torch.distributed.launch" in cmd[:3]
+NO_RANK_WARN_S = 300.0  # say so once if the job runs this long without a rank connecting
+
+
+def _ranks_seen(store: str, host: str) -> int | None:
+    """Ranks that connected to this host's processor, from its status file (None: unknown)."""
+    import json
+
+    try:
+        doc = json.loads((Path(store) / "processors" / f"{host}.json").read_text())
+        return int(doc.get("ranks_seen", 0))
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def _wait_socket(path: Path, proc: subprocess.Popen, timeout_s: float = 30.0) -> bool:
@@ -76,9 +92,13 @@ def run(args: argparse.Namespace) -> int:
     run_id = args.run_id or os.environ.get("ARGUS_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") \
         or time.strftime("run-%Y%m%d-%H%M%S")
     processor: subprocess.Popen | None = None
-    sock = Path(args.socket) if args.socket else Path(f"/tmp/argus-{os.getuid()}") / f"run-{os.getpid()}.sock"
+    if args.socket:
+        sock = Path(args.socket)
+    else:
+        from argus.wire import runtime_dir
+
+        sock = runtime_dir() / f"run-{os.getpid()}.sock"
     if not args.socket:
-        sock.parent.mkdir(parents=True, exist_ok=True)
         pargs = [sys.executable, "-m", "argus", "processor", "--store", args.store, "--socket", str(sock),
                  "--host", args.host, "--window-steps", str(args.window_steps)]
         if args.raw_kernels:
@@ -91,6 +111,9 @@ def run(args: argparse.Namespace) -> int:
             pargs += ["--remote-write-job", args.remote_write_job]
         if args.mirror:
             pargs += ["--mirror", args.mirror]
+        for flag, value in (("--hang-min-s", args.hang_min_s), ("--hang-step-factor", args.hang_step_factor)):
+            if value is not None:
+                pargs += [flag, str(value)]
         log_path = sock.with_suffix(".log")  # read when it fails; a pipe nobody drains could block it
         log_file = open(log_path, "w")
         processor = subprocess.Popen(pargs, stdout=subprocess.DEVNULL, stderr=log_file, text=True)
@@ -109,13 +132,22 @@ def run(args: argparse.Namespace) -> int:
     for flag, var in ((args.layout, "ARGUS_LAYOUT"), (args.order, "ARGUS_ORDER"), (args.kernels, "ARGUS_KERNELS")):
         if flag:
             env[var] = flag
-    if not _is_launcher(cmd):
-        env.setdefault("ARGUS_FORCE", "1")
     child = subprocess.Popen(cmd, env=env)
     forward = lambda sig, _frame: child.send_signal(sig)  # noqa: E731
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    started, warned = time.monotonic(), False
     try:
-        code = child.wait()
+        while True:
+            try:
+                code = child.wait(timeout=5.0)
+                break
+            except subprocess.TimeoutExpired:
+                if (processor is not None and not warned and time.monotonic() - started > NO_RANK_WARN_S
+                        and not _ranks_seen(args.store, args.host)):
+                    warned = True
+                    print(f"argus run: no rank has connected after {NO_RANK_WARN_S:.0f} s; ranks are processes "
+                          "that call torch.distributed.init_process_group (set ARGUS_FORCE=1 to trace a job "
+                          "without one)", file=sys.stderr)
     finally:
         for s, h in old.items():
             signal.signal(s, h)
@@ -131,5 +163,11 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         else:
             log_path.unlink(missing_ok=True)
-        print(f"argus run: traced run {run_id} into {args.store}  (argus diagnose {args.store})", file=sys.stderr)
+        if not _ranks_seen(args.store, args.host):
+            print(f"argus run: no rank of the command connected, so nothing was traced into {args.store}: ranks are "
+                  "processes that call torch.distributed.init_process_group (set ARGUS_FORCE=1 to trace a job "
+                  f"without one). The command exited with {code}.", file=sys.stderr)
+        else:
+            print(f"argus run: traced run {run_id} into {args.store}  (argus diagnose {args.store})",
+                  file=sys.stderr)
     return code

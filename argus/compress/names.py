@@ -2,7 +2,9 @@
 
 CUPTI and Kineto report names like ``void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128,
 …>, false, true>(flash::Flash_fwd_params)`` or
-``ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)``. Comparing ranks
+``ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)`` — or, where the
+producer could not demangle them, mangled (``_Z28ncclDevKernel_AllReduce_Sum_f32_RING_LLP24…``:
+the function's identifier is read out of the mangling, enough to name and classify it). Comparing ranks
 needs one short, stable name per kernel (``flash_fwd_kernel``, ``AllReduce``) and a category:
 compute, communication (with its op type), memcpy, memset or CPU op. Results are cached: a job
 has a few hundred distinct names, seen millions of times.
@@ -13,7 +15,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-__all__ = ["normalize_kernel_name", "categorize_kernel", "COMM_OPS"]
+__all__ = ["normalize_kernel_name", "categorize_kernel", "mangled_base", "COMM_OPS"]
 
 #: NCCL kernel function → communication op type.
 COMM_OPS = {
@@ -31,6 +33,37 @@ COMM_OPS = {
 _NCCL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _GENERIC_WRAPPERS = {"Kernel", "Kernel2", "device_kernel", "kernel", "cutlass_kernel"}
 _CUBLAS_TAIL = re.compile(r"_(?:tilesize|warpgroupsize|execute_|cga\d|stages_|splitK).*$")
+
+
+_MANGLED_ID = re.compile(r"(\d+)")
+
+
+def mangled_base(raw: str) -> str | None:
+    """The function's own identifier in an Itanium-mangled name (``_ZN5flash15flash_fwd_kernelI…``
+    → ``flash_fwd_kernel``), or None if it does not parse."""
+    if not raw.startswith("_Z"):
+        return None
+    i = 2
+    if raw[i:i + 1] == "L":
+        i += 1
+    if raw[i:i + 1] == "N":
+        i += 1
+        while raw[i:i + 1] in ("r", "V", "K"):
+            i += 1
+    if raw[i:i + 2] == "St":
+        i += 2
+    last = None
+    while i < len(raw):
+        m = _MANGLED_ID.match(raw, i)
+        if not m:
+            break
+        n = int(m.group(1))
+        start = m.end()
+        if n <= 0 or start + n > len(raw):
+            break
+        last = raw[start:start + n]
+        i = start + n
+    return last
 
 
 def _strip_brackets(text: str, open_: str, close: str) -> str:
@@ -71,6 +104,7 @@ def normalize_kernel_name(name: str) -> str:
     raw = " ".join(str(name).split())
     if not raw:
         return "<unnamed>"
+    raw = mangled_base(raw) or raw
     m = _NCCL.match(raw)
     if m:
         func = m.group(1)
@@ -101,6 +135,7 @@ def categorize_kernel(name: str, kind: str = "kernel") -> tuple[str, str]:
     if kind in ("memcpy", "memset", "cpu_op"):
         return kind, ""
     raw = str(name)
+    raw = mangled_base(raw) or raw
     low = raw.lower()
     if low.startswith("memcpy"):
         return "memcpy", ""

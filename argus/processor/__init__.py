@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_WHERE = {"Interner": "client", "ProcessorClient": "client", "Processor": "daemon", "ProcessorConfig": "daemon",
-          "default_socket_path": "daemon", "DTYPES": "protocol", "Msg": "protocol", "WindowData": "window",
+_WHERE = {"Processor": "daemon", "ProcessorConfig": "daemon", "HangConfig": "hangs",
+          "WindowData": "window",
           "WindowStats": "window", "WindowWriter": "window"}
 
 __all__ = sorted(_WHERE)

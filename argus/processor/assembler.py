@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from argus.processor.protocol import CATEGORIES, GROUP_KINDS, KINDS, Msg
+from argus.wire.protocol import CATEGORIES, GROUP_KINDS, KINDS, Msg
 from argus.processor.window import WindowData
 from argus.store import conform
 

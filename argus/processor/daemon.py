@@ -33,25 +33,20 @@ import numpy as np
 
 from argus.errors import ArgusError, ConfigError, ProtocolError
 from argus.processor.assembler import RankInfo, WindowAssembler
+from argus.processor.hangs import HangConfig, HangWatch, RankView
 from argus.processor.hardware import HardwareSampler
-from argus.processor.protocol import (DROP_TABLES, HEADER, TABLES_BY_MSG, Msg, decode_array, decode_header,
-                                      decode_json, encode_json)
 from argus.processor.samplers import Output, Samplers
-from argus.processor.stacks import StackSampler
+from argus.processor.stacks import StackSampler, find_py_spy, parse_dump, run_dump
 from argus.processor.window import WindowData, WindowWriter
 from argus.store import Attempt, Store
 from argus.store.files import write_bytes_atomic
 from argus.topology import RunIdentity, Topology, parse_layout
+from argus.wire import (DROP_TABLES, TABLES_BY_MSG, FrameReader, Msg, RingReader, decode_array, decode_json,
+                        default_socket_path, encode_json)
 
-__all__ = ["ProcessorConfig", "Processor", "default_socket_path"]
+__all__ = ["ProcessorConfig", "Processor"]
 
 log = logging.getLogger("argus.processor")
-
-
-def default_socket_path() -> Path:
-    """``$ARGUS_SOCKET``, else a per-user path under the temp directory."""
-    env = os.environ.get("ARGUS_SOCKET")
-    return Path(env) if env else Path(f"/tmp/argus-{os.getuid()}") / "processor.sock"
 
 
 @dataclass(kw_only=True)
@@ -77,6 +72,7 @@ class ProcessorConfig:
     hw_interval_s: float = 5.0  # NVML telemetry period (off without NVML)
     remote_write: list[Any] = field(default_factory=list)  # argus.tsdb.RemoteWriteConfig per TSDB
     remote_write_flush_s: float = 10.0  # at shutdown, time the sinks get to send what is queued
+    hang: HangConfig = field(default_factory=HangConfig)  # live hang detection (processor/hangs.py)
 
     def __post_init__(self) -> None:
         self.store, self.socket_path = Path(self.store), Path(self.socket_path)
@@ -101,7 +97,7 @@ _OUTBOX_LIMIT = 256 << 10  # a client that stops reading its ACKs loses them bey
 @dataclass
 class _Conn:
     sock: socket.socket
-    rx: bytearray = field(default_factory=bytearray)
+    rx: FrameReader = field(default_factory=FrameReader)
     tx: bytearray = field(default_factory=bytearray)
     info: RankInfo | None = None
     attempt_key: tuple[str, str] | None = None
@@ -112,6 +108,8 @@ class _Conn:
     id_map: list[int] = field(default_factory=list)
     identity: int = 0
     _id_array: np.ndarray | None = None
+    ring: RingReader | None = None  # the rank's shared-memory ring (from its HELLO)
+    pid: int | None = None
 
 
 @dataclass
@@ -149,6 +147,12 @@ class Processor:
             samplers.insert(0, StackSampler(hz=config.stack_hz, suspect_hz=config.suspect_stack_hz,
                                             py_spy=config.py_spy))
         self._samplers = Samplers(samplers)
+        self._py_spy = find_py_spy(config.py_spy)
+        self._hangs = HangWatch(config.hang, config.host, dump=self._main_stack)
+        self._departed: dict[tuple[tuple[str, str], int], RankView] = {}
+        self._orphans: list[tuple[Path, int]] = []
+        self._next_hang_check = 0.0
+        self._stopping = False
         self._sinks: list[Any] = []
         if config.remote_write:  # imported only when asked for: the TSDB path is optional
             from argus.tsdb import RemoteWriteSink
@@ -208,8 +212,10 @@ class Processor:
             self._shutdown()
 
     def _shutdown(self) -> None:
+        self._stopping = True
         for conn in list(self._conns.values()):
             self._drain(conn)
+            self._drain_ring(conn, final=True)
         self._feed(self._samplers.close(time.time_ns()))
         for key, st in self._attempts.items():
             for idx in st.assembler.ready({}, final=True):
@@ -227,6 +233,7 @@ class Processor:
                 self.config.socket_path.unlink()
             except FileNotFoundError:
                 pass
+        self._reap_rings()
         self._write_status(force=True)
         log.info("processor stopped: %d windows written", self.stats["windows_written"])
 
@@ -261,18 +268,15 @@ class Processor:
         if not chunk:
             self._close(conn, reason="disconnected")
             return
-        conn.rx += chunk
+        conn.rx.feed(chunk)
         self._drain(conn)
 
     def _drain(self, conn: _Conn) -> None:
         """Handle every complete frame in the connection's buffer."""
         try:
-            while len(conn.rx) >= HEADER.size and conn.sock.fileno() >= 0:
-                msg, length = decode_header(bytes(conn.rx[:HEADER.size]))
-                if len(conn.rx) < HEADER.size + length:
+            for msg, payload in conn.rx.frames():
+                if conn.sock.fileno() < 0:
                     return
-                payload = bytes(conn.rx[HEADER.size:HEADER.size + length])
-                del conn.rx[:HEADER.size + length]
                 self.stats["frames"] += 1
                 self._dispatch(conn, msg, payload)
         except (ProtocolError, KeyError, ValueError, TypeError) as exc:
@@ -290,23 +294,13 @@ class Processor:
         if conn.info is None:
             raise ProtocolError(f"{msg.name} before HELLO")
         if msg == Msg.NAMES:
-            for i, name in decode_json(payload):
-                if int(i) != len(conn.id_map):
-                    raise ProtocolError(f"name id {i} out of sequence (expected {len(conn.id_map)})")
-                index = len(conn.info.names)
-                if conn.identity == len(conn.id_map) == index:
-                    conn.identity += 1
-                conn.id_map.append(index)
-                conn.info.names.append(str(name))
-            conn._id_array = None
+            doc = decode_json(payload)
+            for k, (i, _) in enumerate(doc):
+                if int(i) != len(conn.id_map) + k:
+                    raise ProtocolError(f"name id {i} out of sequence (expected {len(conn.id_map) + k})")
+            self._add_names(conn, [str(name) for _, name in doc])
         elif msg in TABLES_BY_MSG:
-            records = decode_array(msg, payload)
-            self._check_names(conn, msg, records)
-            st = self._attempts[conn.attempt_key]  # type: ignore[index]
-            st.assembler.add(conn.info, msg, records)
-            self.stats["events"] += len(records)
-            if msg == Msg.STEPS:
-                self._samplers.steps_reported(conn.token, records)
+            self._records(conn, msg, decode_array(msg, payload))
         elif msg == Msg.DROPS:
             for row in decode_array(msg, payload):
                 table = DROP_TABLES[min(int(row["table"]), len(DROP_TABLES) - 1)]
@@ -321,6 +315,130 @@ class Processor:
             self._close(conn, reason=None)
         else:
             raise ProtocolError(f"unexpected {msg.name} from a client")
+
+    def _add_names(self, conn: _Conn, names: list[str]) -> None:
+        """The client's next name ids (in order) → indices of the rank's name table."""
+        assert conn.info is not None
+        for name in names:
+            index = len(conn.info.names)
+            if conn.identity == len(conn.id_map) == index:
+                conn.identity += 1
+            conn.id_map.append(index)
+            conn.info.names.append(name)
+        conn._id_array = None
+
+    def _records(self, conn: _Conn, msg: Msg, records: np.ndarray) -> None:
+        """One batch of a rank's records (from its socket or its ring) into the windows."""
+        self._check_names(conn, msg, records)
+        st = self._attempts[conn.attempt_key]  # type: ignore[index]
+        st.assembler.add(conn.info, msg, records)
+        self.stats["events"] += len(records)
+        if msg == Msg.STEPS:
+            self._samplers.steps_reported(conn.token, records)
+            self._hangs.steps_reported(conn.attempt_key, records)
+
+    # -- rings -----------------------------------------------------------------------------
+    def _open_ring(self, conn: _Conn, path: Any, pid: Any) -> None:
+        try:
+            conn.ring = RingReader(str(path), expect_pid=int(pid) if pid is not None else None)
+        except (OSError, ProtocolError, ValueError) as exc:
+            self.stats["ring_errors"] = self.stats.get("ring_errors", 0) + 1
+            log.warning("rank %s: cannot read its ring %s (%s); its records are lost",
+                        conn.info.rank if conn.info else "?", path, exc)
+
+    def _drain_ring(self, conn: _Conn, final: bool = False) -> None:
+        """Everything the rank wrote into its ring since the last pass (``final``: all of it,
+        the writer is gone or we are stopping)."""
+        ring = conn.ring
+        if ring is None or conn.info is None:
+            return
+        try:
+            names = ring.new_names()
+            if names:
+                self._add_names(conn, names)
+            for msg, records in ring.drain(settled=not final).items():
+                self._records(conn, msg, records)
+            for msg, n in ring.new_drops().items():
+                self._note_drop(conn, TABLES_BY_MSG[msg], n, 0, "producer_buffer_full")
+        except (ProtocolError, ValueError, KeyError, TypeError) as exc:
+            self.stats["garbage_frames"] += 1
+            log.warning("rank %d: bad ring contents (%s); no longer reading it", conn.info.rank, exc)
+            ring.close()
+            conn.ring = None
+
+    def _release_ring(self, conn: _Conn) -> None:
+        """Last drain of a departed rank's ring; the file goes once its writer is gone. A rank
+        that did not shut down cleanly stays in its job's hang view with its last state."""
+        ring = conn.ring
+        if ring is None:
+            return
+        if not self._stopping:
+            self._drain_ring(conn, final=True)
+        if conn.ring is None:
+            return
+        conn.ring = None
+        assert conn.info is not None and conn.attempt_key is not None
+        if not ring.closed_by_writer:
+            last, names, id_map = ring.inflight.read(), list(conn.info.names), list(conn.id_map)
+            self._departed[(conn.attempt_key, conn.info.rank)] = RankView(
+                conn.attempt_key, conn.info.rank, conn.pid, lambda: last,
+                lambda i: names[id_map[i]] if 0 <= i < len(id_map) else "", alive=False)
+        gone = ring.closed_by_writer or not _alive(ring.pid)
+        ring.close(unlink=gone)
+        if not gone:
+            self._orphans.append((ring.path, ring.pid))  # removed once its writer is gone
+
+    def _reap_rings(self) -> None:
+        """Ring files of departed ranks whose processes were still exiting when they left."""
+        keep = []
+        for path, pid in self._orphans:
+            if _alive(pid):
+                keep.append((path, pid))
+            else:
+                path.unlink(missing_ok=True)
+        self._orphans = keep
+
+    # -- hangs -----------------------------------------------------------------------------
+    def _main_stack(self, pid: int) -> str | None:
+        """The main thread's folded stack (one ``py-spy dump``), for a hang snapshot."""
+        if self._py_spy is None:
+            return None
+        kind, text = run_dump(self._py_spy, pid)
+        if kind != "ok":
+            return None
+        threads = parse_dump(text, pid)
+        main = [f for name, f in threads if name == "MainThread"] or [f for _, f in threads[:1]]
+        return main[0] if main else None
+
+    def _watch_hangs(self) -> None:
+        now = time.monotonic()
+        if now < self._next_hang_check:
+            return
+        self._next_hang_check = now + 0.5
+        self._reap_rings()
+        views = []
+        for conn in self._conns.values():
+            if conn.ring is None or conn.info is None or conn.attempt_key is None:
+                continue
+            info, id_map, ring = conn.info, conn.id_map, conn.ring
+            views.append(RankView(conn.attempt_key, info.rank, conn.pid, ring.inflight.read,
+                                  lambda i, info=info, id_map=id_map: info.names[id_map[i]]
+                                  if 0 <= i < len(id_map) else ""))
+        live = {(v.key, v.rank) for v in views}
+        jobs = {v.key for v in views}
+        for k in [k for k in self._departed if k[0] not in jobs]:
+            del self._departed[k]  # the job is over on this host
+        views += [v for k, v in self._departed.items() if k not in live]
+        for key, cols in self._hangs.check(views).items():
+            st = self._attempts.get(key)
+            if st is None:
+                continue
+            try:
+                window = max(st.assembler.windows, default=0)
+                st.writer.writer.write("hangs", cols, window=window)
+                self.stats["hang_snapshots"] = self.stats.get("hang_snapshots", 0) + 1
+            except Exception as exc:  # noqa: BLE001 - keep serving
+                log.exception("cannot write the hang snapshot of %s/%s: %s", key[0], key[1], exc)
 
     def _check_names(self, conn: _Conn, msg: Msg, records: np.ndarray) -> None:
         """Validate the client's name ids and map them to name-table indices (in place)."""
@@ -365,18 +483,24 @@ class Processor:
         st.new_ranks.append(rank)
         conn.info = RankInfo(rank=rank, gpu_uuid=str(doc.get("gpu_uuid") or ""))
         conn.attempt_key = key
+        conn.pid = int(doc["pid"]) if isinstance(doc.get("pid"), int) else None
+        if doc.get("ring"):
+            self._open_ring(conn, doc["ring"], conn.pid)
         self._samplers.rank_joined(conn.token, conn.info, key, doc)
         self.stats["ranks_seen"] += 1
         log.info("rank %d of %s/%s connected (pid %s)", rank, key[0], key[1], doc.get("pid"))
 
     def _close(self, conn: _Conn, reason: str | None) -> None:
+        if conn.info is not None and conn.attempt_key in self._attempts:
+            self._release_ring(conn)
+            self._hangs.rank_left(conn)
         self._feed(self._samplers.rank_left(conn.token))
         if conn.sock.fileno() in self._conns:
             self._sel.unregister(conn.sock)
             del self._conns[conn.sock.fileno()]
         if reason == "disconnected":
             self.stats["disconnects"] += 1
-            if conn.rx:  # a batch cut off mid-frame
+            if conn.rx.pending_bytes:  # a batch cut off mid-frame
                 self._note_drop(conn, "frames", 0, 1, "disconnected")
             if conn.info is not None:
                 log.warning("rank %d disconnected", conn.info.rank)
@@ -420,6 +544,10 @@ class Processor:
 
     # -- windows -------------------------------------------------------------------------
     def _cycle(self) -> None:
+        for conn in list(self._conns.values()):
+            if conn.ring is not None:
+                self._drain_ring(conn)
+        self._watch_hangs()
         self._feed(self._samplers.collect(time.time_ns()))
         self._control()
         for conn in list(self._conns.values()):
@@ -598,3 +726,21 @@ class Processor:
             write_bytes_atomic(path, json.dumps(doc, indent=1).encode(), durable=False)
         except OSError as exc:
             log.warning("cannot write status file %s: %s", path, exc)
+
+
+def _alive(pid: int) -> bool:
+    """Does process ``pid`` still run (a zombie does not)?"""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

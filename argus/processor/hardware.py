@@ -42,7 +42,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from argus.processor.protocol import DTYPES, Msg
+from argus.wire.protocol import DTYPES, Msg
 from argus.processor.samplers import Output, RankHandle, Sampler
 
 __all__ = ["BENIGN", "HardwareSampler"]

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from argus.processor.assembler import RankInfo
-from argus.processor.protocol import Msg
+from argus.wire.protocol import Msg
 
 __all__ = ["QUEUE_ITEMS", "Output", "RankHandle", "Sampler", "Samplers"]
 

@@ -70,7 +70,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from argus.processor.protocol import DROP_TABLES, DTYPES, Msg
+from argus.wire.protocol import DROP_TABLES, DTYPES, Msg
 from argus.processor.samplers import Output, RankHandle, Sampler
 
 __all__ = ["PY_SPY_ENV", "StackSampler", "Suspicion", "find_py_spy", "parse_dump", "run_dump"]

@@ -1,6 +1,14 @@
 """The producer's public functions, behind ``argus.init()`` and friends.
 
-``init`` never raises into the training script: a bad option or layout, a missing processor
+Two ways in:
+
+* ``argus.init()`` in the training script — tracing starts now if the process group is up
+  (or the process is a single, non-distributed job), else the moment
+  ``init_process_group`` returns;
+* zero-code (``argus run``): :func:`arm` at interpreter start, which starts nothing until
+  this process becomes a rank (``activation.py``).
+
+Neither ever raises into the training script: a bad option or layout, a missing processor
 or an internal error produce one warning and a disabled (or degraded) producer. The one
 process-wide runtime lives here because ``import argus; argus.init()`` is the contract;
 ``_reset`` exists for tests.
@@ -10,49 +18,103 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
-import importlib.abc
-import importlib.util
 import logging
+import multiprocessing
+import os
 import sys
+import threading
 import warnings
-from typing import Any, Callable, Iterator
+from typing import Any
 
-__all__ = ["init", "step", "phase", "shutdown", "runtime", "install_torch_import_hook"]
+__all__ = ["init", "step", "phase", "shutdown", "runtime", "arm"]
 
 log = logging.getLogger("argus.producer")
 _RUNTIME: Any = None
+_START_LOCK = threading.Lock()
+_ATEXIT = False
 
 
 def runtime() -> Any:
     return _RUNTIME
 
 
-def init(**options: Any) -> bool:
-    """Start tracing this process. Options override ``ARGUS_*`` variables (see
-    ``argus.producer.config``). Returns whether tracing is on."""
-    global _RUNTIME
-    if _RUNTIME is not None:
-        return _RUNTIME.active
-    try:
+def _start(options: dict[str, Any], rank: int | None = None, world: int | None = None) -> bool:
+    """Build and start the runtime (once per process)."""
+    global _RUNTIME, _ATEXIT
+    with _START_LOCK:
+        if _RUNTIME is not None:
+            return _RUNTIME.active
         from argus.producer.config import resolve_config, resolve_identity
         from argus.producer.runtime import Runtime, make_layout
 
         config = resolve_config(options)
         if not config.enabled:
             return False
-        identity = resolve_identity(config)
+        identity = resolve_identity(config, rank=rank, world_size=world)
         layout = make_layout(config, identity.world_size)
-        _RUNTIME = Runtime(config, identity, layout)
-        _RUNTIME.start()
-        if "torch" not in sys.modules:
-            install_torch_import_hook(_RUNTIME.install_torch)
-        atexit.register(shutdown)
-        return _RUNTIME.active
+        rt = Runtime(config, identity, layout)
+        _RUNTIME = rt
+        rt.start()
+        if not _ATEXIT:
+            atexit.register(shutdown)
+            _ATEXIT = True
+        return rt.active
+
+
+def _start_from_process_group(options: dict[str, Any]) -> None:
+    """This process's process group is up: it is a rank. Start with what the group says."""
+    from argus.producer.activation import traced_ancestor
+
+    if traced_ancestor() is not None:
+        return
+    import torch.distributed as dist
+
+    try:
+        _start(options, dist.get_rank(), dist.get_world_size())
     except Exception as exc:  # noqa: BLE001 - never stop training because of Argus
         warnings.warn(f"argus: tracing disabled: {exc}", RuntimeWarning, stacklevel=2)
-        _RUNTIME = None
+
+
+def init(**options: Any) -> bool:
+    """Start tracing this process. Options override ``ARGUS_*`` variables (see
+    ``argus.producer.config``). Returns whether tracing is on (or will be, once the process
+    group is initialised)."""
+    if _RUNTIME is not None:
+        return _RUNTIME.active
+    try:
+        from argus.producer.activation import after_import, traced_ancestor, wrap_init_process_group
+        from argus.producer.config import resolve_config
+
+        if not resolve_config(options).enabled or traced_ancestor() is not None:
+            return False
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return _start(options, dist.get_rank(), dist.get_world_size())
+        if multiprocessing.parent_process() is not None and "RANK" not in os.environ:
+            return False  # a DataLoader or pool worker importing the training script
+        if any(v in os.environ for v in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):
+            # a launched rank whose process group is not up yet: start when it is
+            after_import("torch.distributed", lambda mod: wrap_init_process_group(
+                mod.distributed_c10d, lambda: _start_from_process_group(options)))
+            return True
+        return _start(options)
+    except Exception as exc:  # noqa: BLE001 - never stop training because of Argus
+        warnings.warn(f"argus: tracing disabled: {exc}", RuntimeWarning, stacklevel=2)
         return False
+
+
+def arm() -> None:
+    """Zero-code start (``argus run``'s ``sitecustomize``): trace this process if and when it
+    becomes a rank; with ``ARGUS_FORCE=1``, a job that never makes a process group is traced
+    from ``import torch`` in its top process."""
+    try:
+        from argus.producer.activation import after_import, arm as arm_activation
+
+        arm_activation(lambda: _start_from_process_group({}))
+        if os.environ.get("ARGUS_FORCE") == "1" and multiprocessing.parent_process() is None:
+            after_import("torch", lambda _torch: _start({}))
+    except Exception as exc:  # noqa: BLE001
+        print(f"argus: not started: {exc}", file=sys.stderr)
 
 
 def step() -> None:
@@ -78,7 +140,10 @@ class phase(contextlib.ContextDecorator):
     def __enter__(self) -> "phase":
         rt = _RUNTIME
         if rt is not None and rt.active:
-            self._start.append(rt.mark())
+            try:
+                self._start.append(rt.mark())
+            except Exception as err:  # noqa: BLE001
+                rt.fail(f"phase() failed ({err})")
         return self
 
     def __exit__(self, *exc: object) -> bool:
@@ -92,7 +157,7 @@ class phase(contextlib.ContextDecorator):
 
 
 def shutdown() -> None:
-    """Flush and stop (also run at exit; jobs killed hard lose at most the last second)."""
+    """Stop (also run at exit). Nothing is lost either way: records are in the ring already."""
     global _RUNTIME
     rt, _RUNTIME = _RUNTIME, None
     if rt is not None:
@@ -104,38 +169,3 @@ def shutdown() -> None:
 
 def _reset() -> None:  # tests
     shutdown()
-
-
-# -- zero-code: hook PyTorch the moment it is imported ------------------------------------------
-class _AfterImport(importlib.abc.MetaPathFinder):
-    def __init__(self, module: str, callback: Callable[[], None]):
-        self.module = module
-        self.callback = callback
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != self.module:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        loader, callback = spec.loader, self.callback
-        original = loader.exec_module
-
-        @functools.wraps(original)
-        def exec_module(module: Any) -> None:
-            original(module)
-            try:
-                callback()
-            except Exception as exc:  # noqa: BLE001
-                log.warning("argus: could not hook %s: %s", name, exc)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
-
-
-def install_torch_import_hook(callback: Callable[[], None]) -> None:
-    if "torch" in sys.modules:
-        callback()
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport("torch", callback))

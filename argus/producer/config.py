@@ -20,14 +20,14 @@ __all__ = ["ProducerConfig", "Identity", "resolve_config", "resolve_identity", "
 #: field → environment variable
 ENV = {
     "enabled": "ARGUS_ENABLE",  # 0/false disables everything (one boolean check per hook)
-    "socket_path": "ARGUS_SOCKET",  # processor socket (default /tmp/argus-$UID/processor.sock)
+    "socket_path": "ARGUS_SOCKET",  # processor socket (default /tmp/argus-$UID/processor.sock, wire/paths.py)
     "layout": "ARGUS_LAYOUT",  # e.g. "pp=2,dp=2"; default pure data parallel
     "order": "ARGUS_ORDER",  # rank order, default tp-cp-ep-dp-pp
     "run_id": "ARGUS_RUN_ID",  # default TORCHELASTIC_RUN_ID, else a name from the start time
     "attempt_id": "ARGUS_ATTEMPT_ID",  # default TORCHELASTIC_RESTART_COUNT, else "0"
     "host": "ARGUS_HOST",  # host name for the store (default: hostname)
-    "flush_interval_s": "ARGUS_FLUSH_S",  # hand data to the processor at least this often
-    "buffer_events": "ARGUS_BUFFER_EVENTS",  # per table; beyond it events are dropped and counted
+    "flush_interval_s": "ARGUS_FLUSH_S",  # the transport thread's tick: (re)connect, read controls
+    "buffer_events": "ARGUS_BUFFER_EVENTS",  # ring capacity per table (capped, see runtime.py); full: drop, count
     "kernels": "ARGUS_KERNELS",  # auto | cupti | cpu_ops | off
     "op_sample_every": "ARGUS_OP_SAMPLE_EVERY",  # CPU op source: capture one step in N
     "module_patterns": "ARGUS_MODULE_PATTERNS",  # "phase=word|word;phase=word" (see below)
@@ -127,8 +127,11 @@ class Identity:
     pid: int
 
 
-def resolve_identity(config: ProducerConfig, environ: Mapping[str, str] | None = None) -> Identity:
-    """Rank, world and host from the usual launcher variables (torchrun, Slurm, MPI)."""
+def resolve_identity(config: ProducerConfig, environ: Mapping[str, str] | None = None, rank: int | None = None,
+                     world_size: int | None = None) -> Identity:
+    """Rank and world from the process group when given (``rank``, ``world_size``), else from
+    the usual launcher variables (torchrun, Slurm, MPI); host, run and attempt from the
+    options and the launcher."""
     env = os.environ if environ is None else environ
 
     def first(*names: str, default: str | None = None) -> str | None:
@@ -138,9 +141,12 @@ def resolve_identity(config: ProducerConfig, environ: Mapping[str, str] | None =
         return default
 
     try:
-        rank = int(first("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", default="0"))
-        world = int(first("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default="1"))
-        local = int(first("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", default=str(rank)))
+        if rank is None:
+            rank = int(first("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", default="0"))
+        world = world_size if world_size is not None else int(
+            first("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", default="1"))
+        local = int(first("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                          default=str(rank)))
     except ValueError as exc:
         raise ConfigError(f"cannot read the rank from the environment: {exc}") from None
     if not 0 <= rank < world:
@@ -153,4 +159,6 @@ def resolve_identity(config: ProducerConfig, environ: Mapping[str, str] | None =
 
 
 def default_socket(config: ProducerConfig) -> str:
-    return config.socket_path or os.environ.get("ARGUS_SOCKET") or f"/tmp/argus-{os.getuid()}/processor.sock"
+    from argus.wire.paths import default_socket_path
+
+    return config.socket_path or str(default_socket_path())

@@ -20,10 +20,11 @@ __all__ = ["CudaTimer"]
 
 
 class CudaTimer:
-    def __init__(self, emit: Callable[[int, int, tuple], None], poll_s: float = 0.05):
+    def __init__(self, emit: Callable[[int, int, tuple], None], device: int = 0, poll_s: float = 0.05):
         import torch
 
         self.torch = torch
+        self.device = device
         self.emit = emit  # (start_ns, end_ns, meta) → recorder
         self.pending: deque = deque()
         self.ref: tuple[Any, int] | None = None

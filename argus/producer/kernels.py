@@ -1,15 +1,20 @@
-"""The kernel channel, behind one interface: CUPTI activity records on NVIDIA GPUs, a sampled
-op-level source on CPU-only machines.
+"""The kernel channel, behind one interface: CUPTI activity records on NVIDIA GPUs
+(``cupti.py``), sampled CPU ops elsewhere.
 
-* ``CuptiSource`` (NVIDIA's ``cupti-python``): concurrent kernels, memcpy and memset with
-  name, start, end, stream, device, correlation. CUPTI fills its buffers asynchronously and
-  calls back on its own thread with the completed records; the training thread does no
-  per-record work. Records carry step -1: the processor places them in steps by time.
-  CUPTI timestamps are aligned to the producer clock once, at start.
-* ``CpuOpSource``: every aten op of one step in ``op_sample_every`` (a ``TorchDispatchMode``
-  entered at that step's start), labelled ``cpu_op``; an op's duration is the thread's CPU
-  time during it (like a kernel's device time, it excludes preemption on a shared host). Sampling keeps the overhead within the
-  budget: a Python callback per op is ~several µs, paid one step in N.
+**CPU ops** (``CpuOpSource``): every aten op of one step in ``op_sample_every``, recorded by
+PyTorch's own op observer — the CPU-only legacy profiler (``RecordFunction`` callbacks in
+C++, about 1.5 µs an op, enabled at the sampled step's start and disabled at its end). It
+changes no dispatch: compiled graphs compile and run the same (``torch.compile`` sees no mode),
+results are bit-identical, and nothing Python-level runs per op. Recorded are the leaf ops
+(those with no op inside: like GPU kernels, the work itself), labelled ``cpu_op``, timed on
+the wall clock at microsecond resolution. Compiled regions appear as their extern kernels
+(inductor's fused C++ kernels are not ops). It steps aside rather than collide:
+
+* never while another profiler is on, and a user's ``torch.profiler`` that starts while a
+  sample runs ends the sample first (``torch.autograd.profiler.profile._prepare_trace``);
+* never across ``fork``: the sample ends before a fork, so DataLoader workers do not inherit
+  an observer nobody would stop;
+* never on a CUDA device (CUPTI is the channel there).
 
 ``select_source`` picks CUPTI when a CUDA device and ``cupti-python`` work, else the CPU
 source; ``kernels="off"`` disables the channel.
@@ -17,13 +22,17 @@ source; ``kernels="off"`` disables the channel.
 
 from __future__ import annotations
 
+import functools
 import logging
-from time import thread_time_ns
+import os
 from typing import Any
 
-from argus.producer.recorder import KIND, Recorder, now_ns
+import numpy as np
 
-__all__ = ["KernelSource", "CpuOpSource", "CuptiSource", "select_source"]
+from argus.producer.recorder import KIND, Recorder, now_ns
+from argus.wire import DTYPES, Msg
+
+__all__ = ["KernelSource", "CpuOpSource", "select_source", "leaf_ops"]
 
 log = logging.getLogger("argus.producer")
 
@@ -40,117 +49,109 @@ class KernelSource:
     def stop(self) -> None: ...
 
 
+def leaf_ops(events: list, offset_ns: int, name_id: Any, step: int) -> np.ndarray:
+    """Kernel records of the ops with no op inside, from one thread's legacy-profiler events
+    (``push``/``pop`` pairs matched by handle)."""
+    open_: dict[int, list] = {}
+    rows = []
+    for e in events:
+        kind = e.kind()
+        if kind == "push":
+            for parent in open_.values():
+                parent[2] = False
+            open_[e.handle()] = [e.name(), e.start_us(), True]
+        elif kind == "pop":
+            found = open_.pop(e.handle(), None)
+            if found is not None and found[2]:
+                name, start_us, _ = found
+                rows.append((step, int(start_us * 1000) + offset_ns, max(int((e.start_us() - start_us) * 1000), 0),
+                             name_id(name), 0, -1, KIND["cpu_op"]))
+    out = np.zeros(len(rows), DTYPES[Msg.KERNELS])
+    if rows:
+        cols = list(zip(*rows))
+        for i, field in enumerate(DTYPES[Msg.KERNELS].names):
+            out[field] = cols[i]
+    return out
+
+
 class CpuOpSource(KernelSource):
-    """aten ops of sampled steps, timed on the CPU."""
+    """aten ops of sampled steps, through PyTorch's CPU op observer."""
 
     name = "cpu_ops"
 
     def __init__(self, recorder: Recorder, every: int):
         self.recorder = recorder
         self.every = every
-        self.mode: Any = None
-        self.rows: list = []
+        self.capturing = False
         self.step = 0
+        self.offset_ns = 0
+        self._pid = os.getpid()
+        self._patched: tuple[Any, Any] | None = None
 
-    def _make_mode(self) -> Any:
-        from torch.utils._python_dispatch import TorchDispatchMode
+    def start(self) -> None:
+        from torch.autograd import profiler
 
+        original = profiler.profile._prepare_trace
         source = self
-        names: dict[Any, int] = {}
 
-        class _ArgusOpMode(TorchDispatchMode):
-            def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-                t0, c0 = now_ns(), thread_time_ns()
-                out = func(*args, **(kwargs or {}))
-                nid = names.get(func)
-                if nid is None:
-                    nid = names[func] = source.recorder.name_id(str(func.overloadpacket))
-                # duration = the thread's CPU time, like a GPU kernel's device time: preemption
-                # by other processes on a shared host is not the op's cost
-                source.rows.append((source.step, t0, thread_time_ns() - c0, nid, 0, -1, KIND["cpu_op"]))
-                return out
+        @functools.wraps(original)
+        def _prepare_trace(prof: Any) -> Any:
+            source.end_sample()  # the user's profiler wins
+            return original(prof)
 
-        return _ArgusOpMode()
+        profiler.profile._prepare_trace = _prepare_trace
+        self._patched = (profiler.profile, original)
+        os.register_at_fork(before=self._before_fork)
+
+    def _before_fork(self) -> None:
+        if os.getpid() == self._pid:
+            self.end_sample()
 
     def on_step(self, step: int) -> None:
         """Called at a step boundary on the training thread."""
-        if self.mode is not None:
-            self.mode.__exit__(None, None, None)
-            self.mode = None
-            self.recorder.kernel_batch(self.rows)
-            self.rows = []
-        if step % self.every == 0:
-            self.step = step
-            self.mode = self._make_mode()
-            self.mode.__enter__()
+        self.end_sample()
+        if step % self.every == 0 and step > 0:  # step 0 is warm-up (and model building)
+            self._begin(step)
 
-    def stop(self) -> None:
-        if self.mode is not None:
-            try:
-                self.mode.__exit__(None, None, None)
-            except Exception:  # noqa: BLE001 - exiting on another thread at shutdown
-                pass
-            self.mode = None
+    def _begin(self, step: int) -> None:
+        import torch
+        from torch._C._profiler import ProfilerConfig, ProfilerState, _ExperimentalConfig
 
+        if torch.autograd._profiler_enabled():
+            return
+        config = ProfilerConfig(ProfilerState.CPU, False, False, False, False, False, _ExperimentalConfig())
+        self.step = step
+        t = now_ns()
+        torch.autograd._enable_profiler_legacy(config)
+        self.capturing = True
+        self.offset_ns = t  # refined from the start mark below
 
-class CuptiSource(KernelSource):
-    """CUPTI activity API through ``cupti-python`` (NVIDIA GPUs)."""
+    def end_sample(self) -> None:
+        if not self.capturing or os.getpid() != self._pid:
+            return
+        import torch
 
-    name = "cupti"
-    BUFFER_BYTES = 8 << 20
-
-    def __init__(self, recorder: Recorder):
-        self.recorder = recorder
-        self.offset = 0
-        self.kinds: list[Any] = []
-
-    def start(self) -> None:
-        from cupti import cupti
-
-        self.cupti = cupti
-        self.kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET]
-        for kind in self.kinds:
-            cupti.activity_enable(kind)
-        cupti.activity_register_callbacks(self._requested, self._completed)
-        self.offset = now_ns() - int(cupti.get_timestamp())
-
-    def _requested(self) -> tuple[int, int]:
-        return self.BUFFER_BYTES, 0
-
-    def _completed(self, activities: list) -> None:
-        """On CUPTI's thread: records → rows for the recorder."""
+        self.capturing = False
         try:
-            cupti = self.cupti
-            rows = []
-            name_id = self.recorder.name_id
-            for a in activities:
-                if a.kind in (cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.KERNEL):
-                    name, kind = a.name, KIND["kernel"]
-                elif a.kind == cupti.ActivityKind.MEMCPY:
-                    name, kind = f"Memcpy {cupti.ActivityMemcpyKind(a.copy_kind).name}", KIND["memcpy"]
-                elif a.kind == cupti.ActivityKind.MEMSET:
-                    name, kind = "Memset", KIND["memset"]
-                else:
-                    continue
-                rows.append((-1, int(a.start) + self.offset, int(a.end - a.start), name_id(name),
-                             int(a.stream_id), int(a.device_id), kind))
-            self.recorder.kernel_batch(rows)
-        except Exception as exc:  # noqa: BLE001 - CUPTI's thread must not die
-            log.debug("argus: CUPTI buffer dropped: %s", exc)
-
-    def flush(self) -> None:
-        try:
-            self.cupti.activity_flush_all(0)
-        except Exception:  # noqa: BLE001
-            pass
+            threads = torch.autograd._disable_profiler_legacy()
+        except RuntimeError:  # someone else stopped it
+            return
+        mark = next((e for events in threads for e in events if e.kind() == "mark"), None)
+        offset = self.offset_ns - int(mark.start_us() * 1000) if mark is not None else 0
+        for events in threads:
+            records = leaf_ops(events, offset, self.recorder.name_id, self.step)
+            if len(records):
+                self.recorder.kernels(records)
 
     def stop(self) -> None:
         try:
-            self.cupti.activity_flush_all(1)
-            for kind in self.kinds:
-                self.cupti.activity_disable(kind)
-        except Exception:  # noqa: BLE001
+            self.end_sample()
+        except Exception:  # noqa: BLE001 - at shutdown, perhaps on another thread
             pass
+        if self._patched is not None:
+            owner, original = self._patched
+            owner._prepare_trace = original
+            self._patched = None
 
 
 def select_source(mode: str, recorder: Recorder, op_sample_every: int) -> KernelSource:
@@ -162,11 +163,16 @@ def select_source(mode: str, recorder: Recorder, op_sample_every: int) -> Kernel
             import torch
 
             if torch.cuda.is_available():
+                from argus.producer.cupti import CuptiSource
+
                 source = CuptiSource(recorder)
                 source.start()
                 return source
             if mode == "cupti":
                 log.warning("argus: kernels=cupti but no CUDA device; using CPU ops")
         except Exception as exc:  # noqa: BLE001 - NotSupportedError, missing library…
-            log.warning("argus: CUPTI unavailable (%s); using CPU ops", exc)
-    return CpuOpSource(recorder, op_sample_every)
+            log.warning("argus: CUPTI unavailable (%s); kernel channel off", exc)
+            return KernelSource()
+    source = CpuOpSource(recorder, op_sample_every)
+    source.start()
+    return source

@@ -1,8 +1,15 @@
-"""The producer runtime of one process: identity, recorder, transport, hooks, sources.
+"""The producer runtime of one process: identity, ring, transport, hooks, sources.
 
 One runtime per process, held by :mod:`argus.producer.api`. Everything here runs inside
 someone else's training job, so the rules are: decide once at start, keep the hot path to
-an append, and on any internal failure log once, disable, and let training continue.
+a ring write, and on any internal failure log once, disable, and let training continue.
+
+Step boundaries come from the optimizer (its step post-hook), from ``argus.step()``, or — in
+loops that update parameters without a ``torch.optim`` optimizer — from the loop's own
+shape: a training forward that follows a backward whose gradients were communicated (any
+collective issued after the backward began; a rank that never communicates: any backward).
+Gradient accumulation keeps its microbatches in one step, because only the last backward
+is followed by gradient communication.
 """
 
 from __future__ import annotations
@@ -13,13 +20,22 @@ import sys
 import threading
 from typing import Any
 
+from argus.producer.activation import TRACED_PID_ENV
 from argus.producer.config import Identity, ProducerConfig, default_socket
 from argus.producer.recorder import Recorder, now_ns
 from argus.topology import Layout, parse_layout
+from argus.wire import Msg, RingWriter, ring_dir
 
-__all__ = ["Runtime"]
+__all__ = ["Runtime", "ring_capacities"]
 
 log = logging.getLogger("argus.producer")
+
+
+def ring_capacities(buffer_events: int) -> dict[Msg, int]:
+    """Records the ring holds per table: ``buffer_events``, capped so a rank's ring stays
+    about 9 MB of shared memory (``/dev/shm`` in a container is often only 64 MB)."""
+    return {Msg.STEPS: 8192, Msg.PHASES: max(4096, min(buffer_events, 65536)),
+            Msg.KERNELS: max(4096, min(buffer_events, 131072)), Msg.STACKS: 16384}
 
 
 class Runtime:
@@ -27,22 +43,31 @@ class Runtime:
         self.config = config
         self.identity = identity
         self.layout = layout
-        self.recorder = Recorder(capacity=config.buffer_events)
+        self.pid = os.getpid()
+        self.ring = RingWriter.create(ring_dir(), ring_capacities(config.buffer_events), tag=f"r{identity.rank}")
+        self.recorder = Recorder(self.ring)
         self.active = False
         self.failed: str | None = None
         self.step = 0
         self.step_start = now_ns()
+        self.started = False  # step 0 starts with the first forward or backward, not at init()
         self.fwd_mb = 0
         self.bwd_mb = 0
         self.mb_context = -1
         self.forwards_since_step = 0
+        self.backwards_since_step = 0
+        self.in_backward = False
         self.explicit_steps = False
-        self.started = False
+        self.optimizer_seen = False
+        self.comm_issued = 0  # collectives started on this rank (the tracker counts)
+        self.comm_at_backward = 0
         self.hooks: Any = None
         self.kernels: Any = None
         self.stacks: Any = None
         self.cuda: Any = None
         self.transport: Any = None
+        self.main_ident = threading.get_ident()  # the training thread: the one that started tracing
+        self._activity: list[tuple[int, int]] = []
         self._torch_installed = False
         self._lock = threading.Lock()
         self.sched = SchedClock()
@@ -56,9 +81,11 @@ class Runtime:
                  "world_size": self.identity.world_size, "local_rank": self.identity.local_rank,
                  "host": self.identity.host, "pid": self.identity.pid, "layout": str(self.layout),
                  "order": self.layout.order_str, "gpu_uuid": self._gpu_uuid()}
-        self.transport = Transport(self.recorder, default_socket(self.config), hello, self.config.flush_interval_s,
-                                   on_control=self.on_control)
+        self.transport = Transport(self.ring, default_socket(self.config), hello, self.config.flush_interval_s,
+                                   on_control=self.on_control, on_tick=self._tick)
         self.active = True
+        os.environ[TRACED_PID_ENV] = str(self.pid)  # descendants are not ranks of their own
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
         self.transport.start()
         if self.config.stacks_hz > 0:
             self._start_stacks(self.config.stacks_hz)
@@ -66,7 +93,7 @@ class Runtime:
             self.install_torch()
 
     def install_torch(self) -> None:
-        """Hook PyTorch (now, or when ``torch`` is first imported under ``argus run``)."""
+        """Hook PyTorch (now, or when ``torch`` is first imported)."""
         with self._lock:
             if self._torch_installed or not self.active:
                 return
@@ -77,20 +104,32 @@ class Runtime:
 
             self.hooks = TorchHooks(self)
             self.hooks.install()
-            self.kernels = select_source(self.config.kernels, self.recorder, self.config.op_sample_every)
-            self.kernels.on_step(self.step)
             import torch
 
             if torch.cuda.is_available():
                 from argus.producer.cuda_timing import CudaTimer
 
-                self.cuda = CudaTimer(self._emit_cuda)
+                self.cuda = CudaTimer(self._emit_cuda, device=self._device())
                 self.cuda.start()
+            self.kernels = select_source(self.config.kernels, self.recorder, self.config.op_sample_every)
+            self.kernels.on_step(self.step)
         except Exception as exc:  # noqa: BLE001
             self.fail(f"cannot hook PyTorch ({exc})")
 
+    def _after_fork_in_child(self) -> None:
+        """A forked child (DataLoader worker, a helper) is not this rank: stop at once, touch
+        nothing the parent owns."""
+        if os.getpid() == self.pid:
+            return
+        self.active = False
+        self.ring.forget_in_child()
+        if self.transport is not None:
+            self.transport.forget_in_child()
+
     def shutdown(self, flush: bool = True) -> None:
-        if self.step_start and self.forwards_since_step and self.active:
+        if os.getpid() != self.pid:
+            return  # a forked child's inherited exit hook
+        if self.active and self.started and (self.forwards_since_step or self.backwards_since_step):
             self.recorder.step(self.step, self.step_start, now_ns())
         self.active = False
         for part in (self.kernels, self.stacks, self.cuda):
@@ -104,8 +143,10 @@ class Runtime:
                 self.hooks.uninstall()
             except Exception:  # noqa: BLE001
                 pass
-        if self.transport is not None:
-            self.transport.stop() if flush else None
+        connected = self.transport is not None and self.transport.ever_connected
+        self.ring.close(unlink=not connected)  # no processor ever read it: nobody will
+        if self.transport is not None and flush:
+            self.transport.stop()
 
     def fail(self, why: str) -> None:
         """Disable the producer after an internal error: one warning, training continues."""
@@ -114,7 +155,15 @@ class Runtime:
             log.warning("argus: disabled: %s; training continues without tracing", why)
         self.active = False
 
+    def _tick(self) -> None:
+        """The transport thread, every ``flush_interval_s``."""
+        if self.kernels is not None and self.active:
+            self.kernels.flush()
+
     # -- recording -----------------------------------------------------------------------
+    def on_main_thread(self) -> bool:
+        return threading.get_ident() == self.main_ident
+
     def grad_enabled(self) -> bool:
         import torch
 
@@ -127,7 +176,7 @@ class Runtime:
     def mark(self) -> Any:
         """A point on the timeline: a CUDA event on GPU; on CPU ``(ns, waited ns so far)``, where
         waited counts what is not this rank's work — the training thread's run-queue delay
-        (preempted by other processes) and time blocked in synchronous communication."""
+        (preempted by other processes) and time blocked waiting for communication."""
         if self.cuda is not None:
             return self.cuda.mark()
         return now_ns(), self.sched.runq_ns() + self.waited_ns
@@ -142,26 +191,89 @@ class Runtime:
             self.recorder.phase(step, m0[0], m1[0], microbatch, name, category, group, wait)
 
     def add_wait(self, m0: Any, m1: Any) -> None:
-        """A synchronous collective between two CPU marks: its time is waiting for the phases
-        around it (less what was already counted as run-queue delay)."""
-        if self.cuda is None:
+        """The training thread was blocked waiting for communication between two CPU marks: that
+        time is waiting for the phases around it (less what was already counted as run-queue
+        delay)."""
+        if self.cuda is None and m0 is not None:
             self.waited_ns += max((m1[0] - m0[0]) - (m1[1] - m0[1]), 0)
 
     def _emit_cuda(self, t0: int, t1: int, meta: tuple) -> None:
         step, microbatch, name, category, group = meta
         self.recorder.phase(step, t0, t1, microbatch, name, category, group)
 
+    # -- what the training thread is doing (the in-flight block) -----------------------------
+    def set_activity(self, name_id: int) -> None:
+        t = now_ns()
+        self._activity.append((name_id, t))
+        self.ring.inflight.activity(name_id, t)
+
+    def set_activity_name(self, name: str) -> None:
+        self.set_activity(self.recorder.name_id(name))
+
+    def restore_activity(self) -> None:
+        if self._activity:
+            self._activity.pop()
+        name_id, since = self._activity[-1] if self._activity else (-1, now_ns())
+        self.ring.inflight.activity(name_id, since)
+
+    # -- the loop's shape ---------------------------------------------------------------------
+    def _begin(self) -> None:
+        if not self.started:
+            self.started = True
+            self.step_start = now_ns()
+
+    def forward_starts(self, module: Any) -> None:
+        """A training (or eval) forward of a root module begins, outside any backward."""
+        self._begin()
+        training = self.grad_enabled()
+        if (training and not self.explicit_steps and not self.optimizer_seen and self.backwards_since_step
+                and (self.comm_issued > self.comm_at_backward or self.comm_issued == 0)):
+            self.end_step()  # no optimizer: the previous step's gradients were communicated
+        self.mb_context = self.fwd_mb if training else -1
+        self.set_activity_name("forward-compute" if training else "forward-eval")
+
+    def forward_ends(self, start: Any) -> None:
+        training = self.grad_enabled()
+        self.record_span(start, self.mark(), self.fwd_mb if training else -1,
+                         "forward-compute" if training else "forward-eval", "compute")
+        if training:
+            self.fwd_mb += 1
+            self.forwards_since_step += 1
+        self.mb_context = -1
+        self.restore_activity()
+
+    def backward_starts(self) -> tuple[Any, int]:
+        self._begin()
+        mb = self.bwd_mb
+        self.mb_context = mb
+        self.in_backward = True
+        self.comm_at_backward = self.comm_issued
+        self.set_activity_name("backward-compute")
+        return self.mark(), mb
+
+    def backward_ends(self, token: tuple[Any, int]) -> None:
+        t0, mb = token
+        self.in_backward = False
+        self.record_span(t0, self.mark(), mb, "backward-compute", "compute")
+        self.bwd_mb += 1
+        self.backwards_since_step += 1
+        self.mb_context = -1
+        self.restore_activity()
+
+    def optimizer_stepped(self) -> None:
+        self.optimizer_seen = True
+        self.restore_activity()
+        if not self.explicit_steps and (self.forwards_since_step or self.backwards_since_step):
+            self.end_step()
+
     def end_step(self, t: int | None = None) -> None:
         t = now_ns() if t is None else t
         self.recorder.step(self.step, self.step_start, t)
-        if self.hooks is not None:
-            self.hooks.settle(self.forwards_since_step)
+        self.ring.inflight.step_done(self.step, t)
         self.step += 1
         self.step_start = t
         self.fwd_mb = self.bwd_mb = 0
-        self.forwards_since_step = 0
-        if self.hooks is not None:
-            self.hooks.depth = 0
+        self.forwards_since_step = self.backwards_since_step = 0
         if self.kernels is not None:
             try:
                 self.kernels.on_step(self.step)
@@ -172,16 +284,9 @@ class Runtime:
             self.cuda.rebase()
 
     # -- process groups ----------------------------------------------------------------------
-    def kind_of_group(self, group: Any, peer: int | None = None) -> str:
-        """Map a process group (or a p2p pair) to its layout kind; '' if it is none of them."""
-        import torch.distributed as dist
-
+    def kind_of_group(self, members: list[int], peer: int | None = None) -> str:
+        """The layout kind of a group of global ranks (or of a p2p pair); '' if none."""
         rank = self.identity.rank
-        try:
-            members = set(dist.get_process_group_ranks(group)) if group is not None else set(
-                range(dist.get_world_size()))
-        except Exception:  # noqa: BLE001 - not initialised yet
-            members = set(range(self.identity.world_size))
         if self.identity.world_size == 1:
             return "dp"
         if peer is not None:  # p2p: the smallest layout group holding both ends
@@ -191,13 +296,18 @@ class Runtime:
                 if peer in g and (size is None or len(g) < size):
                     best, size = kind, len(g)
             return best
+        wanted = set(members)
         for kind in ("tp", "cp", "ep", "pp", "dp", "edp", "world"):
-            if set(self.layout.group_of(kind, rank).tolist()) == members:
+            if set(self.layout.group_of(kind, rank).tolist()) == wanted:
                 return kind
         return ""
 
     # -- control from the processor ----------------------------------------------------------
     def on_control(self, doc: dict) -> None:
+        if doc.get("stop"):
+            log.warning("argus: the processor stopped tracing this process: %s", doc["stop"])
+            self.active = False
+            return
         hz = (doc.get("stacks") or {}).get("inprocess_hz")
         if hz:
             if self.stacks is None:
@@ -208,16 +318,20 @@ class Runtime:
     def _start_stacks(self, hz: float) -> None:
         from argus.producer.stacks import StackSampler
 
-        self.stacks = StackSampler(self.recorder, self, hz)
+        self.stacks = StackSampler(self.recorder, self, hz, thread_ident=self.main_ident)
         self.stacks.start()
+
+    def _device(self) -> int:
+        import torch
+
+        return self.identity.local_rank % max(torch.cuda.device_count(), 1)
 
     def _gpu_uuid(self) -> str:
         try:
             import torch
 
             if "torch" in sys.modules and torch.cuda.is_available():
-                props = torch.cuda.get_device_properties(self.identity.local_rank % torch.cuda.device_count())
-                return f"GPU-{props.uuid}"
+                return f"GPU-{torch.cuda.get_device_properties(self._device()).uuid}"
         except Exception:  # noqa: BLE001
             pass
         return f"cpu-{self.identity.host}-{self.identity.local_rank}"

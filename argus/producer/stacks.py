@@ -87,4 +87,4 @@ class StackSampler:
         rows = [(step, t0, t1, self.recorder.name_id(frames), tid, count)
                 for (step, frames), (count, t0, t1) in agg.items()]
         if rows:
-            self.recorder.stack_batch(rows)
+            self.recorder.stacks(rows)

@@ -1,10 +1,11 @@
-"""The producer's background thread: pack buffered events and ship them to the processor.
+"""The producer's one background thread: keep the processor told where this rank's ring is.
 
-Never blocks training: the training thread only appends to the recorder; this thread wakes
-every ``flush_interval_s`` (data flows while the job runs — real jobs end with ``os._exit``
-or SIGKILL and no exit hook runs), drains, packs into the wire dtypes and sends. When the
-processor is absent, slow or restarting, the batch is dropped and counted, and the thread
-reconnects with backoff; the counts reach the processor as ``DROPS`` once it is back.
+Records never travel through this thread (they are in the ring the moment they are made);
+it connects to the host's processor, sends ``HELLO`` with the ring's path, reads the
+processor's ``CONTROL`` requests, and reconnects with backoff when the processor is absent
+or restarted (a new processor continues draining the ring where the old one stopped: the
+ring's read position lives in the ring). It also performs ring writes that threads left to
+the lock's holder (``RingWriter.settle``) and the runtime's periodic duties.
 """
 
 from __future__ import annotations
@@ -14,53 +15,74 @@ import threading
 import time
 from typing import Any, Callable
 
-import numpy as np
-
-from argus.processor.client import ProcessorClient
-from argus.processor.protocol import DTYPES, Msg, encode_array, encode_json
-from argus.producer.recorder import TABLES, Recorder
+from argus.wire import ProcessorClient, RingWriter
 
 __all__ = ["Transport"]
 
 log = logging.getLogger("argus.producer")
 
-_MSG = {"steps": Msg.STEPS, "phases": Msg.PHASES, "kernels": Msg.KERNELS, "stacks": Msg.STACKS}
-
 
 class Transport:
-    def __init__(self, recorder: Recorder, socket_path: str, hello: dict[str, Any], flush_interval_s: float,
-                 on_control: Callable[[dict], None] | None = None):
-        self.recorder = recorder
-        self.flush_interval_s = flush_interval_s
-        self.client = ProcessorClient(socket_path, hello, timeout_s=2.0)
+    def __init__(self, ring: RingWriter, socket_path: str, hello: dict[str, Any], interval_s: float,
+                 on_control: Callable[[dict], None] | None = None, on_tick: Callable[[], None] | None = None):
+        self.ring = ring
+        self.interval_s = interval_s
+        self.client = ProcessorClient(socket_path, {**hello, "ring": str(ring.path)}, timeout_s=2.0)
         self.on_control = on_control
+        self.on_tick = on_tick
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="argus-transport", daemon=True)
-        self._backoff = 0.5
+        self._backoff = 0.2
         self._next_connect = 0.0
-        self._sent_names = 0
-        self.sent_events = 0
-        self.reported_drops = {t: 0 for t in TABLES}
         self.connected = False
-        self.reconnects = 0
+        self.ever_connected = False
         self._warned = False
 
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Flush what is buffered and stop (best effort: a closed socket just drops it)."""
+    def stop(self, timeout_s: float = 2.0) -> None:
         self._stop.set()
-        if self._thread.is_alive():
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout_s)
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self.flush_interval_s):
-            self.flush()
-        self.flush()
-        self.client.close()
+    def forget_in_child(self) -> None:
+        """After ``fork``: the connection belongs to the parent; close our copy of the socket
+        (the parent's stays open) and never use it."""
+        self._stop.set()
+        sock, self.client.sock = self.client.sock, None
+        if sock is not None:
+            try:
+                sock.close()  # our descriptor only: close() never shuts the shared connection down
+            except OSError:
+                pass
 
-    # -- connection --------------------------------------------------------------------
+    def _loop(self) -> None:
+        self._tick()
+        while not self._stop.wait(self.interval_s):
+            self._tick()
+        self.ring.settle()
+        if self.connected:
+            self.client.close(bye=True)
+
+    def _tick(self) -> None:
+        try:
+            self.ring.settle()
+            if self.on_tick is not None:
+                self.on_tick()
+            if self._ensure_connected():
+                self.client.poll_acks()
+                self.client.acks.clear()
+                if self.client.peer_closed:
+                    self._disconnect()
+                while self.client.controls:
+                    doc = self.client.controls.pop(0)
+                    if self.on_control is not None:
+                        self.on_control(doc)
+        except Exception as exc:  # noqa: BLE001 - the thread must never die
+            log.debug("argus: transport tick failed: %s", exc)
+            self._disconnect()
+
     def _ensure_connected(self) -> bool:
         if self.connected:
             return True
@@ -69,29 +91,17 @@ class Transport:
             return False
         try:
             self.client.connect()
-            self.connected = True
-            self._sent_names = 0  # a new processor knows none of our names
-            if self.reconnects and not self._warned:
-                log.info("argus: reconnected to the processor")
-            self.reconnects += 1
-            self._backoff = 0.5
+            self.connected = self.ever_connected = True
+            self._backoff = 0.2
             return True
         except (OSError, ConnectionError):
             self._next_connect = now + self._backoff
-            self._backoff = min(self._backoff * 2, 2.0)  # a failed unix connect costs µs: retry soon
+            self._backoff = min(self._backoff * 2, 2.0)
             if not self._warned:
-                log.warning("argus: processor not reachable at %s; dropping and counting events until it is",
+                log.warning("argus: processor not reachable at %s; recording into the ring until it is",
                             self.client.socket_path)
                 self._warned = True
             return False
-
-    # -- shipping ----------------------------------------------------------------------
-    def flush(self) -> None:
-        try:
-            self._flush()
-        except Exception as exc:  # the transport must never die: log and keep going
-            log.debug("argus: flush failed: %s", exc)
-            self._disconnect()
 
     def _disconnect(self) -> None:
         self.connected = False
@@ -99,48 +109,3 @@ class Transport:
             self.client.close(bye=False)
         except OSError:
             pass
-
-    def _flush(self) -> None:
-        batches = self.recorder.drain()
-        if not self._ensure_connected():
-            for table, rows in batches.items():
-                self.recorder.dropped[table] += len(rows)
-            return
-        try:
-            names = list(self.recorder.names.items())
-            if len(names) > self._sent_names:
-                new = sorted(names, key=lambda kv: kv[1])[self._sent_names:]
-                self.client.send_raw(encode_json(Msg.NAMES, [[i, n] for n, i in new]))
-                self._sent_names = len(names)
-            for table, rows in batches.items():
-                if rows:
-                    records = np.array(rows, dtype=DTYPES[_MSG[table]])
-                    self.client.send_raw(encode_array(_MSG[table], records))
-                    self.sent_events += len(rows)
-            self._send_drops()
-            self._read_controls()
-        except OSError:
-            for table, rows in batches.items():
-                self.recorder.dropped[table] += len(rows)
-            self._disconnect()
-
-    def _send_drops(self) -> None:
-        new = [(i, self.recorder.dropped[t] - self.reported_drops[t]) for i, t in enumerate(TABLES)]
-        new = [(i, n) for i, n in new if n > 0]
-        if not new:
-            return
-        rows = np.zeros(len(new), DTYPES[Msg.DROPS])
-        rows["table"] = [i for i, _ in new]
-        rows["events"] = [n for _, n in new]
-        rows["batches"] = 0
-        self.client.send_raw(encode_array(Msg.DROPS, rows))
-        for i, n in new:
-            self.reported_drops[TABLES[i]] += n
-
-    def _read_controls(self) -> None:
-        self.client.poll_acks()
-        self.client.acks.clear()  # nobody waits on ACKs here; keep memory flat
-        while self.client.controls:
-            doc = self.client.controls.pop(0)
-            if self.on_control is not None:
-                self.on_control(doc)

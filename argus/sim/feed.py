@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from argus.processor.client import Interner
-from argus.processor.protocol import CATEGORIES, DTYPES, GROUP_KINDS, KINDS, Msg
+from argus.wire.client import Interner
+from argus.wire.protocol import CATEGORIES, DTYPES, GROUP_KINDS, KINDS, Msg
 from argus.sim.records import NameTable, StepRecords
 
 __all__ = ["engine_interner", "step_batches"]

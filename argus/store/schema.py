@@ -195,6 +195,39 @@ TABLES: dict[str, TableSpec] = {
             step_column=None,
         ),
         TableSpec(
+            "hangs",
+            "Live hang snapshots: when no local rank of a job made progress for the hang threshold, the "
+            "host's processor records every local rank's in-flight state (read from its shared-memory ring, "
+            "even while the rank is stuck) and the stacks of the ranks that are not waiting in a collective.",
+            (
+                ("detected_ns", _I64, "processor wall-clock time of the snapshot (ns since epoch)"),
+                ("stalled_s", _F64, "seconds without progress of any local rank of the job when detected"),
+                ("threshold_s", _F64, "the hang threshold it crossed: max(minimum, factor × median step time)"),
+                ("rank", _I32, "global rank"),
+                ("host", _STR, "host of the rank"),
+                ("alive", pa.bool_(), "the rank's process still existed"),
+                ("step", _I64, "the step the rank was in"),
+                ("steps_done", _I64, "the last step it finished (-1: none)"),
+                ("activity", _STR, "what its training thread was doing (`forward-compute`, `backward-compute`, "
+                 "`optimizer`, `dataloader`, a collective's phase name, or empty)"),
+                ("activity_since_ns", _I64, "since when (ns, the rank's clock)"),
+                ("waiting", pa.bool_(), "it had started a collective that had not completed"),
+                ("group_key", _I64, "the group of its oldest pending collective (hash of the group's ranks; "
+                 "0: none), else of its most used group"),
+                ("group_kind", _STR, "layout kind of that group (`dp`, `tp`, `pp`, … or empty)"),
+                ("group_size", _I32, "members of that group"),
+                ("group_first_rank", _I32, "smallest global rank of that group"),
+                ("op", _STR, "the last collective it started on that group, e.g. `dp-allreduce`"),
+                ("issued", _I64, "collectives it had started on that group"),
+                ("completed", _I64, "collectives of that group that had completed on it"),
+                ("pending_since_ns", _I64, "start of its oldest pending collective (0: none)"),
+                ("groups", _STR, "JSON list of every group it used: key, kind, size, first_rank, issued, completed, "
+                 "op"),
+                ("stack", _STR, "folded Python stack of its main thread (py-spy), root first; empty if not taken"),
+            ),
+            step_column="step",
+        ),
+        TableSpec(
             "incidents",
             "Diagnosis results: one row per incident (the `argus diagnose --json` document, flattened).",
             (

@@ -1,7 +1,7 @@
 import numpy as np
 
 from argus.processor.assembler import RankInfo, WindowAssembler
-from argus.processor.protocol import DTYPES, Msg
+from argus.wire.protocol import DTYPES, Msg
 
 
 class Clock:

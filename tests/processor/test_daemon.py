@@ -15,8 +15,8 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from argus.processor import Msg, ProcessorClient
-from argus.processor.protocol import HEADER, encode_array, encode_json
+from argus.wire import Msg, ProcessorClient
+from argus.wire.protocol import HEADER, encode_array, encode_json
 from argus.sim import Engine, SimConfig
 from argus.sim.feed import engine_interner, step_batches
 from argus.store import Store
@@ -74,8 +74,8 @@ def _send_step(clients, rec):
 
 _KILLED_CLIENT = """
 import sys, time, numpy as np
-from argus.processor import ProcessorClient, Msg
-from argus.processor.protocol import DTYPES, encode_array
+from argus.wire import Msg, ProcessorClient
+from argus.wire.protocol import DTYPES, encode_array
 c = ProcessorClient(sys.argv[1], {"run_id": "job", "attempt_id": "0", "rank": 7, "world_size": 8,
                                   "host": "node-0000", "local_rank": 7, "layout": "tp=2,pp=2,dp=2"}).connect()
 c.names.id("k")
@@ -185,7 +185,7 @@ def test_a_frame_before_hello_is_rejected_and_others_are_unaffected(processor):
     rogue = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     rogue.connect(str(sock))
     import numpy as np
-    from argus.processor.protocol import DTYPES
+    from argus.wire.protocol import DTYPES
 
     rogue.sendall(encode_array(Msg.STEPS, np.zeros(3, DTYPES[Msg.STEPS])))
     assert rogue.recv(10) == b""

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from argus.analysis.signals import load_hw_signals
-from argus.processor import Msg, ProcessorClient
+from argus.wire import Msg, ProcessorClient
 from argus.processor.assembler import RankInfo, WindowAssembler
 from argus.processor.hardware import HardwareSampler
-from argus.processor.protocol import DTYPES
+from argus.wire.protocol import DTYPES
 from argus.processor.samplers import Samplers
 from argus.processor.window import WindowWriter
 from argus.store import Store

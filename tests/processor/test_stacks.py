@@ -20,9 +20,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from argus.processor import Msg, ProcessorClient
+from argus.wire import Msg, ProcessorClient
 from argus.processor.assembler import RankInfo
-from argus.processor.protocol import DTYPES
+from argus.wire.protocol import DTYPES
 from argus.processor.samplers import RankHandle
 from argus.processor.stacks import StackSampler, find_py_spy, parse_dump, run_dump
 from argus.store import Store

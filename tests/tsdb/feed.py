@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
-from argus.processor import Msg, ProcessorClient
-from argus.processor.protocol import DTYPES
+from argus.wire import Msg, ProcessorClient
+from argus.wire.protocol import DTYPES
 from argus.sim.feed import engine_interner, step_batches
 from argus.sim.records import StepRecords
 

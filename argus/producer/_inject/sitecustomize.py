@@ -1,23 +1,20 @@
-"""Injected by ``argus run`` (on PYTHONPATH): start the producer in every rank, zero code.
-
-Activates in processes that are ranks (``RANK`` set by torchrun/launchers) or when
-``ARGUS_FORCE=1`` (a single-process command); never in the launcher itself. Then chains
-to any ``sitecustomize`` that was on the path before.
+"""Injected by ``argus run`` (on PYTHONPATH) into every Python process of the job: arm the
+producer, which starts only in processes that become ranks (``argus/producer/activation.py``)
+— never in the launcher, its helpers or the ranks' workers. Then chains to any
+``sitecustomize`` that was on the path before.
 """
 
 import os
 import sys
 
 
-def _argus_start() -> None:
+def _argus_arm() -> None:
     if os.environ.get("ARGUS_ENABLE", "1").lower() in ("0", "false", "no", "off"):
         return
-    if "RANK" not in os.environ and os.environ.get("ARGUS_FORCE") != "1":
-        return
     try:
-        import argus
+        from argus.producer.api import arm
 
-        argus.init()
+        arm()
     except Exception as exc:  # noqa: BLE001 - never break the user's program
         print(f"argus: not started: {exc}", file=sys.stderr)
 
@@ -36,4 +33,4 @@ def _chain() -> None:
 
 
 _chain()
-_argus_start()
+_argus_arm()

@@ -17,11 +17,10 @@ from typing import Any, Iterable
 import numpy as np
 
 from argus.errors import ProtocolError
-from argus.processor.protocol import HEADER, Msg, decode_header, encode_array, encode_json
+from argus.wire.frames import FrameReader
+from argus.wire.protocol import Msg, encode_array, encode_json
 
 __all__ = ["ProcessorClient", "Interner"]
-
-_CONTROL = 21  # server → client requests (Msg.CONTROL)
 
 
 class Interner:
@@ -61,7 +60,8 @@ class ProcessorClient:
         self.sock: socket.socket | None = None
         self.acks: list[dict[str, Any]] = []
         self.controls: list[dict[str, Any]] = []  # server requests (e.g. sample your own stacks)
-        self._rx = bytearray()
+        self._rx = FrameReader()
+        self.peer_closed = False  # the processor closed the connection (seen by poll_acks)
 
     # -- connection ----------------------------------------------------------------------
     def connect(self, retries: int = 0, delay_s: float = 0.1) -> "ProcessorClient":
@@ -72,6 +72,8 @@ class ProcessorClient:
                 s.settimeout(self.timeout_s)
                 s.connect(self.socket_path)
                 self.sock = s
+                self._rx = FrameReader()
+                self.peer_closed = False
                 self.names.resend_all()
                 self._send(encode_json(Msg.HELLO, self.hello))
                 return self
@@ -137,9 +139,10 @@ class ProcessorClient:
             finally:
                 self.sock.settimeout(self.timeout_s)
             if chunk == b"":
+                self.peer_closed = True
                 break  # server closed
             if chunk:
-                self._rx += chunk
+                self._rx.feed(chunk)
                 self._parse_acks()
                 if wait_s and not self.acks and time.monotonic() < deadline:
                     continue
@@ -156,15 +159,10 @@ class ProcessorClient:
         raise TimeoutError(f"no matching ACK within {timeout_s} s (have {self.acks})")
 
     def _parse_acks(self) -> None:
-        while len(self._rx) >= HEADER.size:
-            msg, length = decode_header(bytes(self._rx[:HEADER.size]))
-            if len(self._rx) < HEADER.size + length:
-                return
-            payload = bytes(self._rx[HEADER.size:HEADER.size + length])
-            del self._rx[:HEADER.size + length]
+        for msg, payload in self._rx.frames():
             if msg == Msg.ACK:
                 self.acks.append(json.loads(payload))
-            elif int(msg) == _CONTROL:
+            elif msg == Msg.CONTROL:
                 self.controls.append(json.loads(payload))
             else:
                 raise ProtocolError(f"unexpected {msg.name} frame from the processor")

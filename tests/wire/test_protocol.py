@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from argus.errors import ProtocolError
-from argus.processor.protocol import (DTYPES, HEADER, MAX_PAYLOAD, VERSION, Msg, decode_array, decode_header,
+from argus.wire.protocol import (DTYPES, HEADER, MAX_PAYLOAD, VERSION, Msg, decode_array, decode_header,
                                       decode_json, encode_array, encode_frame, encode_json)
 
 

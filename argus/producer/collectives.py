@@ -1,0 +1,292 @@
+"""Collectives and p2p, seen where every Python caller meets: the ``ProcessGroup`` methods.
+
+``dist.all_reduce``, FSDP2's ``all_gather_into_tensor`` / ``reduce_scatter_tensor``,
+``batch_isend_irecv``, ``dist.send`` … all end in a method of the process group
+(``pg.allreduce``, ``pg._allgather_base``, ``pg.send`` …). Argus wraps those methods on the
+class and nothing in ``torch.distributed``'s namespace: the functions users hold, the
+identities ``P2POp`` checks (``op is isend``) and the returned ``Work`` objects are PyTorch's
+own, untouched. A call is recorded when it starts (the rank's in-flight block: this group's
+``issued`` count, since when) and when it **completes** — its future's callback, or the
+``Work.wait`` that returned, whichever comes first — as one ``<group kind>-<op>`` phase
+(``dp-allreduce``, ``pp-send``) from start to completion. Time the training thread spends
+blocked in ``wait`` is waiting, not work, for the compute phase around it.
+
+Calls that C++ makes itself never pass here: DDP's bucket all-reduces. For them DDP gets a
+comm hook that does what DDP's built-in one does — multiply the bucket by ``1/world`` and
+all-reduce it, bit for bit the same result (the built-in multiplies while copying; a
+*division*, as ``default_hooks.allreduce_hook`` does, changes the last bit for world sizes
+that are not powers of two) — through ``dist.all_reduce``, so the buckets are seen like any
+collective. A comm hook the user registers later is called from ours. DDP with mixed
+precision or the compiled-autograd reducer is left alone.
+
+A point-to-point op counts on the pair (``group_key([me, peer])``), so the side that never
+posted its matching send or receive is the one behind. Hook bodies never raise into the
+caller, and under ``torch.compile`` tracing they call straight through.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from argus.producer.recorder import GROUP, now_ns
+from argus.wire import group_key
+
+__all__ = ["CollectiveTracker", "PG_METHODS"]
+
+log = logging.getLogger("argus.producer")
+
+#: ProcessGroup method → op name in phase names (``<kind>-<op>``); p2p methods marked.
+PG_METHODS: dict[str, str] = {
+    "allreduce": "allreduce", "allreduce_coalesced": "allreduce", "allgather": "allgather",
+    "_allgather_base": "allgather", "allgather_coalesced": "allgather", "allgather_into_tensor_coalesced": "allgather",
+    "all_gather_single": "allgather", "all_gather_single_coalesced": "allgather",
+    "reduce_scatter": "reduce-scatter", "_reduce_scatter_base": "reduce-scatter",
+    "reduce_scatter_tensor_coalesced": "reduce-scatter", "reduce_scatter_single": "reduce-scatter",
+    "reduce_scatter_single_coalesced": "reduce-scatter", "alltoall": "alltoall", "alltoall_base": "alltoall",
+    "all_to_all_single": "alltoall", "broadcast": "broadcast", "reduce": "reduce", "barrier": "barrier",
+    "monitored_barrier": "barrier", "gather": "gather", "scatter": "scatter", "send": "send", "recv": "recv",
+    "recv_anysource": "recv",
+}
+_P2P_PEER_ARG = {"send": 1, "recv": 1}  # group-local peer rank is the second positional argument
+_MAX_PENDING = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    kind: str
+    slot: int
+    kind_code: int
+
+
+class CollectiveTracker:
+    def __init__(self, runtime: Any, is_compiling: Callable[[], bool]):
+        self.rt = runtime
+        self.is_compiling = is_compiling
+        self.patches: list[tuple[Any, str, Any]] = []
+        self.groups: dict[tuple[int, int], _Group] = {}
+        self.names: dict[str, int] = {}
+        self.pending: dict[int, tuple] = {}  # id(work) → launch record
+        self.local = threading.local()
+        self.buckets_launched = 0  # DDP gradient buckets handed to all-reduce so far …
+        self.last_bucket_ns = 0  # … and when the last one was
+        self.last_bucket_runq = 0
+        self.instrumented_ddp: set[int] = set()
+        self._ddp_register: Callable | None = None
+
+    # -- install ---------------------------------------------------------------------------
+    def install(self) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return
+        from torch.distributed import ProcessGroup, Work
+
+        for method, op in PG_METHODS.items():
+            original = getattr(ProcessGroup, method, None)
+            if original is not None:
+                self._patch(ProcessGroup, method, self._wrap(original, op, method))
+        self._patch(Work, "wait", self._wrap_wait(Work.wait))
+        try:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            self._ddp_register = DDP.register_comm_hook
+            self._patch(DDP, "register_comm_hook", self._wrap_register_comm_hook(DDP.register_comm_hook))
+        except ImportError:
+            pass
+
+    def uninstall(self) -> None:
+        for owner, name, old in reversed(self.patches):
+            setattr(owner, name, old)
+        self.patches.clear()
+
+    def _patch(self, owner: Any, name: str, new: Any) -> None:
+        self.patches.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, new)
+
+    # -- groups ----------------------------------------------------------------------------
+    def _group(self, pg: Any, peer_local: int | None) -> _Group:
+        key = (id(pg), -1 if peer_local is None else peer_local)
+        found = self.groups.get(key)
+        if found is None:
+            import torch.distributed as dist
+
+            rt = self.rt
+            try:
+                ranks = [int(r) for r in dist.get_process_group_ranks(pg)]
+            except Exception:  # noqa: BLE001 - a group this process is not part of, or not registered
+                ranks = list(range(rt.identity.world_size))
+            peer = None
+            if peer_local is not None and 0 <= peer_local < len(ranks):
+                peer = ranks[peer_local]
+            members = sorted({rt.identity.rank, peer}) if peer is not None else ranks
+            kind = rt.kind_of_group(members, peer)
+            code = GROUP.get(kind, 0)
+            slot = rt.ring.inflight.slot(group_key(members), code, len(members), min(members) if members else -1)
+            found = self.groups[key] = _Group(kind, slot, code)
+        return found
+
+    def _name_id(self, name: str) -> int:
+        found = self.names.get(name)
+        if found is None:
+            found = self.names[name] = self.rt.recorder.name_id(name)
+        return found
+
+    # -- launch and completion ---------------------------------------------------------------
+    def _wrap(self, original: Callable, op: str, method: str) -> Callable:
+        tracker = self
+        peer_arg = _P2P_PEER_ARG.get(method)
+
+        @functools.wraps(original)
+        def pg_method(pg: Any, *args: Any, **kwargs: Any) -> Any:
+            rt = tracker.rt
+            if not rt.active or tracker.is_compiling() or getattr(tracker.local, "inside", False):
+                return original(pg, *args, **kwargs)
+            try:
+                peer = args[peer_arg] if peer_arg is not None and len(args) > peer_arg else None
+                launch = tracker._launch(pg, op, peer if isinstance(peer, int) else None)
+            except Exception as exc:  # noqa: BLE001
+                rt.fail(f"collective tracking failed ({type(exc).__name__}: {exc})")
+                return original(pg, *args, **kwargs)
+            tracker.local.inside = True
+            try:
+                work = original(pg, *args, **kwargs)
+            except BaseException:
+                tracker._finish_launch(launch, now_ns())
+                raise
+            finally:
+                tracker.local.inside = False
+            try:
+                tracker._track(work, launch)
+            except Exception as exc:  # noqa: BLE001
+                rt.fail(f"collective tracking failed ({type(exc).__name__}: {exc})")
+            return work
+
+        return pg_method
+
+    def _launch(self, pg: Any, op: str, peer_local: int | None) -> tuple:
+        rt = self.rt
+        g = self._group(pg, peer_local)
+        name = f"{g.kind or 'world'}-{op}"
+        t0 = now_ns()
+        nid = self._name_id(name)
+        rt.comm_issued += 1
+        rt.ring.inflight.issued(g.slot, nid, t0)
+        return (t0, rt.mb_context, rt.step, g, nid)
+
+    def _track(self, work: Any, launch: tuple) -> None:
+        if work is None:
+            self._finish_launch(launch, now_ns())
+            return
+        key = id(work)
+        if len(self.pending) >= _MAX_PENDING:
+            self.pending.pop(next(iter(self.pending)))
+        self.pending[key] = launch
+        try:
+            fut = work.get_future()
+        except Exception:  # noqa: BLE001 - gloo p2p works have no future: wait() reports them
+            return
+        fut.add_done_callback(lambda _f, key=key: self._finish(key))
+
+    def _finish(self, key: int) -> None:
+        launch = self.pending.pop(key, None)
+        if launch is not None:
+            self._finish_launch(launch, now_ns())
+
+    def _finish_launch(self, launch: tuple, t1: int) -> None:
+        t0, mb, step, g, nid = launch
+        try:
+            rt = self.rt
+            rt.ring.inflight.completed(g.slot, t0, t1)
+            rt.recorder.phase_ids(step, t0, t1 - t0, mb, nid, 1, g.kind_code)
+        except Exception:  # noqa: BLE001 - a completion callback on the backend's thread must not raise
+            pass
+
+    def _wrap_wait(self, original: Callable) -> Callable:
+        tracker = self
+
+        @functools.wraps(original)
+        def wait(work: Any, *args: Any, **kwargs: Any) -> Any:
+            rt = tracker.rt
+            if not rt.active or tracker.is_compiling():
+                return original(work, *args, **kwargs)
+            launch = tracker.pending.get(id(work))
+            main = rt.on_main_thread()
+            m0 = rt.mark() if main else None
+            if main and launch is not None:
+                rt.set_activity(launch[4])
+            try:
+                return original(work, *args, **kwargs)
+            finally:
+                try:
+                    tracker._finish(id(work))
+                    if main:
+                        rt.add_wait(m0, rt.mark())
+                        if launch is not None:
+                            rt.restore_activity()
+                except Exception as exc:  # noqa: BLE001
+                    rt.fail(f"collective tracking failed ({type(exc).__name__}: {exc})")
+
+        return wait
+
+    # -- DDP -------------------------------------------------------------------------------
+    def maybe_instrument_ddp(self, module: Any) -> None:
+        """At a DDP model's first forward (its reducer exists by then): time its buckets."""
+        if id(module) in self.instrumented_ddp:
+            return
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        if not isinstance(module, DDP):
+            return
+        self.instrumented_ddp.add(id(module))
+        if getattr(module, "mixed_precision", None) is not None or getattr(module, "_use_python_reducer", False):
+            return  # their bucket arithmetic is not the plain built-in one: leave them alone
+        if getattr(module, "_argus_user_hook", None) is not None:
+            return
+        try:
+            self._register_ddp_hook(module)
+        except Exception as exc:  # noqa: BLE001 - e.g. a hook already registered before tracing began
+            log.info("argus: DDP gradient all-reduce not timed (%s)", exc)
+
+    def _register_ddp_hook(self, ddp: Any) -> None:
+        import torch
+        import torch.distributed as dist
+
+        tracker, pg = self, ddp.process_group
+        scale = 1.0 / pg.size()
+
+        def argus_allreduce(state: Any, bucket: Any) -> Any:
+            rt = tracker.rt
+            tracker.last_bucket_ns = now_ns()
+            tracker.last_bucket_runq = rt.sched.runq_ns()
+            tracker.buckets_launched += 1
+            user = getattr(ddp, "_argus_user_hook", None)
+            if user is not None:
+                return user[1](user[0], bucket)
+            tensor = bucket.buffer()
+            tensor.mul_(scale)  # DDP's built-in hook multiplies by 1/world too (see the module docstring)
+            return dist.all_reduce(tensor, group=pg, async_op=True).get_future().then(lambda f: f.value()[0])
+
+        # DDP checks the hook's annotations
+        argus_allreduce.__annotations__ = {"state": object, "bucket": dist.GradBucket,
+                                           "return": torch.futures.Future[torch.Tensor]}
+        assert self._ddp_register is not None
+        self._ddp_register(ddp, None, argus_allreduce)
+        ddp._argus_hooked = True
+
+    def _wrap_register_comm_hook(self, original: Callable) -> Callable:
+        """DDP accepts one comm hook: once Argus registered its own, the user's is called from it."""
+        tracker = self
+
+        @functools.wraps(original)
+        def register_comm_hook(ddp: Any, state: Any, hook: Callable) -> None:
+            if getattr(ddp, "_argus_hooked", False):
+                ddp._argus_user_hook = (state, hook)
+                return None
+            tracker.instrumented_ddp.add(id(ddp))  # the user's own hook: DDP is theirs to time
+            return original(ddp, state, hook)
+
+        return register_comm_hook
