@@ -5,9 +5,10 @@
 PyTorch's own op observer — the CPU-only legacy profiler (``RecordFunction`` callbacks in
 C++, about 1.5 µs an op, enabled at the sampled step's start and disabled at its end). It
 changes no dispatch: compiled graphs compile and run the same (``torch.compile`` sees no mode),
-results are bit-identical, and nothing Python-level runs per op. Recorded are the leaf ops
-(those with no op inside: like GPU kernels, the work itself), labelled ``cpu_op``, timed on
-the wall clock at microsecond resolution. Compiled regions appear as their extern kernels
+results are bit-identical, and nothing Python-level runs per op. Recorded are the ops that
+do their own work (most of their time outside the ops they call: ``aten::addmm``, not the
+``aten::linear`` around it — like GPU kernels, the work itself), labelled ``cpu_op``, timed
+on the wall clock at microsecond resolution. Compiled regions appear as their extern kernels
 (inductor's fused C++ kernels are not ops). It steps aside rather than collide:
 
 * never while another profiler is on, and a user's ``torch.profiler`` that starts while a
@@ -32,7 +33,7 @@ import numpy as np
 from argus.producer.recorder import KIND, Recorder, now_ns
 from argus.wire import DTYPES, Msg
 
-__all__ = ["KernelSource", "CpuOpSource", "select_source", "leaf_ops"]
+__all__ = ["KernelSource", "CpuOpSource", "select_source", "working_ops"]
 
 log = logging.getLogger("argus.producer")
 
@@ -49,23 +50,29 @@ class KernelSource:
     def stop(self) -> None: ...
 
 
-def leaf_ops(events: list, offset_ns: int, name_id: Any, step: int) -> np.ndarray:
-    """Kernel records of the ops with no op inside, from one thread's legacy-profiler events
-    (``push``/``pop`` pairs matched by handle)."""
-    open_: dict[int, list] = {}
+def working_ops(events: list, offset_ns: int, name_id: Any, step: int) -> np.ndarray:
+    """Kernel records of the ops that do their own work — at least half of an op's time is
+    outside the ops it calls (``aten::addmm``, not ``aten::linear`` around it) — from one
+    thread's legacy-profiler events (``push``/``pop`` pairs, nested, matched by handle)."""
+    stack: list[list] = []  # [handle, name, start_us, time in children (us)]
     rows = []
     for e in events:
         kind = e.kind()
         if kind == "push":
-            for parent in open_.values():
-                parent[2] = False
-            open_[e.handle()] = [e.name(), e.start_us(), True]
-        elif kind == "pop":
-            found = open_.pop(e.handle(), None)
-            if found is not None and found[2]:
-                name, start_us, _ = found
-                rows.append((step, int(start_us * 1000) + offset_ns, max(int((e.start_us() - start_us) * 1000), 0),
-                             name_id(name), 0, -1, KIND["cpu_op"]))
+            stack.append([e.handle(), e.name(), e.start_us(), 0.0])
+        elif kind == "pop" and stack:
+            handle = e.handle()
+            while stack and stack[-1][0] != handle:  # an unmatched push (cut by the sample's end)
+                stack.pop()
+            if not stack:
+                continue
+            _, name, start_us, children_us = stack.pop()
+            total_us = max(e.start_us() - start_us, 0.0)
+            if stack:
+                stack[-1][3] += total_us
+            if total_us - children_us >= 0.5 * total_us:
+                rows.append((step, int(start_us * 1000) + offset_ns, int(total_us * 1000), name_id(name), 0, -1,
+                             KIND["cpu_op"]))
     out = np.zeros(len(rows), DTYPES[Msg.KERNELS])
     if rows:
         cols = list(zip(*rows))
@@ -139,7 +146,7 @@ class CpuOpSource(KernelSource):
         mark = next((e for events in threads for e in events if e.kind() == "mark"), None)
         offset = self.offset_ns - int(mark.start_us() * 1000) if mark is not None else 0
         for events in threads:
-            records = leaf_ops(events, offset, self.recorder.name_id, self.step)
+            records = working_ops(events, offset, self.recorder.name_id, self.step)
             if len(records):
                 self.recorder.kernels(records)
 

@@ -5,11 +5,11 @@ someone else's training job, so the rules are: decide once at start, keep the ho
 a ring write, and on any internal failure log once, disable, and let training continue.
 
 Step boundaries come from the optimizer (its step post-hook), from ``argus.step()``, or — in
-loops that update parameters without a ``torch.optim`` optimizer — from the loop's own
-shape: a training forward that follows a backward whose gradients were communicated (any
-collective issued after the backward began; a rank that never communicates: any backward).
-Gradient accumulation keeps its microbatches in one step, because only the last backward
-is followed by gradient communication.
+loops that update parameters without a ``torch.optim`` optimizer — from the parameters
+themselves: a training forward that follows a backward while the model's first trainable
+parameter has a new version (``Tensor._version``: every in-place update bumps it, gradient
+accumulation does not). Updates through ``.data`` bypass the version counter: such loops
+call ``argus.step()``.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class Runtime:
         self.explicit_steps = False
         self.optimizer_seen = False
         self.comm_issued = 0  # collectives started on this rank (the tracker counts)
-        self.comm_at_backward = 0
+        self._versions: Any = None  # root module → (its first trainable parameter, last version seen)
         self.hooks: Any = None
         self.kernels: Any = None
         self.stacks: Any = None
@@ -226,11 +226,32 @@ class Runtime:
         """A training (or eval) forward of a root module begins, outside any backward."""
         self._begin()
         training = self.grad_enabled()
-        if (training and not self.explicit_steps and not self.optimizer_seen and self.backwards_since_step
-                and (self.comm_issued > self.comm_at_backward or self.comm_issued == 0)):
-            self.end_step()  # no optimizer: the previous step's gradients were communicated
+        if training and not self.explicit_steps and not self.optimizer_seen and self._parameters_updated(module):
+            self.end_step()  # no optimizer, but the parameters changed since the last forward
         self.mb_context = self.fwd_mb if training else -1
         self.set_activity_name("forward-compute" if training else "forward-eval")
+
+    def _parameters_updated(self, root: Any) -> bool:
+        """Has ``root``'s first trainable parameter been updated in place since its last forward
+        (with a backward in between)?"""
+        import weakref
+
+        if self._versions is None:
+            self._versions = weakref.WeakKeyDictionary()
+        entry = self._versions.get(root)
+        if entry is None:
+            param = next((p for p in root.parameters() if p.requires_grad), None)
+            if param is None:
+                return False
+            entry = self._versions[root] = [weakref.ref(param), param._version]
+            return False
+        param = entry[0]()
+        if param is None:
+            return False
+        version = param._version
+        changed = version != entry[1]
+        entry[1] = version
+        return changed and self.backwards_since_step > 0
 
     def forward_ends(self, start: Any) -> None:
         training = self.grad_enabled()
@@ -247,7 +268,6 @@ class Runtime:
         mb = self.bwd_mb
         self.mb_context = mb
         self.in_backward = True
-        self.comm_at_backward = self.comm_issued
         self.set_activity_name("backward-compute")
         return self.mark(), mb
 

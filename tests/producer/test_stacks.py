@@ -6,6 +6,7 @@ import sys
 import time
 
 from argus.producer.recorder import Recorder
+from argus.wire import Msg, RingReader, RingWriter
 from argus.producer.stacks import StackSampler, fold
 
 
@@ -33,8 +34,10 @@ class _Rt:
     step = 7
 
 
-def test_sampler_aggregates_counts_per_step():
-    rec = Recorder()
+def test_sampler_aggregates_counts_per_step(tmp_path):
+    ring = RingWriter.create(tmp_path)
+    reader = RingReader(ring.path)
+    rec = Recorder(ring)
     sampler = StackSampler(rec, _Rt(), hz=200.0)
     sampler.start()
     t0 = time.monotonic()
@@ -42,13 +45,13 @@ def test_sampler_aggregates_counts_per_step():
         sum(i * i for i in range(1000))  # busy on the main thread
     sampler.stop()
     sampler._thread.join(2)
-    rows = list(rec.stacks)
-    assert rows, "no stack samples"
-    assert all(r[0] == 7 for r in rows)
-    total = sum(r[5] for r in rows)
+    names = reader.new_names()
+    rows = reader.drain(settled=False)[Msg.STACKS]
+    assert len(rows), "no stack samples"
+    assert (rows["step"] == 7).all()
+    total = int(rows["count"].sum())
     assert 10 <= total <= 80  # ~60 at 200 Hz over 0.3 s, allowing for a loaded machine
-    names = {v: k for k, v in rec.names.items()}
-    assert any("test_sampler_aggregates_counts_per_step" in names[r[3]] for r in rows)
+    assert any("test_sampler_aggregates_counts_per_step" in names[i] for i in rows["frames"])
 
 
 def test_fold_keeps_user_code_called_from_an_argus_hook():

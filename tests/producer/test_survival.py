@@ -48,9 +48,9 @@ def _steps(model, opt, n):
         time.sleep(0.02)
 
 
-def test_processor_killed_and_restarted_mid_run(tmp_path, monkeypatch):
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "ARGUS_LAYOUT"):
-        monkeypatch.delenv(var, raising=False)
+def test_processor_killed_and_restarted_mid_run_loses_nothing(tmp_path, no_launcher_env):
+    """Records wait in the rank's ring while no processor listens; the next processor drains
+    them from where the killed one stopped."""
     sock = Path(tempfile.mkdtemp(prefix="argus-s-")) / "p.sock"
     store = tmp_path / "store"
     first = _processor(store, sock)
@@ -61,20 +61,13 @@ def test_processor_killed_and_restarted_mid_run(tmp_path, monkeypatch):
     second = None
     try:
         _steps(model, opt, 10)
-        assert _wait_for(lambda: rt.transport.sent_events > 0)
+        assert _wait_for(lambda: rt.transport.connected)
         first.send_signal(signal.SIGKILL)  # a crash: no flush
         first.wait()
         sock.unlink(missing_ok=True)
-        killed_at = rt.step
         _steps(model, opt, 10)  # training goes on while nobody listens
-        assert _wait_for(lambda: sum(rt.recorder.dropped.values()) > 0)
-        back_at = rt.step
         second = _processor(store, sock)
-        before = rt.transport.sent_events
-        deadline = time.monotonic() + 30
-        while rt.transport.sent_events == before and time.monotonic() < deadline:
-            _steps(model, opt, 1)  # a real job keeps training: data resumes on reconnect
-        assert rt.transport.sent_events > before, "data did not resume"
+        assert _wait_for(lambda: rt.transport.connected and rt.transport.client.sock is not None)
         _steps(model, opt, 3)
         last = rt.step - 1
     finally:
@@ -84,10 +77,9 @@ def test_processor_killed_and_restarted_mid_run(tmp_path, monkeypatch):
             second.wait(30)
     attempt = Store.open(store).attempt("survive")
     steps = set(attempt.read("steps").column("step").to_pylist())
-    assert last in steps, sorted(steps)  # the run's end arrived
-    assert not set(range(killed_at + 1, back_at)) & steps  # nobody listened then: dropped, not invented
-    drops = attempt.read("drops").to_pylist()
-    assert sum(d["events"] for d in drops if d["table"] == "steps") >= back_at - killed_at - 1, drops
+    # windows the killed processor held open are lost with it; everything after its death is there
+    assert set(range(10, last + 1)) <= steps, sorted(steps)
+    assert not any(d["events"] for d in attempt.read("drops").to_pylist() if d["table"] == "steps")
 
 
 def test_unwritable_store_leaves_training_running(tmp_path):
