@@ -2,8 +2,9 @@
 
 Rules, in the order they are applied:
 
-* **hang** — steps that never finished: the culprits are the ranks that never entered the
-  collective the others are blocked in.
+* **hang** — the processors' live snapshots (``hangs.py``) when there are any, else steps
+  that never finished: the culprits are the ranks that never entered the collective the
+  others are blocked in.
 * **compute** — a rank whose *busy* time is persistently above its peers' (L2), or whose
   compute kernels are slower than its peers' (L3, at least two kernels): the GPU or its
   work is slow. If the excess sits in one pass only (backward ≫ peers, forward ≈ peers) the
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from argus.analysis.frames import load_phases
+from argus.analysis.hangs import hang_incident
 from argus.analysis.incident import Incident
 from argus.analysis.l1_windows import L1Result
 from argus.analysis.l2_stragglers import Finding, L2Result
@@ -115,7 +117,10 @@ def build_incidents(attempt: Attempt, topology: Topology, l1: L1Result, windows:
                     config: RootCauseConfig = RootCauseConfig()) -> list[Incident]:
     ctx = _Ctx(attempt, topology, l1, hw, step_time, config)
     incidents: list[Incident] = []
-    if l1.hung_steps:
+    live = hang_incident(attempt, topology)  # the processors' snapshots of a real job
+    if live is not None:
+        incidents.append(live)
+    elif l1.hung_steps:
         hang = _hang(ctx)
         if hang is not None:
             incidents.append(hang)

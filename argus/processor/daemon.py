@@ -408,7 +408,9 @@ class Processor:
             return None
         threads = parse_dump(text, pid)
         main = [f for name, f in threads if name == "MainThread"] or [f for _, f in threads[:1]]
-        return main[0] if main else None
+        if not main:
+            return None
+        return ";".join(f for f in main[0].split(";") if "argus/producer/" not in f)  # the user's frames
 
     def _watch_hangs(self) -> None:
         now = time.monotonic()

@@ -319,8 +319,10 @@ def _pipeline(a, rank, world, f, res):
     dp = world // 2
     stage, di = rank // dp, rank % dp
     peer = rank + dp if stage == 0 else rank - dp
-    pp_groups = [dist.new_group([d, d + dp]) for d in range(dp)]
-    dp_groups = [dist.new_group(list(range(s * dp, (s + 1) * dp))) for s in range(2)]
+    # new_group does not inherit init_process_group's timeout (it defaults to 30 min): pass it
+    tmo = timedelta(seconds=a.pg_timeout)
+    pp_groups = [dist.new_group([d, d + dp], timeout=tmo) for d in range(dp)]
+    dp_groups = [dist.new_group(list(range(s * dp, (s + 1) * dp)), timeout=tmo) for s in range(2)]
     half = max(a.layers // 2, 1)
     mods = [LM(a, half, first=True, last=False), LM(a, half, first=False, last=True)]
     model = mods[stage]

@@ -1,0 +1,162 @@
+"""Hangs from the processors' live snapshots: who the others are waiting for.
+
+Every host's processor writes a snapshot of its local ranks when no rank there progressed
+for the hang threshold (``processor/hangs.py``): each rank's step, what its training thread
+was doing, and per process group how many collectives it had started and completed. Joined
+over hosts, the latest row per rank gives the job's state, and the culprits follow from the
+counts, not from timing:
+
+* a rank **behind** on a group — fewer collectives started there than a member that is
+  waiting in one — never entered the collective the others wait in (a rank stuck before its
+  backward, in a data loader, in an endless loop);
+* a rank that **died** (its process gone) leaves the others waiting;
+* a rank of the job that **no host reported** (its host or processor is gone) likewise;
+* when every member of the group is inside the same collective with the same count, no rank
+  is missing: the collective itself does not complete (a dead link, a peer NIC) — reported as
+  such, with no rank blamed.
+
+The incident carries each culprit's activity, how long it has been at it, its main-thread
+stack (py-spy, taken while it was stuck) and the stack of one waiting rank.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from argus.analysis.incident import Incident
+from argus.store import Attempt
+from argus.topology import Topology
+
+__all__ = ["HangState", "hang_incident", "load_hang_state"]
+
+
+@dataclass
+class HangState:
+    """The latest snapshot row of every rank a processor reported."""
+
+    rows: dict[int, dict[str, Any]]
+    stalled_s: float
+    threshold_s: float
+    detected_ns: int
+
+    def groups_of(self, rank: int) -> dict[int, dict[str, Any]]:
+        return {int(g["key"]): g for g in json.loads(self.rows[rank]["groups"] or "[]")}
+
+
+def load_hang_state(attempt: Attempt) -> HangState | None:
+    if "hangs" not in attempt.stats() or not attempt.files("hangs"):
+        return None
+    t = attempt.read("hangs")
+    if t.num_rows == 0:
+        return None
+    rows: dict[int, dict[str, Any]] = {}
+    for row in sorted(t.to_pylist(), key=lambda r: r["detected_ns"]):
+        rows[int(row["rank"])] = row  # the latest per rank
+    latest = max(r["detected_ns"] for r in rows.values())
+    threshold = max(r["threshold_s"] for r in rows.values())
+    # rows of an earlier, resolved stall are not part of this one
+    rows = {k: r for k, r in rows.items() if latest - r["detected_ns"] <= 2 * threshold * 1e9 + 60e9}
+    return HangState(rows, max(r["stalled_s"] for r in rows.values()), threshold, latest)
+
+
+def _behind(state: HangState) -> tuple[set[int], dict[int, tuple[str, int]]]:
+    """Ranks behind on a group whose other members wait; and, per group, (op, count) waited in."""
+    members: dict[int, dict[int, dict]] = defaultdict(dict)  # group → rank → its slot
+    for rank in state.rows:
+        for key, g in state.groups_of(rank).items():
+            members[key][rank] = g
+    behind: set[int] = set()
+    waited: dict[int, tuple[str, int]] = {}
+    for key, slots in members.items():
+        waiting = {r: g for r, g in slots.items() if g["issued"] > g["completed"]}
+        if not waiting:
+            continue
+        top = max(g["issued"] for g in waiting.values())
+        waited[key] = (next(iter(waiting.values()))["op"], top)
+        behind |= {r for r, g in slots.items() if g["issued"] < top and g["issued"] <= g["completed"]}
+    return behind, waited
+
+
+def hang_incident(attempt: Attempt, topology: Topology) -> Incident | None:
+    state = load_hang_state(attempt)
+    if state is None:
+        return None
+    rows = state.rows
+    world = topology.world_size
+    waiting = sorted(r for r, row in rows.items() if row["waiting"])
+    if not waiting:
+        return None  # nobody waits on anybody: a stall of this host, not a distributed hang
+    dead = sorted(r for r, row in rows.items() if not row["alive"])
+    behind, waited = _behind(state)
+    reported = set(rows)
+    missing = sorted(set(range(world)) - reported)
+    culprits = sorted(set(dead) | behind)
+    link = False
+    if not culprits:
+        not_waiting = sorted(reported - set(waiting))
+        if not_waiting and len(not_waiting) < len(reported):
+            culprits = not_waiting  # no counts to compare (a collective C++ started): the odd ones out
+        elif missing:
+            culprits = missing
+        else:
+            link = True
+    focus = [r for r in (culprits or waiting) if r in rows]
+    step = int(min(rows[r]["step"] for r in focus)) if focus else -1
+    ops = sorted({op for op, _ in waited.values() if op}) or sorted({rows[r]["op"] for r in waiting if rows[r]["op"]})
+    evidence: list[dict[str, Any]] = [{
+        "level": "L1", "kind": "no_progress", "stalled_s": round(state.stalled_s, 1),
+        "threshold_s": round(state.threshold_s, 1), "ranks_reported": len(rows), "world": world}]
+    evidence.append({"level": "L2", "kind": "blocked_in_collectives", "ranks": waiting[:64],
+                     "collectives": [{"op": op, "started": n} for op, n in list(waited.values())[:8]]})
+    for r in culprits[:8]:
+        if r in rows:
+            row = rows[r]
+            evidence.append({"level": "L2", "kind": "never_joined" if r not in dead else "rank_died", "rank": r,
+                             "host": row["host"], "step": row["step"], "activity": row["activity"],
+                             "for_s": round(_for_s(row), 1), "op": row["op"], "issued": row["issued"],
+                             "completed": row["completed"]})
+            if row["stack"]:
+                evidence.append({"level": "L5", "kind": "stack", "rank": r, "frames": _leaf(row["stack"])})
+    if missing:
+        evidence.append({"level": "L2", "kind": "not_reported", "ranks": missing[:64],
+                         "note": "no processor reported these ranks: their host or processor may be gone"})
+    sample = next((r for r in waiting if rows[r]["stack"]), None)
+    if sample is not None:
+        evidence.append({"level": "L5", "kind": "stack", "rank": sample, "waiting": True,
+                         "frames": _leaf(rows[sample]["stack"])})
+    def host(r: int) -> str:  # the snapshot knows the host even before the topology is written
+        known = str(topology.hosts[r]) if r < len(topology.hosts) else "unknown"
+        return rows[r]["host"] if known == "unknown" and r in rows else known
+
+    hosts = sorted({host(r) for r in culprits})
+    gpus = [str(topology.gpu_uuids[r]) for r in culprits]
+    what = ", ".join(ops[:3]) or "a collective"
+    if link:
+        summary = (f"job stalled at step {step} for {state.stalled_s:.0f} s: all {len(waiting)} ranks are inside "
+                   f"{what} with the same count and no rank is missing — the collective itself does not complete "
+                   "(a link or a peer's network), not a rank")
+        phase = ops[0] if ops else ""
+    else:
+        first = rows.get(culprits[0]) if culprits else None
+        doing = f" ({first['activity'] or 'outside any phase'} for {_for_s(first):.0f} s" + (
+            f", {_leaf(first['stack']).split(';')[-1]}" if first and first["stack"] else "") + ")" if first else ""
+        summary = (f"job stalled at step {step} for {state.stalled_s:.0f} s: {len(waiting)} rank"
+                   f"{'s' * (len(waiting) > 1)} wait in {what}; rank{'s' * (len(culprits) > 1)} "
+                   f"{', '.join(map(str, culprits[:8]))} never joined{doing}")
+        phase = first["activity"] if first else ""
+    return Incident("hang", culprits, hosts, gpus, step, step, phase or "", [], "confirmed", "critical", 100.0,
+                    world * state.stalled_s / 3600.0, "checkpoint_and_restart", evidence, [step], summary)
+
+
+def _for_s(row: dict[str, Any] | None) -> float:
+    if not row or not row["activity_since_ns"]:
+        return 0.0
+    return max((row["detected_ns"] - row["activity_since_ns"]) / 1e9, 0.0)
+
+
+def _leaf(frames: str, depth: int = 4) -> str:
+    return ";".join(frames.split(";")[-depth:]) if frames else ""
+
