@@ -211,10 +211,13 @@ def detect_stragglers(f: PhaseFrame, layout: Layout, hosts: np.ndarray, job_step
     tot = np.where(cnt > 0, tot, np.nan)
     cat_of = np.zeros(K, np.int64)
     cat_of[f.name] = f.cat
+    reported = cnt.sum(axis=0) > 0  # (S, N): the rank recorded something in the step
     for k in range(K):
         if not np.isfinite(tot[k]).any():
             continue
         category = f.cats[cat_of[k]]
+        if category == "host":  # a pause only one rank had (gc, compile): its peers spent 0 there
+            tot[k] = np.where(np.isnan(tot[k]) & reported, 0.0, tot[k])
         kind = peer_kind(f.names[k], layout)
         groups = layout.groups(kind if layout.group_size(kind) > 1 else "dp")
         med, z, cv = _group_stats(tot[k] / 1e9, groups, config.mad_floor)

@@ -12,7 +12,9 @@ Rules, in the order they are applied:
   ``compute_straggler``. Communication that looks *shorter* on those ranks is a symptom:
   a compute culprit is never classed ``link_degradation``.
 * **host stall** — a rank with huge intermittent busy excess (≥ 20% of the step) while its
-  kernels are normal: the host stopped launching work. CPU stacks name the cause.
+  kernels are normal: the host stopped launching work. Its host phases (``gc``, ``compile``,
+  ``dataloader``: ``host_phases.py``) name the cause when they explain the excess, else CPU
+  stacks do.
 * **link** — per-step transfer times of a minority of groups well above the rest (L2) or a
   communicator's floor shifted (L3); the hosts common to the shifted groups of different
   collectives are the culprits; a degraded PCIe link or a NIC alarm on them confirms.
@@ -32,6 +34,7 @@ import numpy as np
 
 from argus.analysis.frames import load_phases
 from argus.analysis.hangs import hang_incident
+from argus.analysis.host_phases import host_phase_cause
 from argus.analysis.incident import Incident
 from argus.analysis.l1_windows import L1Result
 from argus.analysis.l2_stragglers import Finding, L2Result
@@ -369,8 +372,9 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
                         and f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf)})
         main = max(findings, key=lambda f: f.excess_s)
         phase = main.name
+        measured = host_phase_cause(ctx.attempt, rank, steps, main.excess_s)  # gc, compile, dataloader phases
         stack = stack_cause(ctx.attempt, rank, steps)
-        confirmed = (stack is not None and stack.cause != "unknown") or len(steps) >= 2
+        confirmed = measured is not None or (stack is not None and stack.cause != "unknown") or len(steps) >= 2
         pct, gpuh, _ = _impact(ctx, steps)
         mb = sorted({f.microbatch for f in findings if f.microbatch >= 0})
         evidence = _l1_evidence(ctx, steps[0], steps[-1])
@@ -378,9 +382,11 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
                      for f in sorted(findings, key=lambda f: -f.excess_s)[:4]]
         evidence.append({"level": "L3", "kind": "kernels_normal", "rank": rank,
                          "note": "no kernel of this rank is slower than its peers': the GPU waited for the host"})
+        if measured is not None:  # measured on the rank's timeline: it names the cause first
+            evidence.append({**measured.to_json(), "rank": rank})
         if stack is not None:
             evidence.append({"level": "L5", "kind": "stacks", "rank": rank, **stack.to_json()})
-        cause = stack.cause if stack is not None else "unknown"
+        cause = measured.cause if measured is not None else stack.cause if stack is not None else "unknown"
         severity = _severity(ctx, pct, confirmed, False)
         if len(steps) == 1 and not confirmed:  # one unexplained hiccup: matters only if it doubled the step
             share = main.excess_s / ctx.step_time.get(steps[0], np.inf)

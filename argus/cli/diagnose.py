@@ -77,7 +77,11 @@ def deep_lines(evidence: list[dict]) -> list[str]:
         how = "measured" if g.get("method") == "raw_kernels" else "estimated"
         lines.append(f"L4 device idle {g.get('idle_pct', 0):.0f}% ({how}) in {g['phase']} step {g['step']}: "
                      f"{g['phase_ms']:.0f} ms vs peers' {g.get('peer_phase_ms') or 0:.0f} ms")
-    if "stacks" in by:
+    if "host_phases" in by:
+        h = by["host_phases"]
+        lines.append(f"L5 host: {h['cause'].replace('_', ' ')} (measured: {h['phase']} {h['rank_s']:.3f} s a step "
+                     f"against peers' {h['peers_s']:.3f} s, {100 * h['share']:.0f}% of the stall)")
+    elif "stacks" in by:
         st = by["stacks"]
         frame = st["top_frames"][0]["frames"].split(";")[-1] if st.get("top_frames") else "-"
         lines.append(f"L5 host: {st['cause'].replace('_', ' ')} ({st['samples']} samples), top frame {frame}")
