@@ -13,9 +13,20 @@ interleaved in every repeat so that drift of a shared machine hits them alike:
 
 Step times and resident memory come from the job itself (``--stats``), so every mode is
 measured the same way; the first 10% of steps (warm-up) are left out. Figures: mean step
-time (a cost paid one step in N counts) and its ratio to ``none``, the cost of each channel (difference of consecutive modes),
-peak RSS of the ranks, RSS growth over the second half of the run (flat memory ≈ 0), and
-CPU seconds of the whole process tree (ranks, launcher, processor, py-spy).
+time (a cost paid one step in N counts) and its ratio to ``none``, the cost of each channel
+(difference of consecutive modes), peak RSS of the ranks, RSS growth over the second half of
+the run (flat memory ≈ 0), CPU seconds of the whole process tree — and **Argus's own CPU**,
+measured where it is spent, not inferred from step times (on a 2-core machine step-time
+ratios mostly measure contention):
+
+* ``processor_cpu_s`` — the processor process (its own rusage) and ``pyspy_cpu_s``, the
+  py-spy dumps it runs (its children's rusage), from the processor's status file;
+* ``producer_threads_cpu_s`` — the producer's background threads inside the ranks (each
+  measures its own ``thread_time``; reported through the ring's in-flight block);
+* ``train_cpu_s`` — the ranks' CPU less those threads; ``hooks_cpu_pct`` — how much more it
+  is than untraced (the hooks on the training thread and the CPU-op observer: an estimate,
+  as noisy as the machine);
+* ``argus_cpu_pct`` — the measured Argus CPU as a share of the training CPU.
 """
 
 from __future__ import annotations
@@ -74,15 +85,20 @@ def _one(mode: str, ranks: int, steps: int, op_every: int, model: str) -> dict:
         docs = [json.loads(p.read_text()) for p in sorted(stats.glob("rank*.json"))]
         if len(docs) != ranks:
             raise RuntimeError(f"{mode}: {len(docs)} of {ranks} ranks reported their statistics")
+        procs = [json.loads(p.read_text()) for p in sorted((store / "processors").glob("*.json"))]
     skip = max(steps // 10, 1)
     step_s = np.median(np.array([d["step_s"][skip:] for d in docs]), axis=0)  # the job's pace per step
     growth = []
     for d in docs:
         rss = [v for s, v in d["rss_mb"] if s > steps // 2]
         growth.append(rss[-1] - rss[0] if len(rss) >= 2 else float("nan"))
+    threads = sum(float(v) for p in procs for v in (p.get("producer_cpu_s") or {}).values())
     return {"mode": mode, "step_s": step_s.tolist(), "wall_s": wall,
             "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
-            "peak_rss_mb": max(d["peak_rss_mb"] for d in docs), "rss_growth_mb": float(np.nanmax(growth))}
+            "peak_rss_mb": max(d["peak_rss_mb"] for d in docs), "rss_growth_mb": float(np.nanmax(growth)),
+            "processor_cpu_s": sum(float(p.get("cpu_s", 0.0)) for p in procs),
+            "pyspy_cpu_s": sum(float(p.get("children_cpu_s", 0.0)) for p in procs),
+            "producer_threads_cpu_s": threads, "train_cpu_s": sum(d["cpu_s"] for d in docs) - threads}
 
 
 def run_overhead(ranks: int = 2, steps: int = 150, repeats: int = 2, modes: tuple[str, ...] = MODES,
@@ -102,6 +118,7 @@ def run_overhead(ranks: int = 2, steps: int = 150, repeats: int = 2, modes: tupl
     # The mean, not the median: a channel that costs one step in N (CPU-op capture) costs
     # real time that a median would hide.
     base = float(np.mean(np.concatenate([r["step_s"] for r in runs["none"]])))
+    base_train = float(np.median([r["train_cpu_s"] for r in runs["none"]]))
     previous = base
     for mode in modes:
         all_steps = np.concatenate([r["step_s"] for r in runs[mode]])
@@ -117,6 +134,14 @@ def run_overhead(ranks: int = 2, steps: int = 150, repeats: int = 2, modes: tupl
         if mode.startswith("argus"):
             row["channel_cost_pct"] = round(100 * (step - previous) / base, 2)  # vs the mode before it
             previous = step
+            med = {k: float(np.median([r[k] for r in runs[mode]]))
+                   for k in ("processor_cpu_s", "pyspy_cpu_s", "producer_threads_cpu_s", "train_cpu_s")}
+            own = med["processor_cpu_s"] + med["pyspy_cpu_s"] + med["producer_threads_cpu_s"]
+            row.update({k: round(v, 3) for k, v in med.items()})
+            row["argus_cpu_s"] = round(own, 3)
+            row["argus_cpu_ms_per_step"] = round(1e3 * own / steps, 3)
+            row["argus_cpu_pct"] = round(100 * own / max(med["train_cpu_s"], 1e-9), 2)
+            row["hooks_cpu_pct"] = round(100 * (med["train_cpu_s"] / max(base_train, 1e-9) - 1), 2)
         if mode == "argus-ops":
             row["op_sample_every"] = op_every
         yield row

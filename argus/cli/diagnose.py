@@ -38,6 +38,12 @@ def run(args: argparse.Namespace) -> int:
 
         args.store = str(local_copy(args.store))
     attempt = open_attempt(args.store, args.run, args.attempt)
+    if not attempt.files("steps") and not attempt.files("phases") and not attempt.files("hangs"):
+        stderr_console().print(
+            f"[bold]no data[/bold]: {attempt.identity.run_id} attempt {attempt.identity.attempt_id} in {args.store} holds "
+            "no steps, phases or hang snapshots, so there is nothing to diagnose (did any rank connect? `argus run` "
+            "traces processes that call torch.distributed.init_process_group)", markup=True, highlight=False)
+        return 1
     config = DiagnoseConfig(window_steps=args.window_steps, store_incidents=not args.no_store)
     n_windows = max(1, len(attempt.sql("SELECT DISTINCT step FROM steps")) // (args.window_steps or 5))
     with progress_bar("diagnosing windows", n_windows) as advance:

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import queue
+import resource
 import selectors
 import signal
 import socket
@@ -376,6 +377,7 @@ class Processor:
             self._drain_ring(conn, final=True)
         if conn.ring is None:
             return
+        self._note_producer_cpu(conn)
         conn.ring = None
         assert conn.info is not None and conn.attempt_key is not None
         if not ring.closed_by_writer:
@@ -712,11 +714,22 @@ class Processor:
         except OSError:
             conn.tx.clear()
 
+    def _note_producer_cpu(self, conn: _Conn) -> None:
+        """The CPU the rank's producer threads report in its in-flight block (for benchmarks)."""
+        if conn.ring is not None and conn.info is not None:
+            cpu = conn.ring.inflight.read().argus_cpu_ns
+            self.stats.setdefault("producer_cpu_s", {})[str(conn.info.rank)] = round(cpu / 1e9, 4)
+
     def _write_status(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_status < self.config.status_interval_s:
             return
         self._last_status = now
+        for conn in self._conns.values():
+            self._note_producer_cpu(conn)
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.stats["cpu_s"] = round(own.ru_utime + own.ru_stime, 3)
+        self.stats["children_cpu_s"] = round(children.ru_utime + children.ru_stime, 3)  # py-spy
         doc = dict(self.stats, updated=time.time(), open_windows={
             f"{k[0]}/{k[1]}": sorted(st.assembler.windows) for k, st in self._attempts.items()},
             buffered_events=sum(st.assembler.buffered_events for st in self._attempts.values()),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import time
 from functools import lru_cache
 from typing import Any
 
@@ -79,6 +80,7 @@ class CuptiSource:
         self.recorder = recorder
         self.offset = 0
         self.kinds: list[Any] = []
+        self.cpu_ns = 0  # CPU our callbacks used on CUPTI's thread
         self._cupti = cupti_module  # tests pass a fake of cupti-python's module
 
     def start(self) -> None:
@@ -103,6 +105,7 @@ class CuptiSource:
 
     def _completed(self, activities: list) -> None:
         """On CUPTI's thread: records → one vectorised write into the ring."""
+        c0 = time.thread_time_ns()
         try:
             cupti = self._cupti
             name_id = self.recorder.name_id
@@ -123,6 +126,7 @@ class CuptiSource:
                 self.recorder.kernels(records)
         except Exception as exc:  # noqa: BLE001 - CUPTI's thread must not die
             log.debug("argus: CUPTI buffer dropped: %s", exc)
+        self.cpu_ns += time.thread_time_ns() - c0
 
     def flush(self) -> None:
         try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,7 @@ class CpuOpSource(KernelSource):
         self.offset_ns = 0
         self._pid = os.getpid()
         self._patched: tuple[Any, Any] | None = None
+        self.cpu_ns = 0  # training-thread CPU spent reading the samples (the observer's own cost is not in it)
 
     def start(self) -> None:
         from torch.autograd import profiler
@@ -139,6 +141,7 @@ class CpuOpSource(KernelSource):
         import torch
 
         self.capturing = False
+        c0 = time.thread_time_ns()
         try:
             threads = torch.autograd._disable_profiler_legacy()
         except RuntimeError:  # someone else stopped it
@@ -149,6 +152,7 @@ class CpuOpSource(KernelSource):
             records = working_ops(events, offset, self.recorder.name_id, self.step)
             if len(records):
                 self.recorder.kernels(records)
+        self.cpu_ns += time.thread_time_ns() - c0
 
     def stop(self) -> None:
         try:

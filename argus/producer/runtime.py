@@ -82,7 +82,7 @@ class Runtime:
                  "host": self.identity.host, "pid": self.identity.pid, "layout": str(self.layout),
                  "order": self.layout.order_str, "gpu_uuid": self._gpu_uuid()}
         self.transport = Transport(self.ring, default_socket(self.config), hello, self.config.flush_interval_s,
-                                   on_control=self.on_control, on_tick=self._tick)
+                                   on_control=self.on_control, on_tick=self._tick, other_cpu_ns=self._threads_cpu_ns)
         self.active = True
         os.environ[TRACED_PID_ENV] = str(self.pid)  # descendants are not ranks of their own
         os.register_at_fork(after_in_child=self._after_fork_in_child)
@@ -159,6 +159,11 @@ class Runtime:
         """The transport thread, every ``flush_interval_s``."""
         if self.kernels is not None and self.active:
             self.kernels.flush()
+
+    def _threads_cpu_ns(self) -> int:
+        """CPU the producer's background threads other than the transport used (each measures
+        its own with ``time.thread_time_ns``)."""
+        return sum(int(getattr(part, "cpu_ns", 0)) for part in (self.stacks, self.cuda, self.kernels) if part)
 
     # -- recording -----------------------------------------------------------------------
     def on_main_thread(self) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from typing import Any
 
 from argus.producer.recorder import Recorder, now_ns
@@ -50,6 +51,7 @@ class StackSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="argus-stacks", daemon=True)
         self._agg: dict[tuple[int, str], list[int]] = {}
+        self.cpu_ns = 0  # this thread's CPU time so far (read by the transport thread)
 
     def start(self) -> None:
         self._thread.start()
@@ -64,6 +66,7 @@ class StackSampler:
         thread_name = self.recorder.name_id("MainThread")
         last_drain = now_ns()
         while not self._stop.wait(1.0 / self.hz):
+            self.cpu_ns = time.thread_time_ns()
             frame = sys._current_frames().get(self.target)
             if frame is None:
                 continue

@@ -24,12 +24,14 @@ log = logging.getLogger("argus.producer")
 
 class Transport:
     def __init__(self, ring: RingWriter, socket_path: str, hello: dict[str, Any], interval_s: float,
-                 on_control: Callable[[dict], None] | None = None, on_tick: Callable[[], None] | None = None):
+                 on_control: Callable[[dict], None] | None = None, on_tick: Callable[[], None] | None = None,
+                 other_cpu_ns: Callable[[], int] = lambda: 0):
         self.ring = ring
         self.interval_s = interval_s
         self.client = ProcessorClient(socket_path, {**hello, "ring": str(ring.path)}, timeout_s=2.0)
         self.on_control = on_control
         self.on_tick = on_tick
+        self.other_cpu_ns = other_cpu_ns  # CPU of the producer's other threads (stacks, CUDA events, CUPTI)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="argus-transport", daemon=True)
         self._backoff = 0.2
@@ -70,6 +72,7 @@ class Transport:
             self.ring.settle()
             if self.on_tick is not None:
                 self.on_tick()
+            self.ring.inflight.own_cpu(time.thread_time_ns() + self.other_cpu_ns())
             if self._ensure_connected():
                 self.client.poll_acks()
                 self.client.acks.clear()

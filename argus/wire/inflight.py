@@ -16,7 +16,8 @@ Layout (4096 bytes, little-endian)::
     32  4  activity i32 — name id (ring names) of what the training thread does now, -1: none
     36  4  n_groups u32 — group slots in use
     40  8  activity_since_ns i64
-    48 16  reserved
+    48  8  argus_cpu_ns i64 — CPU time of the producer's own threads in this process so far
+    56  8  reserved
     64     MAX_GROUPS slots of 64 bytes:
             0 u64 key — hash of the group's sorted global ranks (the same on every member)
             8 u64 issued — collectives this rank started on the group
@@ -46,7 +47,7 @@ __all__ = ["BLOCK_BYTES", "MAX_GROUPS", "InflightWriter", "InflightReader", "Inf
 
 BLOCK_BYTES = 4096
 MAX_GROUPS = 56
-_TOP = struct.Struct("<QqqqiIq16x")
+_TOP = struct.Struct("<QqqqiIqq8x")
 _SLOT = struct.Struct("<QQQqqiiiB11x")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
@@ -80,7 +81,7 @@ class InflightWriter:
         self._issued: list[int] = []
         self._completed: list[int] = []
         self._slot_lock = threading.Lock()
-        _TOP.pack_into(mm, offset, 0, 0, -1, 0, -1, 0, 0)
+        _TOP.pack_into(mm, offset, 0, 0, -1, 0, -1, 0, 0, 0)
 
     def _begin(self) -> None:
         self._seq += 1
@@ -115,6 +116,15 @@ class InflightWriter:
         self._begin()
         _ACT.pack_into(self._mm, self._off + 32, name_id)
         _ACT_SINCE.pack_into(self._mm, self._off + 40, t_ns)
+        self._end()
+
+    def own_cpu(self, cpu_ns: int) -> None:
+        """CPU time the producer's own threads used so far (the transport thread reports it)."""
+        self._run(self._own_cpu, cpu_ns)
+
+    def _own_cpu(self, cpu_ns: int) -> None:
+        self._begin()
+        _I64.pack_into(self._mm, self._off + 48, cpu_ns)
         self._end()
 
     def slot(self, key: int, kind_code: int, size: int, first_rank: int) -> int:
@@ -197,6 +207,7 @@ class InflightState:
     progress_ns: int
     activity: int  # name id, -1: none
     activity_since_ns: int
+    argus_cpu_ns: int = 0
     groups: tuple[GroupState, ...] = field(default_factory=tuple)
     torn: bool = False  # the writer died in the middle of an update: fields may disagree
 
@@ -217,10 +228,10 @@ class InflightReader:
             if s1 == s2 and not s1 & 1:
                 torn = False
                 break
-        _, step, done, progress, act, n, since = _TOP.unpack_from(raw, 0)
+        _, step, done, progress, act, n, since, own_cpu = _TOP.unpack_from(raw, 0)
         groups = []
         for i in range(min(n, MAX_GROUPS)):
             key, issued, completed, last, oldest, op, size, first, kind = _SLOT.unpack_from(raw, _SLOT0 + i * _SLOT.size)
             if key:
                 groups.append(GroupState(key, kind, size, first, issued, completed, last, oldest, op))
-        return InflightState(step, done, progress, act, since, tuple(groups), torn)
+        return InflightState(step, done, progress, act, since, own_cpu, tuple(groups), torn)

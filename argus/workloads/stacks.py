@@ -7,7 +7,8 @@ changes what a tracer sees or where it hooks in:
 * ``ddp``: DistributedDataParallel + AdamW, gradient accumulation with ``no_sync()`` on all but
   the last microbatch: bucketed all-reduces fired from autograd hooks, skipped microbatches.
 * ``fsdp2``: ``fully_shard`` per block and on the root (DTensor parameters, all-gather before
-  forward/backward, reduce-scatter of gradients, ``set_requires_gradient_sync`` accumulation).
+  forward/backward, reduce-scatter of gradients, ``set_requires_gradient_sync`` accumulation);
+  works as is on gloo/CPU in torch 2.13.
 * ``pipeline``: ``torch.distributed.pipelining`` (PipelineStage + Schedule1F1B/GPipe) over 2
   stages, stage = rank // dp, dp = world / 2, with an explicit per-stage DP all-reduce and an
   explicit ``isend``/``irecv``/``batch_isend_irecv`` exchange each step (the last stage sends
@@ -118,7 +119,7 @@ class Faults:
 
     def _build_heap(self) -> None:
         """Cyclic gc-tracked garbage kept alive: ``--gc-dicts`` small dicts in 2-cycles. The
-        default (2.2 M) makes one full collection take ~0.45 s on a 2-core machine (tuned by
+        default (2.2 M) makes one full collection take ~0.5 s on a 2-core machine (tuned by
         hand: a timing taken at start-up, while the other ranks start too, is unreliable)."""
         gc.disable()
         for i in range(self.a.gc_dicts // 2):
@@ -219,7 +220,8 @@ def run_stack(a: argparse.Namespace, rank: int, world: int, f: Faults, res: dict
     """Builds the stack, then trains ``a.steps`` steps, appending to ``res`` as it goes."""
     torch.manual_seed(a.seed)  # identical initialisation on every rank
     null = lambda last: contextlib.nullcontext()  # noqa: E731
-    local_batches = lambda step: [_batch(a, f, rank, step, mb, a.batch) for mb in range(a.microbatches)]  # noqa: E731
+    local_batches = lambda step: [  # noqa: E731
+        _batch(a, f, rank, step, mb, a.batch) for mb in range(a.microbatches)]
     after = None  # extra work after the optimizer step (compile: the loss all-reduce)
 
     if a.stack == "pipeline":
@@ -227,7 +229,7 @@ def run_stack(a: argparse.Namespace, rank: int, world: int, f: Faults, res: dict
     else:
         model = LM(a, a.layers)
         model.ckpt = a.stack == "checkpoint"
-        params = list(model.parameters())
+        params = list(model.parameters())  # (manual only: fully_shard swaps in DTensors)
         if a.stack in ("ddp", "checkpoint", "dataloader", "compile_ddp"):
             ddp = nn.parallel.DistributedDataParallel(model)
             forward = torch.compile(ddp) if a.stack == "compile_ddp" else ddp
@@ -437,7 +439,9 @@ def main(argv: list[str] | None = None) -> None:
         p.error("--fault gradual changes a Python int the compiled graph is guarded on: "
                 "it would recompile at each change; use a non-compile stack")
     if a.stack == "pipeline" and a.fault == "varlen":
-        p.error("pipeline: PipelineStage fixes its p2p buffer shapes at the first step")
+        p.error("pipeline: PipelineStage infers its p2p buffer shapes at the first step and "
+                "keeps them, so a new sequence length fails (torch 2.13: 'Expected input "
+                "batch_size (192) to match target batch_size (172)')")
     if a.batch % a.microbatches and a.stack == "pipeline":
         p.error("pipeline: --batch must be divisible by --microbatches")
 

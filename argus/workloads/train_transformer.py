@@ -230,8 +230,9 @@ class _Stats:
         if self.dir:
             import resource
 
+            usage = resource.getrusage(resource.RUSAGE_SELF)
             doc = {"rank": self.rank, "step_s": self.step_s, "rss_mb": self.rss_mb,
-                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+                   "peak_rss_mb": usage.ru_maxrss / 1024, "cpu_s": usage.ru_utime + usage.ru_stime}
             with open(os.path.join(self.dir, f"rank{self.rank}.json"), "w") as fh:
                 json.dump(doc, fh)
 
