@@ -90,7 +90,7 @@ class AnalysisService:
     # -- internals ---------------------------------------------------------------------
     @staticmethod
     def _data_signature(attempt: Attempt) -> tuple:
-        files = [p for t in ("steps", "phases", "kernel_summaries", "stacks", "hw") for p in attempt.files(t)]
+        files = [p for t in ("steps", "phases", "kernel_summaries", "stacks", "hw", "hangs") for p in attempt.files(t)]
         return len(files), max((p.stat().st_mtime_ns for p in files), default=0)
 
     def _analyse(self, attempt: Attempt, out: Cycle) -> None:

@@ -388,11 +388,11 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
             evidence.append({"level": "L5", "kind": "stacks", "rank": rank, **stack.to_json()})
         cause = measured.cause if measured is not None else stack.cause if stack is not None else "unknown"
         severity = _severity(ctx, pct, confirmed, False)
-        if len(steps) == 1 and not confirmed:  # one unexplained hiccup: matters only if it doubled the step
+        if len(steps) == 1:  # one hiccup, explained or not: matters only if it nearly doubled the step
             share = main.excess_s / ctx.step_time.get(steps[0], np.inf)
             if share < ctx.config.one_off_share:
                 continue  # below the noise of a shared host: not an incident
-            if share < 1.0:
+            if share < 1.0 and not confirmed:
                 severity = "info"
         summary = (f"rank {rank} on {ctx.hosts_of([rank])[0]}: host stall in {phase}"
                    f"{' microbatch ' + ','.join(map(str, mb)) if mb else ''} in {len(steps)} step"

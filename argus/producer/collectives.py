@@ -169,6 +169,8 @@ class CollectiveTracker:
 
     def _launch(self, pg: Any, op: str, peer_local: int | None) -> tuple:
         rt = self.rt
+        if rt.on_main_thread():
+            rt.collective_starts()
         g = self._group(pg, peer_local)
         name = f"{g.kind or 'world'}-{op}"
         t0 = now_ns()

@@ -236,6 +236,14 @@ class Runtime:
         self.mb_context = self.fwd_mb if training else -1
         self.set_activity_name("forward-compute" if training else "forward-eval")
 
+    def collective_starts(self) -> None:
+        """A collective begins: in a loop without an optimizer, a step whose parameters were
+        updated already ended (the job's last step ends at its closing barrier, not never)."""
+        if self.optimizer_seen or self.explicit_steps or not self.backwards_since_step or self._versions is None:
+            return
+        if any(self._parameters_updated(root) for root in list(self._versions.keys())):
+            self.end_step()
+
     def _parameters_updated(self, root: Any) -> bool:
         """Has ``root``'s first trainable parameter been updated in place since its last forward
         (with a backward in between)?"""

@@ -34,7 +34,9 @@ Faults (``--fault``, on ``--fault-rank`` from step ``--fault-start``; all real e
   one more level every 4 steps (result unchanged); default 16 extra repetitions per level,
   since one repetition of this tiny attention costs ~0.13 ms a step, below the noise;
 * ``varlen``: not a fault: every rank's sequence length varies per step (16..64) from
-  (seed, rank, step), healthy variance that nothing should flag.
+  (seed, rank, step), healthy variance that nothing should flag;
+* ``kill``: that rank SIGKILLs itself between its forward and its backward (a crash mid-step:
+  no exit hook, no flush); the others then fail in their collective.
 
 Every rank writes ``DIR/rank{R}.json`` (losses as float.hex, parameter checksum, step times,
 dynamo counters...); two runs of one command give bit-identical losses. Example:
@@ -48,6 +50,7 @@ import contextlib
 import gc
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -61,7 +64,7 @@ import torch.nn.functional as F
 from argus.workloads.train_transformer import Block, SelfAttention
 
 STACKS = ["ddp", "fsdp2", "pipeline", "compile", "compile_ddp", "checkpoint", "manual", "dataloader"]
-FAULTS = ["none", "hang", "gc", "recompile", "slow_data", "varlen", "gradual"]
+FAULTS = ["none", "hang", "gc", "recompile", "slow_data", "varlen", "gradual", "kill"]
 COMPILED = {"compile", "compile_ddp"}
 
 
@@ -158,6 +161,9 @@ class Faults:
         if self.a.fault == "hang" and self.active(step):
             print(f"[rank {self.rank}] step {step}: hanging before backward", flush=True)
             time.sleep(3600)
+        if self.a.fault == "kill" and self.active(step):
+            print(f"[rank {self.rank}] step {step}: SIGKILL before backward", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _timed(fn) -> float:

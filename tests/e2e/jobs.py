@@ -1,0 +1,60 @@
+"""Running the real workloads of ``argus.workloads.stacks`` with and without Argus, for e2e tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+STEPS = 12
+#: steps of ~50–150 ms on 2 cores: real steps take 0.1–10 s; 20 ms ones are all scheduler noise
+MODEL = ["--d-model", "64", "--seq", "64", "--batch", "8"]
+JOB_ENV = {"OMP_NUM_THREADS": "1", "ARGUS_OP_SAMPLE_EVERY": "4"}  # short jobs: CPU ops of one step in 4
+
+
+def launcher(nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+
+
+def job(stack: str, out: Path, nproc: int, *extra: str) -> list[str]:
+    return [*launcher(nproc), "-m", "argus.workloads.stacks", "--stack", stack, "--out", str(out), "--steps",
+            str(STEPS), *MODEL, *extra]
+
+
+def argus_run(store: Path, *argus_args: str) -> list[str]:
+    return [sys.executable, "-m", "argus", "run", "--store", str(store), "--run-id", "e2e", *argus_args, "--"]
+
+
+def env(**extra: str) -> dict:
+    return {**os.environ, **JOB_ENV, **extra}
+
+
+def run(cmd: list[str], timeout: float = 400, ok: bool = True, **extra_env: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(**extra_env))
+    if ok:
+        assert done.returncode == 0, f"{' '.join(cmd[-12:])}\n{done.stderr[-4000:]}"
+    return done
+
+
+def results(out: Path) -> dict[int, dict]:
+    return {int(p.stem[4:]): json.loads(p.read_text()) for p in out.glob("rank*.json")}
+
+
+def diagnose(store: Path) -> list[dict]:
+    """Incidents worth a person's attention (warning or critical)."""
+    done = subprocess.run([sys.executable, "-m", "argus", "diagnose", str(store), "--json", "--no-store"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [i for i in json.loads(done.stdout)["incidents"] if i["severity"] in ("warning", "critical")]
+
+
+def only(incidents: list[dict]) -> dict:
+    assert len(incidents) == 1, json.dumps(incidents, indent=1)[:4000]
+    return incidents[0]
+
+
+def processor_status(store: Path) -> dict:
+    (doc,) = [json.loads(p.read_text()) for p in (store / "processors").glob("*.json")]
+    return doc

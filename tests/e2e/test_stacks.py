@@ -1,0 +1,69 @@
+"""The observer does not change the observed, on real training stacks.
+
+Each stack of ``argus.workloads.stacks`` (DDP, FSDP2, pipelining with p2p, torch.compile with
+and without DDP, activation checkpointing, a loop without torch.optim, a DataLoader with
+forked workers) runs twice as a real gloo job: untraced, then under ``argus run`` with every
+channel on. Every rank's losses and parameters must be bit-identical, dynamo must compile
+the same graphs with the same breaks and recompiles, ``isend``/``irecv``/``batch_isend_irecv``
+must return what PyTorch returns — and the store must hold every (rank, step) of a job that
+ends with ``os._exit``, only the ranks as ranks (no worker claimed one), and no incident.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from argus.store import Store  # noqa: E402
+from tests.e2e.jobs import STEPS, argus_run, diagnose, job, processor_status, results, run  # noqa: E402
+
+MATRIX = [("ddp", 4), ("fsdp2", 4), ("pipeline", 4), ("checkpoint", 4), ("manual", 4), ("dataloader", 4),
+          ("compile", 2), ("compile_ddp", 2)]
+
+
+def _compiled(result: dict) -> dict | None:
+    """What dynamo compiled, without timings or inductor's cache hits (which depend on the runs
+    before, not on the observer)."""
+    d = result["dynamo"]
+    if d is None:
+        return None
+    keep = ("unique_graphs", "graph_breaks", "graph_break_reasons", "frames_total", "frames_ok", "recompiles",
+            "recompile_reasons", "compilations")
+    return {**{k: d.get(k) for k in keep}, "stats": d["counters"].get("stats"), "frames": d["counters"].get("frames")}
+
+
+@pytest.mark.parametrize("stack, nproc", MATRIX, ids=[s for s, _ in MATRIX])
+def test_tracing_changes_nothing_the_job_computes_or_compiles(stack, nproc, tmp_path):
+    plain, traced, store = tmp_path / "plain", tmp_path / "traced", tmp_path / "store"
+    plain.mkdir()
+    traced.mkdir()
+    run(job(stack, plain, nproc))
+    layout = ["--layout", "pp=2,dp=2"] if stack == "pipeline" else []  # stage = rank // dp, as the job builds it
+    done = run([*argus_run(store, *layout), *job(stack, traced, nproc)], ARGUS_STACKS_HZ="5")
+    assert "traced run e2e" in done.stderr
+    a, b = results(plain), results(traced)
+    assert sorted(a) == sorted(b) == list(range(nproc))
+    for rank in range(nproc):
+        x, y = a[rank], b[rank]
+        assert x["steps_done"] == y["steps_done"] == STEPS
+        assert x["losses"] == y["losses"], f"rank {rank}: losses differ under Argus"
+        assert x["param_checksum_hex"] == y["param_checksum_hex"], f"rank {rank}: parameters differ"
+        assert _compiled(x) == _compiled(y), f"rank {rank}: dynamo compiled differently under Argus"
+        assert x["p2p_return_types"] == y["p2p_return_types"]
+        if stack == "dataloader":
+            assert len(set(y["dataloader"]["worker_pids"])) == 2  # the workers really ran
+    if stack.startswith("compile"):
+        assert all(r["dynamo"]["unique_graphs"] >= 1 for r in b.values())  # it did compile, under Argus too
+    if stack == "pipeline":
+        assert b[0]["p2p_return_types"]  # and the exchange happened
+
+    attempt = Store.open(store).attempt("e2e")
+    steps = attempt.read("steps", columns=["rank", "step", "end_ns"]).to_pylist()
+    got = {(s["rank"], s["step"]) for s in steps if s["end_ns"] > 0}
+    assert got == {(r, s) for r in range(nproc) for s in range(STEPS)}, "every (rank, step) of the job is stored"
+    assert not attempt.read("drops").num_rows
+    assert processor_status(store)["ranks_seen"] == nproc  # no DataLoader or compile worker claimed a rank
+    phases = set(attempt.read("phases", columns=["name"]).column("name").to_pylist())
+    assert {"forward-compute", "backward-compute"} <= phases
+    assert diagnose(store) == []
