@@ -358,8 +358,10 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
                         and ratio.get(o.rank, 0.0) >= ctx.config.min_busy_ratio}
         slow_kernels |= {r for r, v in ratio.items() if ctx.pair(r) and v >= ctx.config.min_busy_ratio}
         for f in w.l2.findings:
-            if f.kind != "busy" or f.rank in compute_ranks or f.rank in slow_kernels:
+            if f.kind != "busy" or f.rank in compute_ranks:
                 continue
+            if f.rank in slow_kernels and f.category != "host":
+                continue  # slower kernels explain a long compute phase; they never explain a host phase
             if f.persistent and f.category == "compute" and w.l3 is None:
                 continue  # without kernel data a persistent excess is read as compute
             big = [s for s in f.steps if ctx.stall_candidate(s)  # warm-up and checkpoint steps vary by nature

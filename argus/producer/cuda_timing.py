@@ -1,15 +1,65 @@
 """GPU timing without synchronising the training thread.
 
-On a CUDA device a phase's start and end are CUDA events recorded on the current stream
-(the stream the work runs on); a background thread polls ``event.query()`` and, once both
-have completed, turns them into timestamps: a reference event recorded with its CPU time
-at each step start gives ``t = ref_cpu_ns + ref.elapsed_time(event)``. The training thread
-only records events. On CPU the producer uses the monotonic clock instead and this module
-is never loaded.
+On a CUDA device a phase's start and end are two CUDA events; a background thread (the
+*resolver*) polls them and, once both have completed, turns them into timestamps on the
+producer's clock (:func:`argus.producer.recorder.now_ns`) and hands them to ``emit``. The
+training thread only records events: :meth:`CudaTimer.mark` is one ``cudaEventRecord``
+(plus a clock read), :meth:`CudaTimer.rebase` records nothing at all. On CPU the producer
+uses the monotonic clock instead and this module is never loaded.
+
+Where events go
+---------------
+``mark(stream)`` records on ``stream``; by default on ``torch.cuda.current_stream(device)``
+— the current stream *of the rank's device*, not of whatever device is current (before the
+script's ``torch.cuda.set_device`` that is cuda:0 on every rank). To time a collective by its
+completion on the GPU, mark inside the work's future callback: for ProcessGroupNCCL the
+future is completed at launch with CUDA events recorded on NCCL's stream, and a callback runs
+under a stream guard whose current stream (a pool stream) has been made to wait on them, so
+an event recorded there completes when the collective completes on NCCL's stream, without
+touching the user's streams (see ``argus/producer/nccl.py``).
+
+While the current stream is capturing a CUDA graph (``torch.cuda.is_current_stream_capturing()``)
+``mark`` records nothing and returns ``None``; a span with a ``None`` end is dropped, and the
+resolver pauses for a second after a capture was seen. The resolver also switches its own
+thread to ``cudaStreamCaptureModeRelaxed`` (best effort, through the process's libcudart), so
+its event queries are never "unsafe calls" to another thread's global-mode capture.
+
+Clock mapping (GPU → host)
+--------------------------
+The resolver measures it itself, never on the training thread: on a private high-priority
+stream of the device, with nothing else queued on it, it takes host time ``h0``, records an
+event ``E``, spins on ``E.query()`` and takes ``h1`` when it is first seen complete. ``E``'s GPU
+timestamp lies in ``[h0, h1]``, so ``T(E) = (h0 + h1) / 2`` is off by at most ``(h1 - h0) / 2``.
+Of a few tries the one with the smallest ``h1 - h0`` is kept (typically 5–30 µs; samples over
+200 µs are rejected while a better reference is recent). A reference is taken when a step
+ends (:meth:`rebase` only asks for one) but at most every 0.2 s, and at least every 1 s while
+spans are pending. An event ``x`` is then placed by the newest reference recorded before
+``x`` was enqueued (so the elapsed time is non-negative and under a few seconds)::
+
+    T(x) = T(E) + E.elapsed_time(x)
+    t0 = T(start), t1 = t0 + start.elapsed_time(end)   # the duration never carries mapping error
+
+Error bound of ``t0``/``t1``: ``(h1 - h0)/2`` of the reference used (measured, exposed as
+``clock_error_ns``) + 0.5 µs (``cudaEventElapsedTime`` resolution) + float32 rounding of the
+elapsed milliseconds (≤ 61 ns at 1 s) + drift between the GPU timer and ``CLOCK_MONOTONIC``
+over the reference's age (NTP slews the host clock by at most 500 ppm, typically < 20 ppm:
+≤ 20 µs at a 1 s-old reference). Durations (``t1 - t0``) carry only the 0.5 µs resolution.
+Where the device's queues are saturated (``CUDA_DEVICE_MAX_CONNECTIONS=1``) samples get worse;
+then the best recent one is used and its error reported.
+
+The resolver handles spans whose events lie on different streams: pending spans are queued
+per stream of their end event, in record order; within a stream events complete in order, so
+a pass stops at the first incomplete end *of that stream* only, and a span whose start lies
+on another stream waits for that start without holding others up. Pending spans are capped
+(``max_pending``); beyond it new spans are dropped and counted (``stats['dropped_full']``).
+Nothing here raises: a failing query or emit drops that span and counts it.
 """
 
 from __future__ import annotations
 
+import ctypes
+import itertools
+import logging
 import threading
 from collections import deque
 from typing import Any, Callable
@@ -18,57 +68,284 @@ from argus.producer.recorder import now_ns
 
 __all__ = ["CudaTimer"]
 
+log = logging.getLogger("argus.producer")
+
+_RELAXED = 2  # cudaStreamCaptureModeRelaxed
+
+
+def _stream_key(stream: Any) -> Any:
+    for attr in ("cuda_stream", "stream_id"):
+        value = getattr(stream, attr, None)
+        if value is not None:
+            return (getattr(stream, "device_index", None), value)
+    return id(stream)
+
+
+def _relax_capture_mode() -> bool:
+    """Set this thread's CUDA stream-capture interaction mode to relaxed (thread-local)."""
+    try:
+        path = None
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if "libcudart" in line:
+                    path = line.split()[-1]
+                    break
+        if path is None:
+            return False
+        fn = ctypes.CDLL(path).cudaThreadExchangeStreamCaptureMode
+        mode = ctypes.c_int(_RELAXED)
+        return fn(ctypes.byref(mode)) == 0
+    except Exception:  # noqa: BLE001 - best effort
+        return False
+
+
+class _Span:
+    __slots__ = ("m0", "m1", "meta")
+
+    def __init__(self, m0: tuple, m1: tuple, meta: tuple):
+        self.m0, self.m1, self.meta = m0, m1, meta
+
 
 class CudaTimer:
-    def __init__(self, emit: Callable[[int, int, tuple], None], device: int = 0, poll_s: float = 0.05):
-        import torch
+    """CUDA-event spans on the rank's device, resolved off the training thread.
 
-        self.torch = torch
-        self.device = device
-        self.emit = emit  # (start_ns, end_ns, meta) → recorder
-        self.pending: deque = deque()
-        self.ref: tuple[Any, int] | None = None
-        self._stop = threading.Event()
+    A token from :meth:`mark` is ``(event, stream key, host ns before the record, seq)``."""
+
+    MAX_PENDING = 65536
+    CAL_TRIES = 5
+    GOOD_RTT_NS = 20_000
+    MAX_RTT_NS = 200_000
+    SPIN_LIMIT_NS = 1_000_000
+    CAL_MIN_INTERVAL_NS = 200_000_000
+    CAL_MAX_AGE_NS = 1_000_000_000
+    CAPTURE_QUIET_NS = 1_000_000_000
+    REFS_KEPT = 64
+
+    def __init__(self, emit: Callable[[int, int, tuple], None], device: int = 0, poll_s: float = 0.05,
+                 torch_module: Any = None, *, clock: Callable[[], int] | None = None,
+                 max_pending: int = MAX_PENDING):
+        if torch_module is None:
+            import torch as torch_module
+        self.torch = torch_module
+        self.cuda = torch_module.cuda
+        self.device = int(device)
+        self.emit = emit  # (start_ns, end_ns, meta) → recorder, on the resolver thread
+        self.clock = clock or now_ns
+        self.max_pending = max_pending
         self._poll_s = poll_s
+        self._real_torch = getattr(torch_module, "__name__", "") == "torch"
+        self._incoming: deque = deque()  # training thread → resolver
+        self._queues: dict[Any, list[_Span]] = {}  # resolver only: end stream → spans by end seq
+        self._held = 0  # spans in _queues (written by the resolver only)
+        self._refs: deque = deque(maxlen=self.REFS_KEPT)  # (h1, T(E) ns, error ns, E)
+        self._seq = itertools.count()
+        self._want_ref = True
+        self._last_ref_try = None
+        self._marked = False
+        self._capture_seen: int | None = None
+        self._cal_stream: Any = None
+        self._stop = threading.Event()
+        self._started = False
         self._thread = threading.Thread(target=self._loop, name="argus-cuda-events", daemon=True)
+        self.clock_error_ns = -1  # of the newest reference; -1: none yet
+        self.stats = {"emitted": 0, "dropped_full": 0, "dropped_none": 0, "dropped_error": 0, "dropped_negative": 0,
+                      "emit_errors": 0, "refs": 0, "refs_rejected": 0, "capture_skips": 0}
 
+    # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
-        self.rebase()
-        self._thread.start()
+        if not self._started:
+            self._started = True
+            self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop the resolver after a last pass (spans already complete are emitted)."""
         self._stop.set()
+        if self._started and self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
 
+    # -- the training thread -----------------------------------------------------------------
     def rebase(self) -> None:
-        """A fresh reference (CPU time ↔ GPU event); called at step starts to bound drift."""
-        ev = self.torch.cuda.Event(enable_timing=True)
-        ev.record()
-        self.ref = (ev, now_ns())
+        """A step ended: ask the resolver for a fresh clock reference. Records nothing."""
+        self._want_ref = True
 
-    def mark(self) -> Any:
-        ev = self.torch.cuda.Event(enable_timing=True)
-        ev.record()
-        return (ev, self.ref)
+    def mark(self, stream: Any = None) -> Any:
+        """An event on ``stream`` (default: the current stream of the rank's device); ``None``
+        while the current stream is capturing a CUDA graph, or on any CUDA error."""
+        try:
+            cuda = self.cuda
+            if cuda.is_current_stream_capturing():
+                self._capture_seen = self.clock()
+                return None
+            if stream is None:
+                stream = cuda.current_stream(self.device)
+            ev = cuda.Event(enable_timing=True)
+            t = self.clock()
+            ev.record(stream)
+            self._marked = True
+            return (ev, _stream_key(stream), t, next(self._seq))
+        except Exception:  # noqa: BLE001 - never into the training loop
+            return None
 
     def phase(self, start: Any, end: Any, meta: tuple) -> None:
-        self.pending.append((start, end, meta))
+        """Emit ``meta`` with the span's times once both events completed; ``None`` tokens drop it."""
+        if start is None or end is None:
+            self.stats["dropped_none"] += 1
+            return
+        if len(self._incoming) + self._held >= self.max_pending:
+            self.stats["dropped_full"] += 1
+            return
+        self._incoming.append(_Span(start, end, meta))
 
+    @property
+    def pending(self) -> int:
+        return len(self._incoming) + self._held
+
+    # -- the resolver ------------------------------------------------------------------------
     def _loop(self) -> None:
+        if self._real_torch:
+            _relax_capture_mode()
         while not self._stop.wait(self._poll_s):
             self.resolve()
+        self.resolve(final=True)
 
-    def resolve(self) -> None:
-        n = len(self.pending)
-        for _ in range(n):
-            start, end, meta = self.pending.popleft()
-            (ev0, ref0), (ev1, _) = start, end
+    def resolve(self, final: bool = False) -> None:
+        """One pass: take new spans, refresh the clock reference when due, emit what completed."""
+        try:
+            now = self.clock()
+            if self._capture_seen is not None and now - self._capture_seen < self.CAPTURE_QUIET_NS and not final:
+                self.stats["capture_skips"] += 1
+                return
+            self._take_incoming()
+            if self._marked and self._reference_due(now):
+                self._calibrate()
+            if not self._refs:
+                return
+            for key in list(self._queues):
+                self._resolve_stream(key)
+        except Exception as exc:  # noqa: BLE001 - the resolver never dies
+            log.debug("argus: CUDA timing pass failed: %s", exc)
+
+    def _take_incoming(self) -> None:
+        incoming = self._incoming
+        while True:
             try:
-                if not ev1.query():
-                    self.pending.appendleft((start, end, meta))
-                    return  # later events are not done either (one stream, in order)
-                ref_ev, ref_ns = ref0
-                t0 = ref_ns + int(ref_ev.elapsed_time(ev0) * 1e6)
-                t1 = t0 + int(ev0.elapsed_time(ev1) * 1e6)
-                self.emit(t0, t1, meta)
-            except Exception:  # noqa: BLE001 - a destroyed context at exit: drop the phase
+                span = incoming.popleft()
+            except IndexError:
+                return
+            q = self._queues.setdefault(span.m1[1], [])
+            seq = span.m1[3]
+            if not q or q[-1].m1[3] <= seq:
+                q.append(span)
+            else:  # an end recorded earlier but handed over later: keep the queue in record order
+                i = len(q)
+                while i > 0 and q[i - 1].m1[3] > seq:
+                    i -= 1
+                q.insert(i, span)
+            self._held += 1
+
+    def _resolve_stream(self, key: Any) -> None:
+        q = self._queues[key]
+        kept: list[_Span] = []
+        for i, span in enumerate(q):
+            try:
+                end_done = span.m1[0].query()
+            except Exception:  # noqa: BLE001
+                self.stats["dropped_error"] += 1
                 continue
+            if not end_done:  # later ends on this stream are not done either
+                kept.extend(q[i:])
+                break
+            try:
+                start_done = span.m0[0].query()
+            except Exception:  # noqa: BLE001
+                self.stats["dropped_error"] += 1
+                continue
+            if not start_done:  # its start lies on another stream, still running
+                kept.append(span)
+                continue
+            self._finish(span)
+        self._held -= len(q) - len(kept)
+        if kept:
+            self._queues[key] = kept
+        else:
+            del self._queues[key]
+
+    def _finish(self, span: _Span) -> None:
+        ev0, _, enq0, _ = span.m0
+        ev1 = span.m1[0]
+        try:
+            ref = self._reference_for(enq0)
+            t0 = ref[1] + int(round(ref[3].elapsed_time(ev0) * 1e6))
+            t1 = t0 + int(round(ev0.elapsed_time(ev1) * 1e6))
+        except Exception:  # noqa: BLE001 - a destroyed context at exit, events on two devices
+            self.stats["dropped_error"] += 1
+            return
+        if t1 < t0:
+            self.stats["dropped_negative"] += 1
+            return
+        try:
+            self.emit(t0, t1, span.meta)
+            self.stats["emitted"] += 1
+        except Exception:  # noqa: BLE001
+            self.stats["emit_errors"] += 1
+
+    def _reference_for(self, enqueued_ns: int) -> tuple:
+        """The newest reference completed before ``enqueued_ns`` (else the oldest kept)."""
+        refs = self._refs
+        for ref in reversed(refs):
+            if ref[0] <= enqueued_ns:
+                return ref
+        return refs[0]
+
+    def _reference_due(self, now: int) -> bool:
+        last = self._last_ref_try
+        if last is None:
+            return True
+        age = now - last
+        if age < self.CAL_MIN_INTERVAL_NS:
+            return False
+        if self._want_ref or (not self._refs and self._held > 0):
+            return True
+        return age >= self.CAL_MAX_AGE_NS and self._held > 0
+
+    def _calibrate(self) -> None:
+        """A clock reference: an event on an idle private stream, its completion spun on."""
+        clock, cuda = self.clock, self.cuda
+        self._want_ref = False
+        self._last_ref_try = clock()
+        if self._cal_stream is None:
+            try:
+                self._cal_stream = cuda.Stream(device=self.device, priority=-1)
+            except TypeError:
+                self._cal_stream = cuda.Stream(device=self.device)
+        best = None
+        for _ in range(self.CAL_TRIES):
+            ev = cuda.Event(enable_timing=True)
+            h0 = clock()
+            ev.record(self._cal_stream)
+            h1 = None
+            while True:
+                if ev.query():
+                    h1 = clock()
+                    break
+                if clock() - h0 > self.SPIN_LIMIT_NS:
+                    break
+            if h1 is None:
+                continue
+            if best is None or h1 - h0 < best[1] - best[0]:
+                best = (h0, h1, ev)
+            if h1 - h0 <= self.GOOD_RTT_NS:
+                break
+        if best is None:
+            self.stats["refs_rejected"] += 1
+            return
+        h0, h1, ev = best
+        rtt = h1 - h0
+        newest = self._refs[-1] if self._refs else None
+        stale = newest is None or h1 - newest[0] > 2 * self.CAL_MAX_AGE_NS
+        if rtt > self.MAX_RTT_NS and not stale:
+            self.stats["refs_rejected"] += 1
+            return
+        self._refs.append((h1, (h0 + h1) // 2, (rtt + 1) // 2, ev))
+        self.clock_error_ns = (rtt + 1) // 2
+        self.stats["refs"] += 1

@@ -7,7 +7,8 @@ C++, about 1.5 µs an op, enabled at the sampled step's start and disabled at it
 changes no dispatch: compiled graphs compile and run the same (``torch.compile`` sees no mode),
 results are bit-identical, and nothing Python-level runs per op. Recorded are the ops that
 do their own work (most of their time outside the ops they call: ``aten::addmm``, not the
-``aten::linear`` around it — like GPU kernels, the work itself), labelled ``cpu_op``, timed
+``aten::linear`` around it — like GPU kernels, the work itself; named ``ns::op``, so not the
+annotations PyTorch and users add, such as ``enumerate(DataLoader)#…``), labelled ``cpu_op``, timed
 on the wall clock at microsecond resolution. Compiled regions appear as their extern kernels
 (inductor's fused C++ kernels are not ops). It steps aside rather than collide:
 
@@ -71,7 +72,7 @@ def working_ops(events: list, offset_ns: int, name_id: Any, step: int) -> np.nda
             total_us = max(e.start_us() - start_us, 0.0)
             if stack:
                 stack[-1][3] += total_us
-            if total_us - children_us >= 0.5 * total_us:
+            if "::" in name and total_us - children_us >= 0.5 * total_us:  # ops, not user scopes
                 rows.append((step, int(start_us * 1000) + offset_ns, int(total_us * 1000), name_id(name), 0, -1,
                              KIND["cpu_op"]))
     out = np.zeros(len(rows), DTYPES[Msg.KERNELS])
