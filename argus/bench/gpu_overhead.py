@@ -100,20 +100,26 @@ def _capture(source: str, first: int, count: int, batch: int, out: Path) -> None
         _step(torch, model, opt, batch, s)
     per_step: list[list] = []
     if source == "argus":
-        from argus.producer.kernels import CuptiSource
-        from argus.producer.recorder import Recorder
+        import tempfile
 
-        rec = Recorder(capacity=10_000_000)
-        cupti = CuptiSource(rec)
+        from argus.producer.cupti import CuptiSource
+        from argus.producer.recorder import Recorder
+        from argus.wire import Msg, RingReader, RingWriter
+
+        ring = RingWriter.create(tempfile.mkdtemp(prefix="argus-gpu-"), {Msg.KERNELS: 1 << 20})
+        reader = RingReader(ring.path)
+        cupti = CuptiSource(Recorder(ring))
         cupti.start()
-        names = {}
+        names: list[str] = []
         for s in range(first, first + count):
             _step(torch, model, opt, batch, s)
             cupti.flush()
             time.sleep(0.05)  # completed buffers arrive on CUPTI's thread
-            names = {v: k for k, v in rec.names.items()}
-            rows = [rec.kernels.popleft() for _ in range(len(rec.kernels))]
-            per_step.append([(normalize(names[r[3]]), int(r[2])) for r in rows if r[6] == 0])
+            ring.settle()
+            names += reader.new_names()
+            rows = reader.drain(settled=False).get(Msg.KERNELS)
+            rows = rows[rows["kind"] == 0] if rows is not None else []
+            per_step.append([(normalize(names[int(r["name"])]), int(r["dur_ns"])) for r in rows])
         cupti.stop()
     else:
         for s in range(first, first + count):

@@ -11,6 +11,13 @@ own, untouched. A call is recorded when it starts (the rank's in-flight block: t
 (``dp-allreduce``, ``pp-send``) from start to completion. Time the training thread spends
 blocked in ``wait`` is waiting, not work, for the compute phase around it.
 
+On a CUDA device the interval is measured on the GPU instead: an event on the launching
+stream before the call (the inputs are ready: this rank has arrived) and one recorded in the
+work's future callback, which completes when the collective does (``_track_on_gpu``). Per rank
+only arrival and completion exist; waiting and transfer are separated across ranks by the
+analysis (the last arrival starts the transfer). Works without a future (gloo p2p) are timed
+by their ``wait`` on the CPU.
+
 Calls that C++ makes itself never pass here: DDP's bucket all-reduces. For them DDP gets a
 comm hook that does what DDP's built-in one does — multiply the bucket by ``1/world`` and
 all-reduce it, bit for bit the same result (the built-in multiplies while copying; a
@@ -69,7 +76,8 @@ class CollectiveTracker:
         self.patches: list[tuple[Any, str, Any]] = []
         self.groups: dict[tuple[int, int], _Group] = {}
         self.names: dict[str, int] = {}
-        self.pending: dict[int, tuple] = {}  # id(work) → launch record
+        self.pending: dict[int, tuple] = {}  # id(work) → launch record (completion seen on the CPU)
+        self.gpu_names: dict[int, int] = {}  # id(work) → name id, for works timed on the GPU
         self.local = threading.local()
         self.buckets_launched = 0  # DDP gradient buckets handed to all-reduce so far …
         self.last_bucket_ns = 0  # … and when the last one was
@@ -177,11 +185,14 @@ class CollectiveTracker:
         nid = self._name_id(name)
         rt.comm_issued += 1
         rt.ring.inflight.issued(g.slot, nid, t0)
-        return (t0, rt.mb_context, rt.step, g, nid)
+        m0 = rt.cuda.mark() if rt.cuda is not None else None  # GPU: the inputs are ready here
+        return (t0, rt.mb_context, rt.step, g, nid, m0)
 
     def _track(self, work: Any, launch: tuple) -> None:
         if work is None:
             self._finish_launch(launch, now_ns())
+            return
+        if launch[5] is not None and self._track_on_gpu(work, launch):
             return
         key = id(work)
         if len(self.pending) >= _MAX_PENDING:
@@ -193,13 +204,45 @@ class CollectiveTracker:
             return
         fut.add_done_callback(lambda _f, key=key: self._finish(key))
 
+    def _track_on_gpu(self, work: Any, launch: tuple) -> bool:
+        """On a CUDA device: the collective's end is an event recorded in its future's callback,
+        which runs under a stream guard that waits on the stream the collective runs on — so
+        the event completes when the collective completes on the GPU, whatever the CPU did."""
+        rt = self.rt
+        try:
+            fut = work.get_future()
+        except Exception:  # noqa: BLE001 - no future (some p2p works): timed by wait() on the CPU
+            return False
+        self.gpu_names[id(work)] = launch[4]
+        if len(self.gpu_names) > _MAX_PENDING:
+            self.gpu_names.pop(next(iter(self.gpu_names)))
+
+        def on_done(_f: Any, launch: tuple = launch) -> None:
+            try:
+                rt.cuda.phase(launch[5], rt.cuda.mark(), (self._gpu_done, launch))
+            except Exception:  # noqa: BLE001 - on the backend's thread: never raise
+                pass
+
+        fut.add_done_callback(on_done)
+        return True
+
+    def _gpu_done(self, launch: tuple, t0: int, t1: int) -> None:
+        """The collective's GPU interval (resolved on the CUDA-event thread): from the moment its
+        inputs were ready on the launching stream (this rank's arrival) to its completion."""
+        _, mb, step, g, nid, _ = launch
+        try:
+            self.rt.ring.inflight.completed(g.slot, launch[0], t1)
+            self.rt.recorder.phase_ids(step, t0, t1 - t0, mb, nid, 1, g.kind_code)
+        except Exception:  # noqa: BLE001
+            pass
+
     def _finish(self, key: int) -> None:
         launch = self.pending.pop(key, None)
         if launch is not None:
             self._finish_launch(launch, now_ns())
 
     def _finish_launch(self, launch: tuple, t1: int) -> None:
-        t0, mb, step, g, nid = launch
+        t0, mb, step, g, nid, _ = launch
         try:
             rt = self.rt
             rt.ring.inflight.completed(g.slot, t0, t1)
@@ -216,10 +259,11 @@ class CollectiveTracker:
             if not rt.active or tracker.is_compiling():
                 return original(work, *args, **kwargs)
             launch = tracker.pending.get(id(work))
+            name_id = launch[4] if launch is not None else tracker.gpu_names.get(id(work))
             main = rt.on_main_thread()
-            m0 = rt.mark() if main else None
-            if main and launch is not None:
-                rt.set_activity(launch[4])
+            m0 = rt.mark() if main and rt.cuda is None else None  # CPU: time blocked here is waiting
+            if main and name_id is not None:
+                rt.set_activity(name_id)
             try:
                 return original(work, *args, **kwargs)
             finally:
@@ -227,7 +271,7 @@ class CollectiveTracker:
                     tracker._finish(id(work))
                     if main:
                         rt.add_wait(m0, rt.mark())
-                        if launch is not None:
+                        if name_id is not None:
                             rt.restore_activity()
                 except Exception as exc:  # noqa: BLE001
                     rt.fail(f"collective tracking failed ({type(exc).__name__}: {exc})")

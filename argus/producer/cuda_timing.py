@@ -16,7 +16,7 @@ completion on the GPU, mark inside the work's future callback: for ProcessGroupN
 future is completed at launch with CUDA events recorded on NCCL's stream, and a callback runs
 under a stream guard whose current stream (a pool stream) has been made to wait on them, so
 an event recorded there completes when the collective completes on NCCL's stream, without
-touching the user's streams (see ``argus/producer/nccl.py``).
+touching the user's streams (``collectives.py`` does this for every collective Python starts).
 
 While the current stream is capturing a CUDA graph (``torch.cuda.is_current_stream_capturing()``)
 ``mark`` records nothing and returns ``None``; a span with a ``None`` end is dropped, and the
@@ -61,6 +61,7 @@ import ctypes
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from typing import Any, Callable
 
@@ -148,6 +149,7 @@ class CudaTimer:
         self._started = False
         self._thread = threading.Thread(target=self._loop, name="argus-cuda-events", daemon=True)
         self.clock_error_ns = -1  # of the newest reference; -1: none yet
+        self.cpu_ns = 0  # the resolver thread's CPU time so far
         self.stats = {"emitted": 0, "dropped_full": 0, "dropped_none": 0, "dropped_error": 0, "dropped_negative": 0,
                       "emit_errors": 0, "refs": 0, "refs_rejected": 0, "capture_skips": 0}
 
@@ -206,6 +208,7 @@ class CudaTimer:
             _relax_capture_mode()
         while not self._stop.wait(self._poll_s):
             self.resolve()
+            self.cpu_ns = time.thread_time_ns()  # read by the producer's CPU accounting
         self.resolve(final=True)
 
     def resolve(self, final: bool = False) -> None:

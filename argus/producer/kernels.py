@@ -72,7 +72,7 @@ def working_ops(events: list, offset_ns: int, name_id: Any, step: int) -> np.nda
             total_us = max(e.start_us() - start_us, 0.0)
             if stack:
                 stack[-1][3] += total_us
-            if "::" in name and total_us - children_us >= 0.5 * total_us:  # ops, not user scopes
+            if _is_op(name) and total_us - children_us >= 0.5 * total_us:
                 rows.append((step, int(start_us * 1000) + offset_ns, int(total_us * 1000), name_id(name), 0, -1,
                              KIND["cpu_op"]))
     out = np.zeros(len(rows), DTYPES[Msg.KERNELS])
@@ -81,6 +81,14 @@ def working_ops(events: list, offset_ns: int, name_id: Any, step: int) -> np.nda
         for i, field in enumerate(DTYPES[Msg.KERNELS].names):
             out[field] = cols[i]
     return out
+
+
+def _is_op(name: str) -> bool:
+    """A dispatcher op (``aten::addmm``, ``c10d::allreduce_``), not a scope around work: user and
+    library annotations (``enumerate(DataLoader)#…``, ``Optimizer.step#…``) and the autograd
+    engine's per-node scopes (``autograd::engine::evaluate_function: MmBackward0``), whose own
+    time is whatever Python ran inside them — a tensor hook, a stall."""
+    return "::" in name and not name.startswith(("autograd::", "profiler::")) and " " not in name
 
 
 class CpuOpSource(KernelSource):

@@ -113,6 +113,10 @@ class Runtime:
                 self.cuda.start()
             self.kernels = select_source(self.config.kernels, self.recorder, self.config.op_sample_every)
             self.kernels.on_step(self.step)
+            from argus.producer.activation import after_import
+            from argus.producer.torch_hooks import hide_from_dynamo
+
+            after_import("torch._dynamo", hide_from_dynamo)  # now if dynamo is loaded, else once it is
         except Exception as exc:  # noqa: BLE001
             self.fail(f"cannot hook PyTorch ({exc})")
 
@@ -190,7 +194,7 @@ class Runtime:
                     step: int | None = None) -> None:
         step = self.step if step is None else step
         if self.cuda is not None:
-            self.cuda.phase(m0, m1, (step, microbatch, name, category, group))
+            self.cuda.phase(m0, m1, (step, microbatch, name, category, group))  # drops a None token
         else:
             wait = m1[1] - m0[1] if category != "comm" else -1
             self.recorder.phase(step, m0[0], m1[0], microbatch, name, category, group, wait)
@@ -203,6 +207,11 @@ class Runtime:
             self.waited_ns += max((m1[0] - m0[0]) - (m1[1] - m0[1]), 0)
 
     def _emit_cuda(self, t0: int, t1: int, meta: tuple) -> None:
+        """A span resolved on the GPU clock (the CUDA-event thread): a phase, or a collective's
+        own completion (``meta = (callback, launch)``)."""
+        if callable(meta[0]):
+            meta[0](meta[1], t0, t1)
+            return
         step, microbatch, name, category, group = meta
         self.recorder.phase(step, t0, t1, microbatch, name, category, group)
 

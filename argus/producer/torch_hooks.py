@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 from typing import Any, Callable
 
 from argus.producer.collectives import CollectiveTracker
@@ -30,6 +31,41 @@ from argus.producer.recorder import now_ns
 __all__ = ["TorchHooks"]
 
 log = logging.getLogger("argus.producer")
+
+
+def hide_from_dynamo(_module: Any = None) -> None:
+    """Make dynamo never evaluate a frame of Argus's own: its frame-evaluation callback runs
+    for every Python frame while compiled code is active, and a garbage-collector callback or
+    a hook that runs then would be a frame dynamo counts and tries to compile (``frames_total``
+    changed under Argus). ``skip_code`` skips those frames only — what they call is processed as
+    usual — and leaves inlining alone: traced inside a compiled module, a hook is still inlined,
+    an empty function."""
+    import types
+
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:  # no dynamo, or another version: nothing to hide from
+        return
+    seen: set = set()
+
+    def walk(code: types.CodeType) -> None:
+        if code in seen:
+            return
+        seen.add(code)
+        skip_code(code)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                walk(const)
+
+    for name, module in list(sys.modules.items()):
+        if not (name.startswith("argus.producer") or name.startswith("argus.wire")) or module is None:
+            continue
+        for obj in list(vars(module).values()):
+            for fn in ([obj] + [v for v in vars(obj).values()] if isinstance(obj, type) else [obj]):
+                fn = getattr(fn, "__func__", fn)
+                code = getattr(fn, "__code__", None)
+                if isinstance(code, types.CodeType) and getattr(fn, "__module__", "").startswith("argus."):
+                    walk(code)
 
 
 def _is_compiling_fn() -> Callable[[], bool]:

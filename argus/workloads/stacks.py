@@ -377,6 +377,16 @@ def _pipeline(a, rank, world, f, res):
     return step_fn, model
 
 
+def _frame_codes() -> list[str]:
+    """The code objects dynamo was asked to convert (``file:function``), sorted."""
+    try:
+        from torch._dynamo.convert_frame import input_codes
+        codes = [ref() for ref in input_codes.seen]
+    except Exception:  # noqa: BLE001 - another torch version
+        return []
+    return sorted(f"{os.path.basename(c.co_filename)}:{c.co_name}" for c in codes if c is not None)
+
+
 def _dynamo() -> dict | None:
     if "torch._dynamo" not in sys.modules:
         return None
@@ -391,6 +401,7 @@ def _dynamo() -> dict | None:
         "recompiles": len(reasons),  # torch 2.13 keeps no recompile counter: from the metrics
         "recompile_reasons": [r[:200] for r in reasons],
         "compilations": len(metrics),
+        "frame_codes": _frame_codes(),
         "compile_time_s": sum(m.entire_frame_compile_time_s or 0.0 for m in metrics),
         "counters": {k: dict(counters[k]) for k in ("stats", "frames", "aot_autograd", "recompiles")
                      if k in counters},

@@ -29,7 +29,7 @@ def _compiled(result: dict) -> dict | None:
     if d is None:
         return None
     keep = ("unique_graphs", "graph_breaks", "graph_break_reasons", "frames_total", "frames_ok", "recompiles",
-            "recompile_reasons", "compilations")
+            "recompile_reasons", "compilations", "frame_codes")
     return {**{k: d.get(k) for k in keep}, "stats": d["counters"].get("stats"), "frames": d["counters"].get("frames")}
 
 

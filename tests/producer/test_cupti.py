@@ -1,0 +1,154 @@
+"""CuptiSource against a fake of cupti-python's module: activity records → kernel rows."""
+
+from __future__ import annotations
+
+import enum
+import types
+
+import numpy as np
+import pytest
+
+from argus.producer import cupti as cupti_mod
+from argus.producer.cupti import CuptiSource, demangle
+from argus.producer.recorder import KIND
+from argus.wire import DTYPES, Msg
+
+FILL = "_ZN2at6native29vectorized_elementwise_kernelILi4ENS0_11FillFunctorIfEESt5arrayIPcLm1EEEEviT0_T1_"
+FILL_DEMANGLED = ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, "
+                  "std::array<char*, 1ul> >(int, at::native::FillFunctor<float>, std::array<char*, 1ul>)")
+NCCL = "_Z39ncclDevKernel_AllReduce_Sum_f32_RING_LLP14ncclDevKernArg"
+
+
+class ActivityKind(enum.IntEnum):  # values as in cupti-python's enum
+    MEMCPY = 1
+    MEMSET = 2
+    KERNEL = 3
+    DRIVER = 4
+    CONCURRENT_KERNEL = 10
+
+
+class ActivityMemcpyKind(enum.IntEnum):
+    UNKNOWN = 0
+    HTOD = 1
+    DTOH = 2
+    DTOD = 8
+
+
+class FakeCupti:
+    ActivityKind = ActivityKind
+    ActivityMemcpyKind = ActivityMemcpyKind
+
+    def __init__(self, timestamp: int = 1_000_000):
+        self.timestamp = timestamp
+        self.enabled: list = []
+        self.disabled: list = []
+        self.flushes: list[int] = []
+        self.callbacks = None
+
+    def activity_enable(self, kind):
+        self.enabled.append(kind)
+
+    def activity_disable(self, kind):
+        self.disabled.append(kind)
+
+    def activity_register_callbacks(self, requested, completed):
+        self.callbacks = (requested, completed)
+
+    def get_timestamp(self) -> int:
+        return self.timestamp
+
+    def activity_flush_all(self, flag: int):
+        self.flushes.append(flag)
+
+
+class FakeRecorder:
+    def __init__(self):
+        self.names: list[str] = []
+        self.batches: list[np.ndarray] = []
+
+    def name_id(self, name: str) -> int:
+        if name not in self.names:
+            self.names.append(name)
+        return self.names.index(name)
+
+    def kernels(self, records: np.ndarray) -> None:
+        self.batches.append(records)
+
+
+def rec(kind, start, end, stream=7, device=0, **kw):
+    return types.SimpleNamespace(kind=kind, start=start, end=end, stream_id=stream, device_id=device, **kw)
+
+
+@pytest.fixture()
+def source(monkeypatch):
+    monkeypatch.setattr(cupti_mod, "now_ns", lambda: 5_000_000_000)
+    fake, recorder = FakeCupti(timestamp=1_000_000), FakeRecorder()
+    src = CuptiSource(recorder, cupti_module=fake)
+    src.start()
+    return src, fake, recorder
+
+
+def test_demangle():
+    assert demangle("_Z3fooi") == "foo(int)"
+    assert demangle(FILL) == FILL_DEMANGLED
+    assert demangle(NCCL) == "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernArg*)"
+    assert demangle("ampere_sgemm_128x64_tn") == "ampere_sgemm_128x64_tn"  # not mangled
+    assert demangle("_Zinvalid") == "_Zinvalid"  # not a valid mangling: as is
+    assert demangle("") == ""
+
+
+def test_start_enables_kernels_memcpy_memset_and_aligns_the_clock(source):
+    src, fake, _ = source
+    assert fake.enabled == [ActivityKind.CONCURRENT_KERNEL, ActivityKind.MEMCPY, ActivityKind.MEMSET]
+    requested, completed = fake.callbacks
+    assert requested() == (CuptiSource.BUFFER_BYTES, 0)
+    assert src.offset == 5_000_000_000 - 1_000_000
+
+
+def test_records_become_kernel_rows(source):
+    src, fake, recorder = source
+    off = src.offset
+    _, completed = fake.callbacks
+    completed([
+        rec(ActivityKind.CONCURRENT_KERNEL, 2_000, 2_500, name=FILL, stream=13),
+        rec(ActivityKind.KERNEL, 3_000, 4_000, name=NCCL, stream=21, device=1),
+        rec(ActivityKind.MEMCPY, 5_000, 5_300, copy_kind=int(ActivityMemcpyKind.HTOD)),
+        rec(ActivityKind.MEMSET, 6_000, 6_010),
+        rec(ActivityKind.DRIVER, 7_000, 7_100),  # not ours: skipped
+        rec(ActivityKind.CONCURRENT_KERNEL, 8_000, 8_040, name="ampere_sgemm_128x64_tn"),
+    ])
+    (rows,) = recorder.batches
+    assert rows.dtype == DTYPES[Msg.KERNELS] and len(rows) == 5
+    names = [recorder.names[i] for i in rows["name"]]
+    assert names == [FILL_DEMANGLED, "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernArg*)", "Memcpy HTOD",
+                     "Memset", "ampere_sgemm_128x64_tn"]
+    assert rows["kind"].tolist() == [KIND["kernel"], KIND["kernel"], KIND["memcpy"], KIND["memset"], KIND["kernel"]]
+    assert rows["start_ns"].tolist() == [2_000 + off, 3_000 + off, 5_000 + off, 6_000 + off, 8_000 + off]
+    assert rows["dur_ns"].tolist() == [500, 1_000, 300, 10, 40]
+    assert rows["stream"].tolist() == [13, 21, 7, 7, 7] and rows["device"].tolist() == [0, 1, 0, 0, 0]
+    assert (rows["step"] == -1).all()  # the processor places them in steps by time
+
+
+def test_flush_realigns_and_stop_disables(source, monkeypatch):
+    src, fake, recorder = source
+    fake.timestamp = 3_000_000
+    monkeypatch.setattr(cupti_mod, "now_ns", lambda: 9_000_000_000)
+    src.flush()
+    assert fake.flushes == [0] and src.offset == 9_000_000_000 - 3_000_000
+    _, completed = fake.callbacks
+    completed([rec(ActivityKind.MEMSET, 10, 20)])
+    assert recorder.batches[-1]["start_ns"][0] == 10 + src.offset
+    src.stop()
+    assert fake.flushes == [0, 1] and fake.disabled == fake.enabled
+
+
+def test_empty_or_broken_buffers_never_raise(source):
+    src, fake, recorder = source
+    _, completed = fake.callbacks
+    completed([])
+    completed([types.SimpleNamespace(kind=ActivityKind.CONCURRENT_KERNEL)])  # no fields
+    completed(None)
+    assert recorder.batches == []
+    fake.activity_flush_all = None  # flush and stop swallow CUPTI errors too
+    src.flush()
+    src.stop()
