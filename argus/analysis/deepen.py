@@ -34,10 +34,11 @@ class DeepenConfig:
     warning_pct: float = 2.0
 
 
-def _severity(current: str, pct: float, config: DeepenConfig) -> str:
-    ranks = ("info", "warning", "critical")
-    by_pct = "critical" if pct >= config.critical_pct else "warning" if pct >= config.warning_pct else "info"
-    return max(current, by_pct, key=ranks.index)
+def _severity(pct: float, config: DeepenConfig) -> str:
+    """Severity from the replayed impact: what the job would gain without the culprits' excess.
+    It replaces L1's estimate (which charges every slow step to the incident), down as well as
+    up: a "straggler" whose removal changes nothing is not worth anyone's attention."""
+    return "critical" if pct >= config.critical_pct else "warning" if pct >= config.warning_pct else "info"
 
 
 def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step_time: dict[int, float],
@@ -71,7 +72,7 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
                     if np.isfinite(step_time.get(s, np.nan))]
             wi.slowdown_pct = 100.0 * wi.extra_s / max(sum(span) - wi.extra_s, 1e-12) if span else wi.slowdown_pct
             inc.slowdown_pct, inc.gpu_hours_lost = wi.slowdown_pct, wi.gpu_hours_lost
-            inc.severity = _severity(inc.severity, wi.slowdown_pct, config)
+            inc.severity = _severity(wi.slowdown_pct, config)
             inc.evidence += [wi.to_json(), wi.critical_json()]
             top = max(wi.critical.items(), key=lambda kv: kv[1], default=(None, 0.0))
             if top[0] in inc.culprit_ranks:

@@ -34,6 +34,7 @@ import numpy as np
 
 from argus.errors import ArgusError, ConfigError, ProtocolError
 from argus.processor.assembler import RankInfo, WindowAssembler
+from argus.processor.cpu_time import CpuTimeSampler
 from argus.processor.hangs import HangConfig, HangWatch, RankView
 from argus.processor.hardware import HardwareSampler
 from argus.processor.samplers import Output, Samplers
@@ -42,7 +43,7 @@ from argus.processor.window import WindowData, WindowWriter
 from argus.store import Attempt, Store
 from argus.store.files import write_bytes_atomic
 from argus.topology import RunIdentity, Topology, parse_layout
-from argus.wire import (DROP_TABLES, TABLES_BY_MSG, FrameReader, Msg, RingReader, decode_array, decode_json,
+from argus.wire import (DROP_TABLES, KINDS, TABLES_BY_MSG, FrameReader, Msg, RingReader, decode_array, decode_json,
                         default_socket_path, encode_json)
 
 __all__ = ["ProcessorConfig", "Processor"]
@@ -92,6 +93,7 @@ class ProcessorConfig:
             raise ConfigError(f"remote_write_flush_s must not be negative, not {self.remote_write_flush_s}")
 
 
+_CPU_OP = KINDS.index("cpu_op")
 _OUTBOX_LIMIT = 256 << 10  # a client that stops reading its ACKs loses them beyond this
 
 
@@ -111,6 +113,7 @@ class _Conn:
     _id_array: np.ndarray | None = None
     ring: RingReader | None = None  # the rank's shared-memory ring (from its HELLO)
     pid: int | None = None
+    cpu_timed: bool = False  # its CPU ops are converted to CPU time (cpu_time.py)
 
 
 @dataclass
@@ -152,6 +155,7 @@ class Processor:
         self._hangs = HangWatch(config.hang, config.host, dump=self._main_stack)
         self._departed: dict[tuple[tuple[str, str], int], RankView] = {}
         self._orphans: list[tuple[Path, int]] = []
+        self._cpu_time = CpuTimeSampler()  # CPU ops timed in CPU time (cpu_time.py)
         self._next_hang_check = 0.0
         self._stopping = False
         self._sinks: list[Any] = []
@@ -235,6 +239,7 @@ class Processor:
             except FileNotFoundError:
                 pass
         self._reap_rings()
+        self._cpu_time.stop()
         self._write_status(force=True)
         log.info("processor stopped: %d windows written", self.stats["windows_written"])
 
@@ -331,6 +336,16 @@ class Processor:
     def _records(self, conn: _Conn, msg: Msg, records: np.ndarray) -> None:
         """One batch of a rank's records (from its socket or its ring) into the windows."""
         self._check_names(conn, msg, records)
+        if msg == Msg.KERNELS and conn.cpu_timed:
+            ops = records["kind"] == _CPU_OP
+            if ops.any():
+                cpu = self._cpu_time.cpu_durations(conn.token, records["start_ns"][ops], records["dur_ns"][ops])
+                if cpu is not None:
+                    self.stats["cpu_ops_cpu_timed"] = self.stats.get("cpu_ops_cpu_timed", 0) + int(ops.sum())
+                    self.stats["cpu_ops_wall_ns"] = self.stats.get("cpu_ops_wall_ns", 0) + int(
+                        records["dur_ns"][ops].sum())
+                    self.stats["cpu_ops_cpu_ns"] = self.stats.get("cpu_ops_cpu_ns", 0) + int(cpu.sum())
+                    records["dur_ns"][ops] = cpu
         st = self._attempts[conn.attempt_key]  # type: ignore[index]
         st.assembler.add(conn.info, msg, records)
         self.stats["events"] += len(records)
@@ -490,6 +505,8 @@ class Processor:
         conn.pid = int(doc["pid"]) if isinstance(doc.get("pid"), int) else None
         if doc.get("ring"):
             self._open_ring(conn, doc["ring"], conn.pid)
+        if doc.get("kernels") == "cpu_ops" and conn.pid is not None and isinstance(doc.get("tid"), int):
+            conn.cpu_timed = self._cpu_time.add(conn.token, conn.pid, doc["tid"], int(doc.get("clock_offset_ns", 0)))
         self._samplers.rank_joined(conn.token, conn.info, key, doc)
         self.stats["ranks_seen"] += 1
         log.info("rank %d of %s/%s connected (pid %s)", rank, key[0], key[1], doc.get("pid"))
@@ -498,6 +515,9 @@ class Processor:
         if conn.info is not None and conn.attempt_key in self._attempts:
             self._release_ring(conn)
             self._hangs.rank_left(conn)
+        if conn.cpu_timed:
+            self._cpu_time.remove(conn.token)
+            conn.cpu_timed = False
         self._feed(self._samplers.rank_left(conn.token))
         if conn.sock.fileno() in self._conns:
             self._sel.unregister(conn.sock)

@@ -84,11 +84,12 @@ def working_ops(events: list, offset_ns: int, name_id: Any, step: int) -> np.nda
 
 
 def _is_op(name: str) -> bool:
-    """A dispatcher op (``aten::addmm``, ``c10d::allreduce_``), not a scope around work: user and
+    """A compute op of the dispatcher (``aten::addmm``), not communication (``c10d::``: its time
+    is waiting, the semantic channel has it) nor a scope around work: user and
     library annotations (``enumerate(DataLoader)#…``, ``Optimizer.step#…``) and the autograd
     engine's per-node scopes (``autograd::engine::evaluate_function: MmBackward0``), whose own
     time is whatever Python ran inside them — a tensor hook, a stall."""
-    return "::" in name and not name.startswith(("autograd::", "profiler::")) and " " not in name
+    return "::" in name and not name.startswith(("autograd::", "profiler::", "c10d::")) and " " not in name
 
 
 class CpuOpSource(KernelSource):

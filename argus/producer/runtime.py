@@ -67,30 +67,34 @@ class Runtime:
         self.cuda: Any = None
         self.transport: Any = None
         self.main_ident = threading.get_ident()  # the training thread: the one that started tracing
+        self.main_tid = threading.get_native_id()
         self._activity: list[tuple[int, int]] = []
         self._torch_installed = False
         self._lock = threading.Lock()
-        self.sched = SchedClock()
+        self.sched = SchedClock(self.main_tid)
         self.waited_ns = 0
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
         from argus.producer.transport import Transport
 
-        hello = {"run_id": self.identity.run_id, "attempt_id": self.identity.attempt_id, "rank": self.identity.rank,
-                 "world_size": self.identity.world_size, "local_rank": self.identity.local_rank,
-                 "host": self.identity.host, "pid": self.identity.pid, "layout": str(self.layout),
-                 "order": self.layout.order_str, "gpu_uuid": self._gpu_uuid()}
-        self.transport = Transport(self.ring, default_socket(self.config), hello, self.config.flush_interval_s,
-                                   on_control=self.on_control, on_tick=self._tick, other_cpu_ns=self._threads_cpu_ns)
         self.active = True
         os.environ[TRACED_PID_ENV] = str(self.pid)  # descendants are not ranks of their own
         os.register_at_fork(after_in_child=self._after_fork_in_child)
+        if "torch" in sys.modules:
+            self.install_torch()
+        from argus.producer.recorder import _OFFSET
+
+        hello = {"run_id": self.identity.run_id, "attempt_id": self.identity.attempt_id, "rank": self.identity.rank,
+                 "world_size": self.identity.world_size, "local_rank": self.identity.local_rank,
+                 "host": self.identity.host, "pid": self.identity.pid, "layout": str(self.layout),
+                 "order": self.layout.order_str, "gpu_uuid": self._gpu_uuid(), "tid": self.main_tid,
+                 "clock_offset_ns": _OFFSET, "kernels": getattr(self.kernels, "name", "off")}
+        self.transport = Transport(self.ring, default_socket(self.config), hello, self.config.flush_interval_s,
+                                   on_control=self.on_control, on_tick=self._tick, other_cpu_ns=self._threads_cpu_ns)
         self.transport.start()
         if self.config.stacks_hz > 0:
             self._start_stacks(self.config.stacks_hz)
-        if "torch" in sys.modules:
-            self.install_torch()
 
     def install_torch(self) -> None:
         """Hook PyTorch (now, or when ``torch`` is first imported)."""
