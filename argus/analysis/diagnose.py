@@ -99,6 +99,10 @@ def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,
     calls = collective_calls([r["name"] for r in calls_rows], [r["group_kind"] for r in calls_rows],
                              [r["rate"] for r in calls_rows])
     windows: list[WindowAnalysis] = []
+    # L2 judges steady steps only: a warm-up step (first compilation, cache fills) differs
+    # between ranks by nature, and its excess would dominate a window's few steps
+    steady_time = {s: (t if l1.is_normal_step(s) or s in l1.checkpoint_steps else float("nan"))
+                   for s, t in step_time.items()}
     finished = sf.steps[~np.isin(sf.steps, l1.hung_steps)]
     spans = _windows(attempt, finished, config.window_steps)
     if config.steps is not None:
@@ -123,7 +127,7 @@ def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,
             subset = screen_candidates(totals, layout, step_time, config.l2, priority=slow)
         del totals
         frame = load_phases(attempt, lo, hi, ranks=subset)
-        l2 = detect_stragglers(frame, layout, topology.hosts, step_time, config.l2)
+        l2 = detect_stragglers(frame, layout, topology.hosts, steady_time, config.l2)
         l2.links = links
         del frame
         t_l2 += time.perf_counter() - t
