@@ -209,7 +209,7 @@ def _hang(ctx: _Ctx) -> Incident | None:
 # -- compute ----------------------------------------------------------------------------------
 def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
     per_rank: dict[int, dict] = defaultdict(lambda: {"windows": set(), "busy": [], "l3": [], "arrival": [],
-                                                     "ratios": defaultdict(list)})
+                                                     "ratios": defaultdict(list), "stalled": False})
     for w in windows:
         busy = defaultdict(list)
         for f in w.l2.findings:
@@ -232,6 +232,10 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
             ev["windows"].add((w.lo, w.hi))
             ev["busy"] += busy.get(r, [])
             ev["l3"] += slow.get(r, [])
+            ev["stalled"] = ev["stalled"] or any(
+                f.kind == "busy" and f.rank == r and not f.persistent and f.category == "compute" and any(
+                    f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf) for s in f.steps)
+                for f in w.l2.findings)
             if r in arrival:
                 ev["arrival"].append(arrival[r])
             for (rank, name), ratio in w.l2.phase_ratio.items():
@@ -241,6 +245,8 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
     for r, ev in per_rank.items():
         if not ev["busy"] and len(ev["windows"]) < 2:
             continue  # slower kernels in one window only, and work not longer: noise
+        if not ev["busy"] and ev["stalled"]:
+            continue  # intermittent work far longer than its peers', kernels barely slower: a host stall
         groups[_classify(ctx, ev)].append(r)
     out = []
     for (klass, phase), ranks in groups.items():
@@ -360,12 +366,15 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
         for f in w.l2.findings:
             if f.kind != "busy" or f.rank in compute_ranks:
                 continue
-            if f.rank in slow_kernels and f.category != "host":
-                continue  # slower kernels explain a long compute phase; they never explain a host phase
+            if f.rank in slow_kernels and f.category != "host" and f.persistent:
+                continue  # slower kernels explain a steadily long compute phase (never a host phase, nor
+                # an intermittent excess: kernels slower in every step do not make some steps 20% longer)
             if f.persistent and f.category == "compute" and w.l3 is None:
                 continue  # without kernel data a persistent excess is read as compute
             big = [s for s in f.steps if ctx.stall_candidate(s)  # warm-up and checkpoint steps vary by nature
                    and f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf)]
+            if len(f.steps) == 1 and f.excess_s < ctx.config.one_off_share * ctx.step_time.get(f.steps[0], np.inf):
+                continue  # one hiccup below half a step: the noise of a shared host, not a stall
             if big:
                 per_rank[f.rank].append(f)
     out = []
