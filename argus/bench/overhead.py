@@ -19,14 +19,16 @@ the run (flat memory ≈ 0), CPU seconds of the whole process tree — and **Arg
 measured where it is spent, not inferred from step times (on a 2-core machine step-time
 ratios mostly measure contention):
 
-* ``processor_cpu_s`` — the processor process (its own rusage) and ``pyspy_cpu_s``, the
-  py-spy dumps it runs (its children's rusage), from the processor's status file;
+* ``processor_cpu_s`` — the processor process (its own rusage; ``processor_startup_cpu_s`` of
+  it is start-up, paid once per host and job) and ``pyspy_cpu_s``, the py-spy dumps it runs
+  (its children's rusage), from the processor's status file;
 * ``producer_threads_cpu_s`` — the producer's background threads inside the ranks (each
   measures its own ``thread_time``; reported through the ring's in-flight block);
 * ``train_cpu_s`` — the ranks' CPU less those threads; ``hooks_cpu_pct`` — how much more it
   is than untraced (the hooks on the training thread and the CPU-op observer: an estimate,
   as noisy as the machine);
-* ``argus_cpu_pct`` — the measured Argus CPU as a share of the training CPU.
+* ``argus_cpu_pct`` — the measured Argus CPU as a share of the training CPU;
+  ``argus_steady_cpu_pct`` without the processor's start-up.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def _one(mode: str, ranks: int, steps: int, op_every: int, model: str) -> dict:
             "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
             "peak_rss_mb": max(d["peak_rss_mb"] for d in docs), "rss_growth_mb": float(np.nanmax(growth)),
             "processor_cpu_s": sum(float(p.get("cpu_s", 0.0)) for p in procs),
+            "processor_startup_cpu_s": sum(float(p.get("startup_cpu_s", 0.0)) for p in procs),
             "pyspy_cpu_s": sum(float(p.get("children_cpu_s", 0.0)) for p in procs),
             "producer_threads_cpu_s": threads, "train_cpu_s": sum(d["cpu_s"] for d in docs) - threads}
 
@@ -135,12 +138,16 @@ def run_overhead(ranks: int = 2, steps: int = 150, repeats: int = 2, modes: tupl
             row["channel_cost_pct"] = round(100 * (step - previous) / base, 2)  # vs the mode before it
             previous = step
             med = {k: float(np.median([r[k] for r in runs[mode]]))
-                   for k in ("processor_cpu_s", "pyspy_cpu_s", "producer_threads_cpu_s", "train_cpu_s")}
+                   for k in ("processor_cpu_s", "processor_startup_cpu_s", "pyspy_cpu_s", "producer_threads_cpu_s",
+                             "train_cpu_s")}
             own = med["processor_cpu_s"] + med["pyspy_cpu_s"] + med["producer_threads_cpu_s"]
+            steady = own - med["processor_startup_cpu_s"]
             row.update({k: round(v, 3) for k, v in med.items()})
             row["argus_cpu_s"] = round(own, 3)
             row["argus_cpu_ms_per_step"] = round(1e3 * own / steps, 3)
             row["argus_cpu_pct"] = round(100 * own / max(med["train_cpu_s"], 1e-9), 2)
+            # without the processor's start-up (imports, once per host and job): what a long job pays
+            row["argus_steady_cpu_pct"] = round(100 * steady / max(med["train_cpu_s"], 1e-9), 2)
             row["hooks_cpu_pct"] = round(100 * (med["train_cpu_s"] / max(base_train, 1e-9) - 1), 2)
         if mode == "argus-ops":
             row["op_sample_every"] = op_every

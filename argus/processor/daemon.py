@@ -68,7 +68,7 @@ class ProcessorConfig:
     status_interval_s: float = 2.0
     durable: bool = True
     stacks: bool = True  # sample local ranks' Python stacks with py-spy
-    stack_hz: float = 1.0  # always-on rate per rank
+    stack_hz: float = 0.5  # always-on rate per rank: one py-spy dump ≈ 8 ms CPU (argus bench overhead)
     suspect_stack_hz: float = 10.0  # rate for ranks under suspicion (stalled, slow last step)
     py_spy: str | None = None  # py-spy executable (default: $ARGUS_PY_SPY, next to Python, PATH)
     hw_interval_s: float = 5.0  # NVML telemetry period (off without NVML)
@@ -203,6 +203,8 @@ class Processor:
         self._sel.register(lst, selectors.EVENT_READ, None)
 
     def serve_forever(self) -> None:
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        self.stats["startup_cpu_s"] = round(ru.ru_utime + ru.ru_stime, 3)  # imports: paid once per host
         self._listen()
         self._writer.start()
         self._samplers.start()
