@@ -28,15 +28,33 @@ torch``, before any runtime exists); :meth:`ModuleTree.attach` hands it to the r
 
 from __future__ import annotations
 
+import functools
 import logging
 import weakref
 from typing import Any, Callable, ClassVar
 
-from argus.producer.recorder import now_ns
 
-__all__ = ["ModuleTree", "ForwardTimer"]
+__all__ = ["ModuleTree", "ForwardTimer", "guarded_hook"]
 
 log = logging.getLogger("argus.producer")
+
+
+def guarded_hook(body: Callable[..., None]) -> Callable[..., None]:
+    """A hook method of an object with ``rt`` and ``is_compiling``: an empty function while dynamo
+    traces it or while Argus is off, and one that never raises into the model (an exception
+    disables Argus with one warning). Returns None, so PyTorch keeps its own result."""
+
+    @functools.wraps(body)
+    def hook(self: Any, *args: Any) -> None:
+        if self.is_compiling() or not self.rt.active:
+            return None
+        try:
+            body(self, *args)
+        except Exception as exc:  # noqa: BLE001 - never raise into the user's code
+            self.rt.fail(f"a PyTorch hook failed ({type(exc).__name__}: {exc})")
+        return None
+
+    return hook
 
 
 class ModuleTree:
@@ -164,62 +182,37 @@ class ForwardTimer:
         return found
 
     # -- hooks ------------------------------------------------------------------------------
+    @guarded_hook
     def _root_pre(self, module: Any, args: Any) -> None:
-        if self.is_compiling():
-            return
         rt = self.rt
-        if not rt.active:
-            return
-        try:
-            if self.root_depth == 0 and not rt.in_backward:
-                rt.forward_starts(module)
-                self.top_start = rt.mark()
-                self.on_root_call(module)
-            self.root_depth += 1
-        except Exception as exc:  # noqa: BLE001 - never raise into the model
-            rt.fail(f"a forward hook failed ({type(exc).__name__}: {exc})")
+        if self.root_depth == 0 and not rt.in_backward:
+            rt.forward_starts(module)
+            self.top_start = rt.mark()
+            self.on_root_call(module)
+        self.root_depth += 1
 
+    @guarded_hook
     def _root_post(self, module: Any, args: Any, output: Any) -> None:
-        if self.is_compiling():
-            return
         rt = self.rt
-        if not rt.active:
-            return
-        try:
-            self.root_depth = max(self.root_depth - 1, 0)
-            if self.root_depth == 0 and not rt.in_backward and self.top_start is not None:
-                start, self.top_start = self.top_start, None
-                rt.forward_ends(start)
-                self.module_stack.clear()
-        except Exception as exc:  # noqa: BLE001
-            rt.fail(f"a forward hook failed ({type(exc).__name__}: {exc})")
+        self.root_depth = max(self.root_depth - 1, 0)
+        if self.root_depth == 0 and not rt.in_backward and self.top_start is not None:
+            start, self.top_start = self.top_start, None
+            rt.forward_ends(start)
+            self.module_stack.clear()
 
+    @guarded_hook
     def _phase_pre(self, module: Any, args: Any) -> None:
-        if self.is_compiling():
-            return
-        rt = self.rt
-        if not rt.active:
-            return
-        try:
-            phase = self.phase_of_class.get(type(module))
-            if phase and all(p != phase for _, p, _ in self.module_stack):
-                self.module_stack.append((id(module), phase, rt.mark()))
-        except Exception as exc:  # noqa: BLE001
-            rt.fail(f"a forward hook failed ({type(exc).__name__}: {exc})")
+        phase = self.phase_of_class.get(type(module))
+        if phase and all(p != phase for _, p, _ in self.module_stack):
+            self.module_stack.append((id(module), phase, self.rt.mark()))
 
+    @guarded_hook
     def _phase_post(self, module: Any, args: Any, output: Any) -> None:
-        if self.is_compiling():
-            return
         rt = self.rt
-        if not rt.active:
-            return
-        try:
-            if self.module_stack and self.module_stack[-1][0] == id(module):
-                _, phase, t0 = self.module_stack.pop()
-                name = f"{phase}-recompute" if rt.in_backward else phase
-                rt.record_span(t0, rt.mark(), rt.mb_context, name, "compute")
-        except Exception as exc:  # noqa: BLE001
-            rt.fail(f"a forward hook failed ({type(exc).__name__}: {exc})")
+        if self.module_stack and self.module_stack[-1][0] == id(module):
+            _, phase, t0 = self.module_stack.pop()
+            name = f"{phase}-recompute" if rt.in_backward else phase
+            rt.record_span(t0, rt.mark(), rt.mb_context, name, "compute")
 
 
 def _something_compiled() -> bool:

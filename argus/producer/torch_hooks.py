@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 from argus.producer.collectives import CollectiveTracker
 from argus.producer.host_events import HostEvents
-from argus.producer.modules import ForwardTimer, ModuleTree
+from argus.producer.modules import ForwardTimer, ModuleTree, guarded_hook
 from argus.producer.recorder import now_ns
 
 __all__ = ["TorchHooks"]
@@ -160,30 +160,18 @@ class TorchHooks:
 
         return backward
 
+    @guarded_hook
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.is_compiling():
-            return
-        rt = self.rt
-        if rt.active:
-            try:
-                self.opt_start = rt.mark()
-                rt.set_activity_name("optimizer")
-            except Exception as exc:  # noqa: BLE001
-                self._guard(exc)
+        self.opt_start = self.rt.mark()
+        self.rt.set_activity_name("optimizer")
 
+    @guarded_hook
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.is_compiling():
-            return
         rt = self.rt
-        if not rt.active:
-            return
-        try:
-            t = rt.mark()
-            rt.record_span(self.opt_start if self.opt_start is not None else t, t, -1, "optimizer", "compute")
-            self.opt_start = None
-            rt.optimizer_stepped()
-        except Exception as exc:  # noqa: BLE001
-            self._guard(exc)
+        t = rt.mark()
+        rt.record_span(self.opt_start if self.opt_start is not None else t, t, -1, "optimizer", "compute")
+        self.opt_start = None
+        rt.optimizer_stepped()
 
     def _wrap_dataloader(self, original: Callable) -> Callable:
         hooks = self

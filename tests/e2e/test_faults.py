@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("torch")
 
 from argus.store import Store  # noqa: E402
-from tests.e2e.jobs import STEPS, argus_run, diagnose, env, job, only, results, run  # noqa: E402
+from tests.e2e.jobs import STEPS, argus_run, diagnose, env, job, only, run  # noqa: E402
 
 
 def _evidence(inc: dict) -> dict:
