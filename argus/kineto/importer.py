@@ -2,7 +2,7 @@
 
 Three stages, each usable alone: find the files, read them (in parallel processes when there
 are many big ones — parsing is CPU-bound), then place the ranks in a topology and write one
-window per profiler step through :class:`~argus.processor.window.WindowWriter`, the path the
+window per profiler step through :class:`~argus.store.WindowWriter`, the path the
 live processor uses, so an imported store looks like a recorded one (kernel summaries
 included). A file that cannot be read is reported and skipped; the other ranks still land.
 
@@ -264,7 +264,7 @@ def import_traces(traces: list[RankTrace], out: str | Path, layout: str | Mappin
 
     Traces without a rank become failures. Two traces of one rank, or a layout that cannot hold
     the ranks, are errors (nothing is written). ``on_window(step)`` reports progress."""
-    from argus.processor.window import WindowData, WindowWriter
+    from argus.store import WindowData, WindowWriter
 
     t0 = time.perf_counter()
     failures = list(failures)

@@ -1,7 +1,9 @@
-"""The per-host processor: wire protocol, client, windowing, and the daemon that writes the store.
+"""The per-host processor: the daemon that drains its ranks' rings and sockets, windows,
+compresses and writes the store, and watches for hangs. The wire it speaks is ``argus.wire``;
+the window writer it shares with the offline importers is ``argus.store.WindowWriter``.
 
-Names resolve lazily: a training process imports the client and protocol (numpy only), never
-the daemon and its store dependencies (pyarrow, DuckDB) — tens of MB of memory per rank.
+Names resolve lazily: importing this package loads neither the daemon nor its store
+dependencies (pyarrow, DuckDB).
 """
 
 from __future__ import annotations
@@ -9,9 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_WHERE = {"Processor": "daemon", "ProcessorConfig": "daemon", "HangConfig": "hangs",
-          "WindowData": "window",
-          "WindowStats": "window", "WindowWriter": "window"}
+_WHERE = {"Processor": "daemon", "ProcessorConfig": "daemon", "HangConfig": "hangs"}
 
 __all__ = sorted(_WHERE)
 

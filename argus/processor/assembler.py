@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from argus.wire.protocol import CATEGORIES, GROUP_KINDS, KINDS, Msg
-from argus.processor.window import WindowData
+from argus.store import WindowData
 from argus.store import conform
 
 __all__ = ["WindowAssembler", "RankInfo"]

@@ -39,7 +39,7 @@ from argus.processor.hangs import HangConfig, HangWatch, RankView
 from argus.processor.hardware import HardwareSampler
 from argus.processor.samplers import Output, Samplers
 from argus.processor.stacks import StackSampler, find_py_spy, parse_dump, run_dump
-from argus.processor.window import WindowData, WindowWriter
+from argus.store import WindowData, WindowWriter
 from argus.store import Attempt, Store
 from argus.store.files import write_bytes_atomic
 from argus.topology import RunIdentity, Topology, parse_layout

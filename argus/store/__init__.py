@@ -3,5 +3,7 @@
 from argus.store.attempt import Attempt, AttemptWriter
 from argus.store.root import MANIFEST, Store
 from argus.store.schema import SCHEMA_VERSION, TABLES, TableSpec, conform
+from argus.store.window import WindowData, WindowStats, WindowWriter
 
-__all__ = ["Attempt", "AttemptWriter", "MANIFEST", "SCHEMA_VERSION", "Store", "TABLES", "TableSpec", "conform"]
+__all__ = ["Attempt", "AttemptWriter", "MANIFEST", "SCHEMA_VERSION", "Store", "TABLES", "TableSpec", "WindowData",
+           "WindowStats", "WindowWriter", "conform"]

@@ -25,7 +25,7 @@ from argus.processor.assembler import RankInfo, WindowAssembler
 from argus.processor.hardware import HardwareSampler
 from argus.wire.protocol import DTYPES
 from argus.processor.samplers import Samplers
-from argus.processor.window import WindowWriter
+from argus.store import WindowWriter
 from argus.store import Store
 from argus.topology import RunIdentity, parse_layout
 

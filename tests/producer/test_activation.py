@@ -120,3 +120,12 @@ def test_forked_workers_stop_the_inherited_producer(tmp_path):
     done = _run(code, tmp_path, listener)
     assert "child 0 parent active True" in done.stdout, done.stdout + done.stderr
     assert len(listener.hellos) == 1
+
+
+def test_arming_every_process_costs_no_heavy_import(tmp_path):
+    """Every Python process of an ``argus run`` job runs the injected sitecustomize: it must not
+    load numpy, pyarrow or torch into processes that never become ranks."""
+    listener = _Listener()
+    done = _run("import sys\nprint(sorted(m for m in ('numpy', 'pyarrow', 'duckdb', 'torch') if m in sys.modules))",
+                tmp_path, listener)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from argus.store import Attempt
+from argus.store.attempt import Attempt
 
 __all__ = ["WindowData", "WindowWriter", "WindowStats"]
 
