@@ -226,14 +226,18 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
             busy = {r: f for r, f in busy.items() if r in slow or (
                 ctx.pair(r) and busy_ratio.get(r, 0.0) >= ctx.config.min_busy_ratio)}
         arrival = {f.rank: f for f in w.l2.findings if f.kind == "arrival" and f.persistent}
-        ranks = set(busy) | {r for r, o in slow.items() if len(o) >= ctx.config.min_kernels}
+        # device kernels alone can name a compute straggler (GPU phases are timed on the host and
+        # blur); CPU ops cannot: on CPU the phases time the work itself, so slower sampled ops with
+        # no longer phases are measurement noise (a rank's sampled step shared a core)
+        ranks = set(busy) | {r for r, o in slow.items()
+                             if sum(x.category == "compute" for x in o) >= ctx.config.min_kernels}
         for r in ranks:
             ev = per_rank[r]
             ev["windows"].add((w.lo, w.hi))
             ev["busy"] += busy.get(r, [])
             ev["l3"] += slow.get(r, [])
-            ev["stalled"] = ev["stalled"] or any(
-                f.kind == "busy" and f.rank == r and not f.persistent and f.category == "compute" and any(
+            ev["stalled"] = ev["stalled"] or any(  # host work, or intermittent long work: the host's excess
+                f.kind == "busy" and f.rank == r and (f.category == "host" or not f.persistent) and any(
                     f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf) for s in f.steps)
                 for f in w.l2.findings)
             if r in arrival:
@@ -246,7 +250,7 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
         if not ev["busy"] and len(ev["windows"]) < 2:
             continue  # slower kernels in one window only, and work not longer: noise
         if not ev["busy"] and ev["stalled"]:
-            continue  # intermittent work far longer than its peers', kernels barely slower: a host stall
+            continue  # long host phases (or intermittent long work) and no steady compute excess: a host stall
         groups[_classify(ctx, ev)].append(r)
     out = []
     for (klass, phase), ranks in groups.items():

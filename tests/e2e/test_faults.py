@@ -37,7 +37,8 @@ def test_garbage_collection_pauses_on_one_rank_are_a_host_stall_of_that_rank(tmp
     inc = _stall("ddp", 4, tmp_path, "--fault", "gc", "--fault-rank", "1", "--fault-start", "3")
     assert inc["class"] == "host_stall" and inc["culprit_ranks"] == [1]
     assert _evidence(inc)["host_phases"]["cause"] == "garbage_collection"
-    assert set(inc["steps"]) <= {3, 6, 9} and len(inc["steps"]) >= 2
+    # the faulty rank's first full collection, over its freshly built heap in step 0, is a real pause too
+    assert set(inc["steps"]) <= {0, 3, 6, 9} and len(set(inc["steps"]) & {3, 6, 9}) >= 2
 
 
 def test_an_inductor_recompilation_on_one_rank_is_a_jit_stall(tmp_path):
