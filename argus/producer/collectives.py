@@ -281,6 +281,7 @@ class CollectiveTracker:
     # -- DDP -------------------------------------------------------------------------------
     def maybe_instrument_ddp(self, module: Any) -> None:
         """At a DDP model's first forward (its reducer exists by then): time its buckets."""
+        module = getattr(module, "_orig_mod", module)  # torch.compile(DDP(model)): the DDP inside
         if id(module) in self.instrumented_ddp:
             return
         from torch.nn.parallel import DistributedDataParallel as DDP
