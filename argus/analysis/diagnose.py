@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow.compute as pc
 
 from argus.analysis.deepen import DeepenConfig, deepen
-from argus.analysis.frames import load_phase_totals, load_phases, load_steps
+from argus.analysis.frames import load_host_totals, load_phase_totals, load_phases, load_steps
 from argus.analysis.incident import Incident, incidents_document, incidents_table
 from argus.analysis.l1_windows import L1Config, L1Result, detect_windows
 from argus.analysis.l2_stragglers import L2Config, detect_stragglers, screen_candidates
@@ -108,6 +108,7 @@ def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,
     if config.steps is not None:
         spans = [(lo, hi) for lo, hi in spans if lo >= config.steps[0] and hi <= config.steps[1]]
     t_l2 = t_l3 = 0.0
+    host_totals = load_host_totals(attempt, layout.world_size)
     for i, (lo, hi) in enumerate(spans):
         t = time.perf_counter()  # L3 first: its slower-kernel ranks are wait-free candidates for L2
         summ = attempt.read("kernel_summaries", filter=(pc.field("start_step") >= lo) & (pc.field("start_step") <= hi)
@@ -127,7 +128,7 @@ def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,
             subset = screen_candidates(totals, layout, step_time, config.l2, priority=slow)
         del totals
         frame = load_phases(attempt, lo, hi, ranks=subset)
-        l2 = detect_stragglers(frame, layout, topology.hosts, steady_time, config.l2)
+        l2 = detect_stragglers(frame, layout, topology.hosts, steady_time, config.l2, host_totals)
         l2.links = links
         del frame
         t_l2 += time.perf_counter() - t

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from argus.store import Attempt
 
-__all__ = ["StepFrame", "PhaseFrame", "PhaseTotals", "load_steps", "load_phases", "load_phase_totals", "encode"]
+__all__ = ["StepFrame", "PhaseFrame", "PhaseTotals", "load_steps", "load_phases", "load_phase_totals", "load_host_totals", "encode"]
 
 
 def encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
@@ -199,3 +199,22 @@ def load_phase_totals(attempt: Attempt, lo: int, hi: int) -> PhaseTotals:
                        t.column("microbatch").to_numpy().astype(np.int64), name, cat, grp,
                        t.column("total").to_numpy().astype(np.float64), mn, t.column("n").to_numpy(),
                        names, cats, groups)
+
+
+def load_host_totals(attempt: Attempt, world: int) -> dict[str, np.ndarray]:
+    """Each host phase's whole-run seconds per rank (``(world,)``; 0 for a rank that reported
+    steps but never ran it). A pause every rank takes once, at a step of its own (a full
+    garbage collection crossing its threshold, a checkpoint), is symmetric here."""
+    t = attempt.sql("SELECT rank, name, sum(greatest(dur_ns, 0))::DOUBLE / 1e9 AS total FROM phases "
+                    "WHERE category = 'host' GROUP BY rank, name")
+    seen = attempt.sql("SELECT DISTINCT rank FROM steps").column("rank").to_numpy()
+    empty = np.where(np.isin(np.arange(world), seen), 0.0, np.nan)
+    rank = t.column("rank").to_numpy().astype(np.int64)
+    total = t.column("total").to_numpy()
+    name, names = encode(t.column("name"))
+    out: dict[str, np.ndarray] = {}
+    for k, n in enumerate(names):
+        sel = (name == k) & (rank >= 0) & (rank < world)
+        out[n] = empty.copy()
+        out[n][rank[sel]] = total[sel]
+    return out

@@ -190,8 +190,10 @@ def screen_candidates(t: PhaseTotals, layout: Layout, job_step_s: dict[int, floa
 
 
 def detect_stragglers(f: PhaseFrame, layout: Layout, hosts: np.ndarray, job_step_s: dict[int, float],
-                      config: L2Config = L2Config()) -> L2Result:
-    """L2 over one window's phases. ``job_step_s``: job step time per step (for cost gates)."""
+                      config: L2Config = L2Config(), host_totals: dict[str, np.ndarray] | None = None) -> L2Result:
+    """L2 over one window's phases. ``job_step_s``: job step time per step (for cost gates);
+    ``host_totals``: whole-run seconds of each host phase per rank (``load_host_totals``), so
+    that a pause every rank takes once, in steps of its own, blames none of them."""
     res = L2Result(f.lo, f.hi)
     if f.n == 0:
         return res
@@ -228,7 +230,10 @@ def detect_stragglers(f: PhaseFrame, layout: Layout, hosts: np.ndarray, job_step
         res.phase_ratio.update(zip(((int(r), f.names[k]) for r in present), per_rank[present].tolist()))
         if category == "comm":
             continue  # waiting is not blamed; arrival skew names who is waited for
+        before = len(res.findings)
         _flag(res, f.names[k], category, -1, kind, steps, tot[k] / 1e9, med, z, cv, step_time, config)
+        if category == "host" and host_totals is not None and f.names[k] in host_totals:
+            _drop_symmetric(res, before, host_totals[f.names[k]], groups, config)
 
     # Per-microbatch phases (one occurrence per rank, step and microbatch): compare per mb.
     mb_ok = f.mb >= 0
@@ -274,6 +279,21 @@ def _flag(res: L2Result, name: str, category: str, mb: int, kind: str, steps: np
             steps=[int(steps[i]) for i in rows], ratio=float(np.median(ratio[rows, r])),
             z=float(np.max(z[rows, r])), excess_s=float(np.mean(excess[rows, r])), peer_kind=kind,
             persistent=persistent))
+
+
+def _drop_symmetric(res: L2Result, start: int, totals: np.ndarray, groups: np.ndarray, config: L2Config) -> None:
+    """Keep a host-phase finding only if the rank's whole-run total of the phase is above its
+    peers' by at least half of what the window flagged: a full garbage collection that each
+    rank runs once, when its own allocation count crosses the threshold, lands in different
+    steps on different ranks — per step it looks like one rank's pause, over the run it is
+    everyone's."""
+    med = _group_stats(totals, groups, config.mad_floor)[0]
+    kept = []
+    for fd in res.findings[start:]:
+        over_run = totals[fd.rank] - med[fd.rank]
+        if np.isfinite(over_run) and over_run >= 0.5 * fd.excess_s * len(fd.steps):
+            kept.append(fd)
+    res.findings[start:] = kept
 
 
 def _arrival_skew(res: L2Result, f: PhaseFrame, layout: Layout, hosts: np.ndarray, steps: np.ndarray,

@@ -88,3 +88,38 @@ def test_l3_without_summaries_is_skipped_and_l2_still_works(diagnosed):
     empty = attempt.read("kernel_summaries").slice(0, 0)
     res = detect_kernels(empty, attempt.layout, attempt.topology().hosts, 0, 0, 4)
     assert res.outliers == [] and res.shifts == []
+
+
+def _frame_with_gc(pause_steps: dict[int, int], world: int = 4, steps=range(5, 10)):
+    """A window of 10 ms forward phases on ``world`` ranks, plus a 200 ms ``gc`` host phase on
+    each rank of ``pause_steps`` (rank → step) that falls inside the window."""
+    from argus.analysis.frames import PhaseFrame
+
+    rows = []  # rank, step, name id, cat id, start, dur
+    for s in steps:
+        for r in range(world):
+            t0 = s * 10**9
+            rows.append((r, s, 0, 0, t0, 10**7))
+            if pause_steps.get(r) == s:
+                rows.append((r, s, 1, 1, t0 + 2 * 10**7, 2 * 10**8))
+    rows.sort(key=lambda x: (x[0], x[4]))
+    a = np.array(rows, np.int64)
+    return PhaseFrame(min(steps), max(steps), a[:, 0], a[:, 1], np.full(len(a), -1), a[:, 2], a[:, 3],
+                      np.zeros(len(a), np.int64), a[:, 4], a[:, 5], a[:, 5].astype(np.float64),
+                      ["forward-compute", "gc"], ["compute", "host"], ["none"])
+
+
+def test_a_pause_every_rank_takes_once_in_steps_of_its_own_blames_none_of_them():
+    from argus.topology import Layout
+
+    layout, hosts = Layout(dp=4), np.array(["h0"] * 4)
+    step_s = {s: 0.02 for s in range(12)}
+    # rank 0's full collection lands in this window, the others' in steps before and after it
+    f = _frame_with_gc({0: 6, 1: 3, 2: 11, 3: 2})
+    alone = detect_stragglers(f, layout, hosts, step_s)
+    assert [(x.rank, x.name) for x in alone.findings] == [(0, "gc")]  # per step, it looks like rank 0's
+    everyone = {"gc": np.array([0.2, 0.2, 0.2, 0.2])}
+    assert detect_stragglers(f, layout, hosts, step_s, host_totals=everyone).findings == []
+    only_rank0 = {"gc": np.array([0.2, 0.0, 0.0, 0.0])}
+    found = detect_stragglers(f, layout, hosts, step_s, host_totals=only_rank0).findings
+    assert [(x.rank, x.name) for x in found] == [(0, "gc")]

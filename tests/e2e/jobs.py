@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 STEPS = 12
@@ -32,7 +33,12 @@ def env(**extra: str) -> dict:
 
 
 def run(cmd: list[str], timeout: float = 400, ok: bool = True, **extra_env: str) -> subprocess.CompletedProcess:
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env(**extra_env))
+    """``cmd`` with the job environment and a cold inductor cache of its own: what dynamo and
+    inductor do (how many compilations, how long a recompile stalls) depends on the cache the
+    runs before left, and a traced run must compare with a plain one under the same conditions."""
+    with tempfile.TemporaryDirectory(prefix="argus-inductor-") as cache:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=env(**{"TORCHINDUCTOR_CACHE_DIR": cache, **extra_env}))
     if ok:
         assert done.returncode == 0, f"{' '.join(cmd[-12:])}\n{done.stderr[-4000:]}"
     return done
