@@ -25,6 +25,13 @@ MATRIX = [("ddp", 4), ("fsdp2", 4), ("pipeline", 4), ("checkpoint", 4), ("manual
           ("compile", 2), ("compile_ddp", 2)]
 
 
+#: The DataLoader job's steps at the default size are ~25 ms, and on 2 cores its 4 worker
+#: processes are sometimes starved for a step: rank 1 really waits 6 ms for a batch in 3 of
+#: 12 steps — a true data-loading stall of 25% of the step, which Argus reports (1 run in 5).
+#: Steps of ~70 ms, closer to real ones, make that scheduler noise what it is on a real job.
+SIZE = {"dataloader": ["--seq", "128", "--batch", "16"]}
+
+
 def _compiled(result: dict) -> dict | None:
     """What dynamo compiled, without timings or inductor's cache hits (which depend on the runs
     before, not on the observer)."""
@@ -41,9 +48,9 @@ def test_tracing_changes_nothing_the_job_computes_or_compiles(stack, nproc, tmp_
     plain, traced, store = tmp_path / "plain", tmp_path / "traced", tmp_path / "store"
     plain.mkdir()
     traced.mkdir()
-    run(job(stack, plain, nproc))
+    run(job(stack, plain, nproc, *SIZE.get(stack, ())))
     layout = ["--layout", "pp=2,dp=2"] if stack == "pipeline" else []  # stage = rank // dp, as the job builds it
-    done = run([*argus_run(store, *layout), *job(stack, traced, nproc)], ARGUS_STACKS_HZ="5")
+    done = run([*argus_run(store, *layout), *job(stack, traced, nproc, *SIZE.get(stack, ()))], ARGUS_STACKS_HZ="5")
     assert "traced run e2e" in done.stderr
     a, b = results(plain), results(traced)
     assert sorted(a) == sorted(b) == list(range(nproc))
