@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -182,7 +183,7 @@ def _hang(ctx: _Ctx) -> Incident | None:
         if rows.size:
             i = rows[-1]
             last[r] = {"phase": f.names[f.name[i]], "never_finished": bool(f.dur[i] < 0)}
-    evidence = [{"level": "L1", "kind": "steps_never_finished", "steps": ctx.l1.hung_steps[:10]},
+    evidence: list[dict[str, Any]] = [{"level": "L1", "kind": "steps_never_finished", "steps": ctx.l1.hung_steps[:10]},
                 {"level": "L2", "kind": "blocked_in_collectives", "ranks": int(blocked.size),
                  "collectives": dict(waits.most_common(5))},
                 {"level": "L2", "kind": "never_joined", "ranks": culprits[:32], "last_phase": last}]
@@ -204,7 +205,7 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
     per_rank: dict[int, dict] = defaultdict(lambda: {"windows": set(), "busy": [], "l3": [], "arrival": [],
                                                      "ratios": defaultdict(list), "stalled": False})
     for w in windows:
-        busy = defaultdict(list)
+        busy: dict[int, list[Finding]] = defaultdict(list)
         for f in w.l2.findings:
             if f.kind == "busy" and f.persistent and f.category == "compute":
                 busy[f.rank].append(f)
@@ -246,8 +247,8 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
             continue  # long host phases (or intermittent long work) and no steady compute excess: a host stall
         groups[_classify(ctx, ev)].append(r)
     out = []
-    for (klass, phase), ranks in groups.items():
-        out.append(_compute_incident(ctx, klass, phase, sorted(ranks), [per_rank[r] for r in sorted(ranks)]))
+    for (klass, phase), members in groups.items():
+        out.append(_compute_incident(ctx, klass, phase, sorted(members), [per_rank[r] for r in sorted(members)]))
     return out
 
 
@@ -470,13 +471,13 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     collectives = Counter(f.collective for s in steps for f in by_step.get(s, []))
     kernels = sorted({s.kernel for s in shifts if set(s.hosts) & set(hosts)}) or sorted(collectives)
     evidence = _l1_evidence(ctx, steps[0], steps[-1])
-    for s in steps[:3]:
-        evidence += [{"level": "L2", **f.to_json(), "kind": "transfer_shift"} for f in by_step.get(s, [])[:3]]
+    for step in steps[:3]:
+        evidence += [{"level": "L2", **f.to_json(), "kind": "transfer_shift"} for f in by_step.get(step, [])[:3]]
     evidence += [{"level": "L3", **s.to_json(), "kind": "group_shift"} for s in shifts[:4]]
     for r in sorted(ctx.hw.pcie_degraded)[:8]:
         if str(ctx.topology.hosts[r]) in hosts:
-            g, w = ctx.hw.pcie_degraded[r]
-            evidence.append({"level": "hw", "kind": "pcie_degraded", "rank": r, "pcie_gen": g, "pcie_width": w})
+            gen, width = ctx.hw.pcie_degraded[r]
+            evidence.append({"level": "hw", "kind": "pcie_degraded", "rank": r, "pcie_gen": gen, "pcie_width": width})
     nic = sorted(r for r in ctx.hw.nic_down if str(ctx.topology.hosts[r]) in hosts)
     if nic:
         evidence.append({"level": "hw", "kind": "nic_port_down", "ranks": nic[:8]})

@@ -125,36 +125,37 @@ def run_draw(scenario: str, seed: int, magnitude: float | None = None, steps: in
 
 def summarize_held_out(scores: list[HeldOutScore]) -> list[dict]:
     """Per scenario: the goal's figures (faults costing ≥ 5%), then recall per magnitude."""
-    mean = lambda xs: round(float(np.mean(xs)), 4) if xs else None  # noqa: E731
+    def mean(xs: list) -> float | None:
+        xs = [x for x in xs if x is not None]
+        return round(float(np.mean(xs)), 4) if xs else None
+
     rows = []
     by_scenario: dict[str, list[HeldOutScore]] = {}
     for s in scores:
         by_scenario.setdefault(s.scenario, []).append(s)
     for scenario, group in sorted(by_scenario.items()):
-        scored = [s for s in group if s.score is not None]
-        row = {"bench": "accuracy-held-out", "scenario": scenario, "runs": len(group), "applicable": len(scored),
-               "seeds": f"{min(s.draw.seed for s in group)}–{max(s.draw.seed for s in group)}",
-               "layouts": len({s.draw.layout for s in scored})}
+        scored = [(s, s.score) for s in group if s.score is not None]
+        row: dict = {"bench": "accuracy-held-out", "scenario": scenario, "runs": len(group), "applicable": len(scored),
+                     "seeds": f"{min(s.draw.seed for s in group)}–{max(s.draw.seed for s in group)}",
+                     "layouts": len({s.draw.layout for s, _ in scored})}
         if scenario == "healthy":
-            row["false_incident_rate"] = mean([float(s.score.false_incident) for s in scored])
-            row["false_incidents"] = [s.score.predicted for s in scored if s.score.false_incident][:5]
+            row["false_incident_rate"] = mean([float(r.false_incident) for _, r in scored])
+            row["false_incidents"] = [r.predicted for _, r in scored if r.false_incident][:5]
         else:
-            costly = [s for s in scored if s.cost_pct is not None and s.cost_pct >= COST_FLOOR_PCT]
-            row.update({"costly_runs": len(costly), "precision": mean([s.score.precision for s in costly]),
-                        "recall": mean([s.score.recall for s in costly]),
-                        "class_accuracy": mean([float(s.score.class_ok) for s in costly]),
-                        "delay_steps_mean": mean([s.score.delay_steps for s in costly
-                                                  if s.score.delay_steps is not None])})
+            costly = [(s, r) for s, r in scored if s.cost_pct is not None and s.cost_pct >= COST_FLOOR_PCT]
+            row.update({"costly_runs": len(costly), "precision": mean([r.precision for _, r in costly]),
+                        "recall": mean([r.recall for _, r in costly]),
+                        "class_accuracy": mean([float(bool(r.class_ok)) for _, r in costly]),
+                        "delay_steps_mean": mean([r.delay_steps for _, r in costly])})
             curve = []
-            for m in sorted({s.magnitude for s in scored if s.magnitude is not None}):
-                at = [s for s in scored if s.magnitude == m]
+            for m in sorted({s.magnitude for s, _ in scored if s.magnitude is not None}):
+                at = [(s, r) for s, r in scored if s.magnitude == m]
+                costs = [s.cost_pct for s, _ in at if s.cost_pct is not None]
                 curve.append({"magnitude": m, "runs": len(at),
-                              "cost_pct_median": mean([float(np.median([s.cost_pct for s in at
-                                                                        if s.cost_pct is not None] or [np.nan]))]),
-                              "recall": mean([s.score.recall for s in at]),
-                              "precision": mean([s.score.precision for s in at])})
+                              "cost_pct_median": round(float(np.median(costs)), 2) if costs else None,
+                              "recall": mean([r.recall for _, r in at]), "precision": mean([r.precision for _, r in at])})
             row["by_magnitude"] = curve
-            row["misses"] = [f"{s.draw.layout} s{s.draw.seed} m{s.magnitude} cost {s.cost_pct:.1f}%: "
-                             f"{s.score.predicted}" for s in costly if s.score.recall < 1 or s.score.precision < 1][:6]
+            row["misses"] = [f"{s.draw.layout} s{s.draw.seed} m{s.magnitude} cost {s.cost_pct:.1f}%: {r.predicted}"
+                             for s, r in costly if (r.recall or 0) < 1 or (r.precision or 0) < 1][:6]
         rows.append(row)
     return rows
