@@ -183,10 +183,11 @@ def _hang(ctx: _Ctx) -> Incident | None:
         if rows.size:
             i = rows[-1]
             last[r] = {"phase": f.names[f.name[i]], "never_finished": bool(f.dur[i] < 0)}
-    evidence: list[dict[str, Any]] = [{"level": "L1", "kind": "steps_never_finished", "steps": ctx.l1.hung_steps[:10]},
-                {"level": "L2", "kind": "blocked_in_collectives", "ranks": int(blocked.size),
-                 "collectives": dict(waits.most_common(5))},
-                {"level": "L2", "kind": "never_joined", "ranks": culprits[:32], "last_phase": last}]
+    evidence: list[dict[str, Any]] = [
+        {"level": "L1", "kind": "steps_never_finished", "steps": ctx.l1.hung_steps[:10]},
+        {"level": "L2", "kind": "blocked_in_collectives", "ranks": int(blocked.size),
+         "collectives": dict(waits.most_common(5))},
+        {"level": "L2", "kind": "never_joined", "ranks": culprits[:32], "last_phase": last}]
     stack = stack_cause(ctx.attempt, culprits[0], [step])
     if stack is not None:
         evidence.append({"level": "L5", "kind": "stacks", "rank": culprits[0], **stack.to_json()})
