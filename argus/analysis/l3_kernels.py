@@ -45,6 +45,12 @@ class L3Config:
     max_shifted_share: float = 0.5  # a shift concerns a minority of the groups
 
 
+#: In a peer set of three, a rank is an outlier when its W₁ to the peers' median CDF is this many
+#: times the larger of the other two (which measure the healthy spread; the effect gates below
+#: still apply).
+FEW_PEERS_RATIO = 3.0
+
+
 @dataclass
 class KernelOutlier:
     rank: int
@@ -195,9 +201,15 @@ def _outliers(cdf, ranks, mean, counts, grid, layout: Layout, kernel, stream, ca
         if members.size < 3:
             continue
         d = dist[members]
-        q1, q3 = np.percentile(d, [25, 75])
-        fence = q3 + config.fence * (q3 - q1)
-        for m in members[(d > fence) & (d >= config.min_w1_ns) & (d >= config.min_effect * peer_mean[members])]:
+        if members.size == 3:
+            # Tukey's fence cannot flag one of three values (Q3 sits halfway to the largest): the
+            # one far from the median CDF while both others sit close to it stands out
+            others = np.array([np.delete(d, i).max() for i in range(3)])
+            flag = d > FEW_PEERS_RATIO * others
+        else:
+            q1, q3 = np.percentile(d, [25, 75])
+            flag = d > q3 + config.fence * (q3 - q1)
+        for m in members[flag & (d >= config.min_w1_ns) & (d >= config.min_effect * peer_mean[members])]:
             out.append(KernelOutlier(int(ranks[m]), kernel, stream, category, float(dist[m]),
                                      float(dist[m] / peer_mean[m]), bool(mean[m] > peer_mean[m]), kind,
                                      extra_ns=float(max(mean[m] - peer_mean[m], 0.0) * counts[m])))

@@ -426,7 +426,11 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
         for lf in w.l2.links:
             by_step[lf.step].append(lf)
     shifts = [s for w in windows if w.l3 for s in w.l3.shifts]
-    if not by_step and not shifts:
+    # … only on hosts whose transfers were seen slower at least once: an alarm on a host that
+    # computes slowly while its transfers are normal is case 5's red herring, never a link
+    slow_transfer = {h for fs in by_step.values() for f in fs for h in f.hosts} | {h for s in shifts for h in s.hosts}
+    nic_steps = {step: hs & slow_transfer for step, hs in _nic_down_slow_steps(ctx).items() if hs & slow_transfer}
+    if not by_step and not shifts and not nic_steps:
         return []
     per_step_hosts: dict[int, set[str]] = {}
     for step in list(by_step):
@@ -444,6 +448,11 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
                 continue
             per_step_hosts[step] = (per_step_hosts.get(step, set(s.hosts)) & set(s.hosts)) or per_step_hosts.get(
                 step, set(s.hosts))
+    # a NIC port reported down in a step that is slower than the job's healthy level: the
+    # hardware and the step time agree on the host, even where every group crossing it (two
+    # hosts: all of them) is shifted alike and no comparison of groups can tell
+    for step, hs in nic_steps.items():
+        per_step_hosts[step] = (per_step_hosts[step] & hs) or hs if step in per_step_hosts else set(hs)
     counts = Counter(h for hs in per_step_hosts.values() for h in hs)
     if not counts:
         return []
@@ -468,7 +477,11 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     hw_agrees = bool(hw_hosts & set(hosts))
     persistent = len(steps) >= 0.8 * len(ctx.step_time) - 2
     confirmed = (len(steps) >= 2 and (l3_agrees or hw_agrees)) or (len(steps) >= 3 and len(by_step) >= 3)
-    pct, gpuh, _ = _impact(ctx, steps, float(np.median(extra)) if extra else None)
+    down = [s_ for s_ in steps if nic_steps.get(s_, set()) & set(hosts)]
+    if len(down) >= 0.5 * len(steps):  # the alarm pins the slow steps: what they lost is the link's
+        pct, gpuh, _ = _impact(ctx, steps)
+    else:
+        pct, gpuh, _ = _impact(ctx, steps, float(np.median(extra)) if extra else None)
     collectives = Counter(f.collective for s in steps for f in by_step.get(s, []))
     kernels = sorted({s.kernel for s in shifts if set(s.hosts) & set(hosts)}) or sorted(collectives)
     evidence = _l1_evidence(ctx, steps[0], steps[-1])
@@ -489,6 +502,22 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
                      next(iter(collectives), "collectives"), kernels, "confirmed" if confirmed else "suspected",
                      grade(pct), pct, gpuh, "cordon_node" if confirmed else
                      "raise_trace_fidelity", evidence, steps, summary)]
+
+
+def _nic_down_slow_steps(ctx: _Ctx, min_slowdown: float = 0.05) -> dict[int, set[str]]:
+    """Steps in which a host reported a NIC port down *and* the job's step was at least
+    ``min_slowdown`` above its healthy level → that host. A port down in a step of normal
+    speed (a redundant port, a bonded link) is not a slow link."""
+    base = ctx.l1.baseline_s
+    out: dict[int, set[str]] = defaultdict(set)
+    if not np.isfinite(base) or base <= 0:
+        return out
+    for rank, steps in ctx.hw.nic_down.items():
+        for step in steps:
+            t = ctx.step_time.get(int(step), np.nan)
+            if np.isfinite(t) and t >= (1 + min_slowdown) * base and step not in ctx.l1.warmup_steps:
+                out[int(step)].add(str(ctx.topology.hosts[rank]))
+    return out
 
 
 def _window_of(windows: list[WindowAnalysis], shift) -> tuple[int, int]:

@@ -95,6 +95,19 @@ def _cost_pct(truth: dict) -> float | None:
     return 100.0 * (sum(g for g, _ in pairs) / sum(b for _, b in pairs) - 1.0)
 
 
+def _without_peers(truth: dict, layout) -> str:
+    """Why a fault cannot be found by comparing like with like, or "": every culprit's peers
+    (same stage, same shard) are culprits too — a host-wide fault on a host that holds a whole
+    stage leaves nothing doing the same work to compare with."""
+    for f in truth.get("faults") or []:
+        if f["class"] in ("hang", "link_degradation"):
+            continue
+        culprits = set(f["culprit_ranks"])
+        if culprits and all(set(layout.peer_set(r).tolist()) <= culprits for r in culprits):
+            return "every culprit's peers are culprits too: nothing does the same work to compare with"
+    return ""
+
+
 def run_draw(scenario: str, seed: int, magnitude: float | None = None, steps: int = 20,
              workdir: Path | None = None) -> HeldOutScore:
     from argus.analysis import DiagnoseConfig, diagnose
@@ -115,7 +128,11 @@ def run_draw(scenario: str, seed: int, magnitude: float | None = None, steps: in
         except ArgusError as exc:  # the scenario cannot be placed in this job
             return HeldOutScore(draw, scenario, magnitude, None, None, str(exc)[:200])
         t1 = time.perf_counter()
-        d = diagnose(Store.open(tmp / "s").attempt(), DiagnoseConfig(store_incidents=False))
+        attempt = Store.open(tmp / "s").attempt()
+        alone = _without_peers(res.truth, attempt.layout)
+        if alone:
+            return HeldOutScore(draw, scenario, magnitude, _cost_pct(res.truth), None, alone)
+        d = diagnose(attempt, DiagnoseConfig(store_incidents=False))
         t2 = time.perf_counter()
         s = score(scenario, draw.ranks, seed, res.truth, d, t1 - t0, t2 - t1)
         return HeldOutScore(draw, scenario, magnitude, _cost_pct(res.truth), s)
