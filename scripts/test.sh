@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: the system programs the integration tests drive (Chromium for
 # the browser checks; Prometheus, VictoriaMetrics and Alertmanager servers on 127.0.0.1),
-# the package with its test extra, then the whole suite. Extra arguments go to pytest.
+# the package with its test extra, ruff and mypy (config in pyproject.toml), then the whole
+# suite. Extra arguments go to pytest.
 # Tests whose program could not be installed (no root, no apt) skip with a reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,4 +27,6 @@ if ((${#need[@]})); then
 fi
 
 pip install -e '.[test]'
+python -m ruff check argus tests
+python -m mypy
 python -m pytest -q "$@"

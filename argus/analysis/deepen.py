@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from argus.analysis.incident import Incident
+from argus.analysis.incident import Incident, grade
 from argus.analysis.l4_gaps import gpu_idle
 from argus.analysis.l4_pipeline import pipeline_bubbles
 from argus.analysis.l4_replay import what_if
@@ -30,15 +30,6 @@ class DeepenConfig:
     enabled: bool = True
     max_replays: int = 3  # steps replayed per incident at least …
     event_budget: int = 150_000  # … and more while their communication events fit this budget
-    critical_pct: float = 20.0
-    warning_pct: float = 2.0
-
-
-def _severity(pct: float, config: DeepenConfig) -> str:
-    """Severity from the replayed impact: what the job would gain without the culprits' excess.
-    It replaces L1's estimate (which charges every slow step to the incident), down as well as
-    up: a "straggler" whose removal changes nothing is not worth anyone's attention."""
-    return "critical" if pct >= config.critical_pct else "warning" if pct >= config.warning_pct else "info"
 
 
 def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step_time: dict[int, float],
@@ -72,7 +63,10 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
                     if np.isfinite(step_time.get(s, np.nan))]
             wi.slowdown_pct = 100.0 * wi.extra_s / max(sum(span) - wi.extra_s, 1e-12) if span else wi.slowdown_pct
             inc.slowdown_pct, inc.gpu_hours_lost = wi.slowdown_pct, wi.gpu_hours_lost
-            inc.severity = _severity(wi.slowdown_pct, config)
+            # severity from the replayed impact: what the job would gain without the culprits'
+            # excess. It replaces L1's estimate (which charges every slow step to the incident),
+            # down as well as up: a "straggler" whose removal changes nothing is not worth anyone's attention
+            inc.severity = grade(wi.slowdown_pct)
             inc.evidence += [wi.to_json(), wi.critical_json()]
             top = max(wi.critical.items(), key=lambda kv: kv[1], default=(None, 0.0))
             if top[0] in inc.culprit_ranks:

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow.compute as pc
 
+from argus.analysis.coverage import Coverage, coverage_of
 from argus.analysis.deepen import DeepenConfig, deepen
 from argus.analysis.frames import load_host_totals, load_phase_totals, load_phases, load_steps
 from argus.analysis.incident import Incident, incidents_document, incidents_table
@@ -52,6 +53,7 @@ class Diagnosis:
     incidents: list[Incident]
     hw: HwSignals
     timings_s: dict[str, float] = field(default_factory=dict)
+    coverage: Coverage | None = None
 
     def document(self) -> dict[str, Any]:
         a = self.attempt
@@ -60,6 +62,7 @@ class Diagnosis:
             if len(self.l1.steps) else [],
             "baseline_step_s": None if not np.isfinite(self.l1.baseline_s) else round(self.l1.baseline_s, 6),
             "l1": [w.to_json() for w in self.l1.windows],
+            "coverage": None if self.coverage is None else self.coverage.to_json(),
         })
 
 
@@ -162,4 +165,4 @@ def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,
         n = len(attempt.files("incidents"))
         attempt.writer("diagnose").write("incidents", incidents_table(incidents), window=n)
     timings["total"] = time.perf_counter() - t0
-    return Diagnosis(attempt, l1, windows, incidents, hw, timings)
+    return Diagnosis(attempt, l1, windows, incidents, hw, timings, coverage_of(attempt))

@@ -13,7 +13,8 @@ import pyarrow as pa
 
 from argus.store import TABLES, conform
 
-__all__ = ["Incident", "CLASSES", "STATES", "SEVERITIES", "ACTIONS", "incidents_table", "incidents_document"]
+__all__ = ["Incident", "CLASSES", "STATES", "SEVERITIES", "ACTIONS", "WARNING_PCT", "CRITICAL_PCT", "grade",
+           "incidents_table", "incidents_document"]
 
 CLASSES = ("compute_straggler", "link_degradation", "pipeline_imbalance", "host_stall", "hang", "input_imbalance",
            "healthy")
@@ -21,6 +22,21 @@ STATES = ("suspected", "confirmed", "inconclusive")
 SEVERITIES = ("info", "warning", "critical")
 ACTIONS = ("observe", "raise_trace_fidelity", "cordon_node", "checkpoint_and_restart")
 _SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+#: The impact floor: below this attributable slowdown (% of the job's step time over the
+#: incident's steps) an incident is an observation, ``info``, however sure the evidence. A
+#: healthy job's step time varies by about this much from run to run, and 2% of a 10,000-GPU
+#: job is what an operator would page for.
+WARNING_PCT = 2.0
+#: A fifth of the job's time lost: worth acting on now.
+CRITICAL_PCT = 20.0
+
+
+def grade(slowdown_pct: float | None) -> str:
+    """The severity an attributable slowdown earns."""
+    if slowdown_pct is None or not slowdown_pct >= WARNING_PCT:  # also NaN
+        return "info"
+    return "critical" if slowdown_pct >= CRITICAL_PCT else "warning"
 
 
 @dataclass
@@ -44,6 +60,23 @@ class Incident:
 
     def __post_init__(self) -> None:
         assert self.klass in CLASSES and self.state in STATES and self.severity in SEVERITIES and self.action in ACTIONS
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Severity and state are bounded by the impact, by construction: an incident is never
+        above the grade its attributable slowdown earns (``grade``), and never ``confirmed``
+        below the impact floor, nor with an action other than ``observe`` there —
+        whatever a detector or a later level sets. A hang stops the
+        job: it keeps what it was given."""
+        object.__setattr__(self, name, value)
+        if name in ("severity", "slowdown_pct", "state", "action") and "action" in self.__dict__ \
+                and self.klass != "hang":
+            allowed = grade(self.slowdown_pct)
+            if _SEVERITY_RANK[self.severity] > _SEVERITY_RANK[allowed]:
+                object.__setattr__(self, "severity", allowed)
+            if allowed == "info":  # nothing to act on: watch it
+                if self.state == "confirmed":
+                    object.__setattr__(self, "state", "suspected")
+                object.__setattr__(self, "action", "observe")
 
     @property
     def id(self) -> str:

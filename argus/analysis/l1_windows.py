@@ -151,9 +151,9 @@ def detect_windows(steps: np.ndarray, step_time_s: np.ndarray, checkpoint_steps:
         res.checkpoint_steps = res.periodic_steps = _periodic(steps[spike])
         spike &= ~np.isin(steps, res.checkpoint_steps)
         normal &= ~np.isin(steps, res.checkpoint_steps)
-    for w in res.checkpoint_steps:
-        idx = int(np.flatnonzero(steps == w)[0])
-        res.windows.append(AnomalousWindow("checkpoint", w, w, float(ratio[idx]), "every rank saved a checkpoint"))
+    for cs in res.checkpoint_steps:
+        idx = int(np.flatnonzero(steps == cs)[0])
+        res.windows.append(AnomalousWindow("checkpoint", cs, cs, float(ratio[idx]), "every rank saved a checkpoint"))
     if res.warmup_steps:
         res.windows.append(AnomalousWindow("warmup", res.warmup_steps[0], res.warmup_steps[-1],
                                            float(t[0] / res.baseline_s), "leading steps slower while settling"))
@@ -191,8 +191,8 @@ def detect_windows(steps: np.ndarray, step_time_s: np.ndarray, checkpoint_steps:
     for run in runs:
         covered = any(r.start_step <= run[0] and run[-1] <= r.end_step for r in regressions)
         if not covered:
-            idx = np.isin(steps, run)
-            res.windows.append(AnomalousWindow("jitter", run[0], run[-1], float(ratio[idx].max()),
+            in_run = np.isin(steps, run)
+            res.windows.append(AnomalousWindow("jitter", run[0], run[-1], float(ratio[in_run].max()),
                                                f"{len(run)} step(s) above {config.spike_ratio}× the rolling baseline"))
     if res.hung_steps:
         res.windows.append(AnomalousWindow("regression", res.hung_steps[0], res.hung_steps[-1], float("inf"),

@@ -19,11 +19,14 @@ never makes a spike.
 
 from __future__ import annotations
 
+import warnings
+
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 
+from argus.analysis.strata import center_within, group_strata
 from argus.compress import log_grid, mixture_cdf, w1, w1_matrix
 from argus.topology import Layout
 
@@ -42,6 +45,12 @@ class L3Config:
     max_shifted_share: float = 0.5  # a shift concerns a minority of the groups
 
 
+#: In a peer set of three, a rank is an outlier when its W₁ to the peers' median CDF is this many
+#: times the larger of the other two (which measure the healthy spread; the effect gates below
+#: still apply).
+FEW_PEERS_RATIO = 3.0
+
+
 @dataclass
 class KernelOutlier:
     rank: int
@@ -53,6 +62,14 @@ class KernelOutlier:
     slower: bool  # the rank's mean duration is above the peers'
     peer_kind: str
     launches_ratio: float = 1.0  # the rank's launches of this kernel / the peers' median
+    extra_ns: float = 0.0  # time the rank spent in this kernel beyond its peers' typical, over the window
+
+    @staticmethod
+    def by_cost(outliers: list[KernelOutlier]) -> list[KernelOutlier]:
+        """Most attributable time first: what the report shows and the incident names (the
+        kernel that slowed 6× and costs 30 ms a step, before an embedding that moved 2× and
+        costs 5 µs)."""
+        return sorted(outliers, key=lambda o: (-o.extra_ns, -o.rel))
 
     @property
     def more_work(self) -> bool:
@@ -61,7 +78,8 @@ class KernelOutlier:
     def to_json(self) -> dict:
         return {"rank": self.rank, "kernel": self.kernel, "stream": self.stream, "category": self.category,
                 "w1_ns": round(self.w1_ns, 1), "rel": round(self.rel, 4), "slower": self.slower,
-                "launches_ratio": round(self.launches_ratio, 3), "peers": self.peer_kind}
+                "launches_ratio": round(self.launches_ratio, 3), "extra_ms": round(self.extra_ns / 1e6, 4),
+                "peers": self.peer_kind}
 
 
 @dataclass
@@ -75,12 +93,15 @@ class GroupShift:
     shift_rel: float  # how much longer the shifted groups' transfer floor is (0.5: 50% longer)
     within_rel: float  # robust spread of the group floors (log units)
     extra_ns_per_event: float  # how much longer the shifted groups' fastest events are
+    #: compared across pipeline stages (which may move other sizes): it narrows the hosts of
+    #: a like-with-like finding down, never stands alone
+    narrow_only: bool = False
 
     def to_json(self) -> dict:
         return {"kernel": self.kernel, "stream": self.stream, "op": self.op, "group_kind": self.group_kind,
                 "ranks": self.ranks[:64], "n_ranks": len(self.ranks), "hosts": self.hosts,
                 "shift_rel": round(self.shift_rel, 4), "within_rel": round(self.within_rel, 4),
-                "extra_ns_per_event": round(self.extra_ns_per_event, 1)}
+                "extra_ns_per_event": round(self.extra_ns_per_event, 1), "narrow_only": self.narrow_only}
 
 
 @dataclass
@@ -135,11 +156,17 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
             shift = _group_shift(ranks, floor, layout, hosts, kernel, stream, op, kinds, config)
             if shift is not None:
                 res.shifts.append(shift)
+            elif layout.pp > 1:  # a whole stage's groups shifted alike: only the other stages show it
+                shift = _group_shift(ranks, floor, layout, hosts, kernel, stream, op, kinds, config, by_stage=False)
+                if shift is not None:
+                    shift.narrow_only = True
+                    res.shifts.append(shift)
         else:
             grid = log_grid(max(float(rows["min_ns"].min()) * 0.9, 1.0), float(rows["max_ns"].max()) * 1.1,
                             config.grid)
             cdf, ranks, mean = _rank_cdfs(rows, grid, layout.world_size)
-            res.outliers += _outliers(cdf, ranks, mean, grid, layout, kernel, stream, category, config)
+            counts = np.bincount(np.searchsorted(ranks, rows["rank"]), weights=rows["count"], minlength=len(ranks))
+            res.outliers += _outliers(cdf, ranks, mean, counts, grid, layout, kernel, stream, category, config)
             res.outliers += _more_launches(rows, ranks, mean, layout, kernel, stream, category, config)
     return res
 
@@ -161,7 +188,8 @@ def _group_median_cdf(cdf: np.ndarray, gid: np.ndarray) -> tuple[np.ndarray, np.
     return med, inv
 
 
-def _outliers(cdf, ranks, mean, grid, layout: Layout, kernel, stream, category, config: L3Config) -> list[KernelOutlier]:
+def _outliers(cdf, ranks, mean, counts, grid, layout: Layout, kernel, stream, category,
+              config: L3Config) -> list[KernelOutlier]:
     kind = "dp"
     gid, _ = _peer_table(ranks, layout, kind)
     med_cdf, inv = _group_median_cdf(cdf, gid)
@@ -173,11 +201,18 @@ def _outliers(cdf, ranks, mean, grid, layout: Layout, kernel, stream, category, 
         if members.size < 3:
             continue
         d = dist[members]
-        q1, q3 = np.percentile(d, [25, 75])
-        fence = q3 + config.fence * (q3 - q1)
-        for m in members[(d > fence) & (d >= config.min_w1_ns) & (d >= config.min_effect * peer_mean[members])]:
+        if members.size == 3:
+            # Tukey's fence cannot flag one of three values (Q3 sits halfway to the largest): the
+            # one far from the median CDF while both others sit close to it stands out
+            others = np.array([np.delete(d, i).max() for i in range(3)])
+            flag = d > FEW_PEERS_RATIO * others
+        else:
+            q1, q3 = np.percentile(d, [25, 75])
+            flag = d > q3 + config.fence * (q3 - q1)
+        for m in members[flag & (d >= config.min_w1_ns) & (d >= config.min_effect * peer_mean[members])]:
             out.append(KernelOutlier(int(ranks[m]), kernel, stream, category, float(dist[m]),
-                                     float(dist[m] / peer_mean[m]), bool(mean[m] > peer_mean[m]), kind))
+                                     float(dist[m] / peer_mean[m]), bool(mean[m] > peer_mean[m]), kind,
+                                     extra_ns=float(max(mean[m] - peer_mean[m], 0.0) * counts[m])))
     return out
 
 
@@ -193,10 +228,12 @@ def _busy_ratio(cols: dict[str, np.ndarray], layout: Layout) -> dict[int, float]
     present = np.bincount(rank, minlength=layout.world_size) > 0
     groups = layout.groups("dp")
     vals = np.where(present, total, np.nan)[groups]
-    if groups.shape[1] == 2:  # a pair: the faster one is the reference (faults only add time)
-        med = np.nanmin(vals, axis=1, keepdims=True) if np.isfinite(vals).any() else vals
-    else:
-        med = np.nanmedian(vals, axis=1, keepdims=True) if np.isfinite(vals).any() else vals
+    with warnings.catch_warnings():  # a group none of whose ranks is present (a partial store) has no reference: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if groups.shape[1] == 2:  # a pair: the faster one is the reference (faults only add time)
+            med = np.nanmin(vals, axis=1, keepdims=True) if np.isfinite(vals).any() else vals
+        else:
+            med = np.nanmedian(vals, axis=1, keepdims=True) if np.isfinite(vals).any() else vals
     ratio = np.full(layout.world_size, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio[groups] = vals / med
@@ -221,12 +258,13 @@ def _more_launches(rows, ranks, mean, layout: Layout, kernel, stream, category, 
         extra_ns = (counts[members] - med) * mean[members]
         for m, r_, e in zip(members, ratio, extra_ns):
             if r_ >= 1.3 and e >= config.min_w1_ns * med:
-                out.append(KernelOutlier(int(ranks[m]), kernel, stream, category, 0.0, 0.0, False, "dp", float(r_)))
+                out.append(KernelOutlier(int(ranks[m]), kernel, stream, category, 0.0, 0.0, False, "dp", float(r_),
+                                         float(e)))
     return out
 
 
 def _group_shift(ranks, floor, layout: Layout, hosts, kernel, stream, op, kinds: tuple[str, ...],
-                 config: L3Config) -> GroupShift | None:
+                 config: L3Config, by_stage: bool = True) -> GroupShift | None:
     """The partition (group kind or host) in which a minority of groups is shifted as a whole.
 
     Compared is each group's **floor**: its fastest event of the window. In every collective
@@ -246,19 +284,27 @@ def _group_shift(ranks, floor, layout: Layout, hosts, kernel, stream, op, kinds:
             continue
         gfloor = np.full(len(ug), np.inf)
         np.minimum.at(gfloor, inv, floor)
-        v = np.log(np.maximum(gfloor, 1.0))
+        # like with like: a group's floor against those of its own stage (strata.py); a group
+        # alone in its stage has nothing to be compared with
+        strata = group_strata(layout, kind)[ug] if by_stage else np.zeros(len(ug), np.int64)
+        v, size = center_within(np.log(np.maximum(gfloor, 1.0)), strata)
+        idx = np.flatnonzero(size >= 2)
+        if idx.size < 3:
+            continue
+        v = v[idx]
         center = float(np.quantile(v, 0.25))  # faults only lengthen transfers: the low side is healthy
         low = v[v <= np.median(v)]
         spread = 1.4826 * float(np.median(np.abs(low - np.median(low)))) + 1e-3
         shift = v - center
-        shifted = np.flatnonzero((shift >= min_shift) & (shift >= config.shift_separation * spread))
-        if shifted.size == 0 or shifted.size > config.max_shifted_share * len(ug):
+        hit = np.flatnonzero((shift >= min_shift) & (shift >= config.shift_separation * spread))
+        if hit.size == 0 or hit.size > config.max_shifted_share * idx.size:
             continue
-        score = float(np.median(shift[shifted])) / spread
+        score = float(np.median(shift[hit])) / spread
         if best is None or score > best[0]:
+            shifted = idx[hit]
             members = np.flatnonzero(np.isin(inv, shifted))
-            extra = float(np.median(gfloor[shifted]) - np.exp(center))
-            best = (score, kind, members, float(np.expm1(np.median(shift[shifted]))), spread, extra)
+            extra = float(np.median(gfloor[shifted] * -np.expm1(-shift[hit])))  # above their stage's healthy floor
+            best = (score, kind, members, float(np.expm1(np.median(shift[hit]))), spread, extra)
     if best is None:
         return None
     _, kind, members, shift_rel, within, extra = best

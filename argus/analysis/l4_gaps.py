@@ -11,6 +11,8 @@ host stalled (production case 4: one microbatch's backward 40× longer, GPU most
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow.compute as pc
 
@@ -78,7 +80,7 @@ def gpu_idle(attempt: Attempt, rank: int, steps: list[int], phase: str, mb: int 
     step, lo, d = int(s[i]), int(start[i]), float(work[i])
     ref = (r != rank) & (s == step)
     peer_d = float(np.median(work[ref])) if ref.any() else float("nan")
-    out = {"level": "L4", "kind": "gpu_idle", "rank": int(rank), "step": step, "phase": phase,
+    out: dict[str, Any] = {"level": "L4", "kind": "gpu_idle", "rank": int(rank), "step": step, "phase": phase,
            "microbatch": int(mb), "phase_ms": round(d / 1e6, 3),
            "peer_phase_ms": None if not np.isfinite(peer_d) else round(peer_d / 1e6, 3)}
     dev = _device(attempt, rank, step, lo, lo + int(dur[i]))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from argus.analysis.frames import PhaseTotals
+from argus.analysis.strata import center_within, group_strata
 from argus.topology import Layout
 
 __all__ = ["LinkFinding", "detect_link_shifts"]
@@ -41,11 +42,17 @@ class LinkFinding:
     shift: float  # transfer / healthy transfer − 1
     extra_ns: float  # how much longer each transfer of the shifted groups took
     narrow_only: bool = False  # … a two-group comparison: narrows other findings' hosts, never alone
+    per_step: float = 1.0  # transfers of this collective per rank and step in the shifted groups
 
     def to_json(self) -> dict:
         return {"collective": self.collective, "group_kind": self.group_kind, "step": self.step,
                 "n_ranks": len(self.ranks), "hosts": self.hosts, "shift": round(self.shift, 3),
-                "extra_ms": round(self.extra_ns / 1e6, 3)}
+                "extra_ms": round(self.extra_ns / 1e6, 3), "per_step": round(self.per_step, 2)}
+
+    @property
+    def extra_per_step_ns(self) -> float:
+        """What the slow link adds to each of the shifted ranks' steps: every transfer's extra."""
+        return self.extra_ns * self.per_step
 
 
 def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray) -> list[LinkFinding]:
@@ -84,38 +91,71 @@ def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray) -> lis
     np.minimum.at(floor, inv, t.min_ns[sel][ok])
     total = np.full(len(uniq), np.inf)  # the member that waited least: its total is ~transfer time
     np.minimum.at(total, inv, t.total_ns[sel][ok])
+    # Transfers per step that a slow link lengthens on the step's critical path: a collective's
+    # members share each instance (per member); a pipeline's transfers follow one another along
+    # the schedule — each stage waits for its predecessor's activations and its successor's
+    # gradients — so all of a pipeline group's receives count (per group).
+    events = np.bincount(inv, weights=t.count[sel][ok].astype(np.float64), minlength=len(uniq))
+    members = np.bincount(np.unique(inv * W + rank[ok]) // W, minlength=len(uniq))  # pooled names: per rank
+    per_step = np.where(np.isin(uniq // W // (len(steps) + 1) % len(_KINDS), [_KINDS.index("pp")]),
+                        events, events / np.maximum(members, 1))
     logt = np.log(floor)
     grp, ser = uniq % W, uniq // W
     hosts = np.asarray(hosts).astype(str)
+    strata = {k: group_strata(layout, _KINDS[k]) for k in np.unique(kind)}
     for s in np.unique(ser):
         m = ser == s
-        if m.sum() == 2:
-            _pair(out, int(s), np.log(np.maximum(total[m], 1.0)), grp[m], steps, names, layout, hosts)
+        k = int(s) // (len(steps) + 1) % len(_KINDS)
+        g = grp[m]
+        if m.sum() == 2:  # only narrows other findings down (its groups may be of different stages)
+            _pair(out, int(s), np.log(np.maximum(total[m], 1.0)), g, steps, names, layout, hosts)
             continue
         if m.sum() < 3:
             continue
-        v, g = logt[m], grp[m]
-        center = float(np.quantile(v, 0.25))  # faults only lengthen transfers: the low side is healthy
-        low = v[v <= np.median(v)]
-        spread = 1.4826 * float(np.median(np.abs(low - np.median(low)))) + 1e-3
-        shifted = (v - center >= np.log1p(MIN_SHIFT)) & (v - center >= SEPARATION * spread)
-        if not shifted.any() and m.sum() < FEW_GROUPS:
-            # too few groups for a trustworthy spread (two values in the low half): the slowest
-            # group alone, standing far above every other one and by more than scheduler noise
-            order = np.sort(v)
-            if order[-1] - order[-2] >= np.log1p(FEW_SHIFT) and np.exp(order[-1]) - np.exp(order[-2]) >= FEW_MIN_EXTRA_NS:
-                shifted, center = v == order[-1], float(order[-2])
-        if not shifted.any() or shifted.sum() > MAX_SHARE * m.sum():
-            continue
-        name_kind, si = divmod(int(s), len(steps) + 1)
-        name_id, k = divmod(name_kind, len(_KINDS))
-        table = layout.groups(_KINDS[k])
-        ranks = sorted(int(r) for r in table[g[shifted]].ravel())
-        healthy = float(np.exp(center))
-        out.append(LinkFinding(names[name_id], _KINDS[k], int(steps[si]), ranks,
-                               sorted({str(hosts[r]) for r in ranks}), float(np.expm1(np.median(v[shifted] - center))),
-                               float(np.exp(np.median(v[shifted])) - healthy)))
+        found = _compare(out, int(s), logt[m], per_step[m], g, strata[k][g], steps, names, layout, hosts)
+        if not found and layout.pp > 1 and _KINDS[k] != "pp":
+            # a whole stage's groups shifted alike (a slow host that every group of the stage
+            # crosses): only the other stages show it, and they may move other sizes — so this
+            # narrows like-with-like findings' hosts down and never stands alone
+            _compare(out, int(s), logt[m], per_step[m], g, np.zeros(len(g), np.int64), steps, names, layout, hosts,
+                     narrow_only=True)
     return out
+
+
+def _compare(out: list[LinkFinding], s: int, logt: np.ndarray, per_step: np.ndarray, g: np.ndarray,
+             strata: np.ndarray, steps: np.ndarray, names: list[str], layout: Layout, hosts: np.ndarray,
+             narrow_only: bool = False) -> bool:
+    """One series (collective, kind, step): groups whose transfer floor stands above their
+    stratum's; appends a finding and says whether it did."""
+    v, size = center_within(logt, strata)  # like with like: each group against its own stage's
+    keep = size >= 2
+    v, g, raw, n = v[keep], g[keep], logt[keep], per_step[keep]
+    if len(v) < 3:
+        return False
+    center = float(np.quantile(v, 0.25))  # faults only lengthen transfers: the low side is healthy
+    low = v[v <= np.median(v)]
+    spread = 1.4826 * float(np.median(np.abs(low - np.median(low)))) + 1e-3
+    shifted = (v - center >= np.log1p(MIN_SHIFT)) & (v - center >= SEPARATION * spread)
+    # how much longer than its own stage's healthy transfer each group took, in ns
+    extra = lambda c: np.exp(raw) * -np.expm1(-(v - c))  # noqa: E731
+    if not shifted.any() and len(v) < FEW_GROUPS:
+        # too few groups for a trustworthy spread (two values in the low half): the slowest
+        # group alone, standing far above every other one and by more than scheduler noise
+        order = np.sort(v)
+        top = v == order[-1]
+        if order[-1] - order[-2] >= np.log1p(FEW_SHIFT) and extra(order[-2])[top].max() >= FEW_MIN_EXTRA_NS:
+            shifted, center = top, float(order[-2])
+    if not shifted.any() or shifted.sum() > MAX_SHARE * len(v):
+        return False
+    name_kind, si = divmod(int(s), len(steps) + 1)
+    name_id, k = divmod(name_kind, len(_KINDS))
+    table = layout.groups(_KINDS[k])
+    ranks = sorted(int(r) for r in table[g[shifted]].ravel())
+    out.append(LinkFinding(names[name_id], _KINDS[k], int(steps[si]), ranks,
+                           sorted({str(hosts[r]) for r in ranks}), float(np.expm1(np.median(v[shifted] - center))),
+                           float(np.median(extra(center)[shifted])), narrow_only,
+                           float(np.median(n[shifted]))))
+    return True
 
 
 def _pair(out: list[LinkFinding], s: int, v: np.ndarray, g: np.ndarray, steps: np.ndarray, names: list[str],

@@ -23,22 +23,26 @@ State: ``confirmed`` when independent evidence agrees (L2 and L3, persistence ov
 windows, a hardware signal, a classified stack), else ``suspected``. Impact: extra job time
 over the affected steps against L1's healthy level, or — when the fault spans the whole
 run and no healthy level exists — the measured excess (busy time, transfer time).
+Severity: from that impact alone (``incident.grade``; L4's what-if replaces it later), and
+bounded by it whatever sets it: nothing above ``info`` below the 2% floor, never
+``confirmed`` there.
 """
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from argus.analysis.frames import load_phases
 from argus.analysis.hangs import hang_incident
 from argus.analysis.host_phases import host_phase_cause
-from argus.analysis.incident import Incident
+from argus.analysis.incident import Incident, grade
 from argus.analysis.l1_windows import L1Result
 from argus.analysis.l2_stragglers import Finding, L2Result
-from argus.analysis.l3_kernels import L3Result
+from argus.analysis.l3_kernels import KernelOutlier, L3Result
 from argus.analysis.signals import HwSignals, stack_cause
 from argus.store import Attempt
 from argus.topology import Topology
@@ -63,8 +67,6 @@ class RootCauseConfig:
     pass_ratio: float = 1.25  # one pass this much slower than peers …
     other_pass: float = 1.1  # … while the other is within this: pipeline imbalance
     module_ratio: float = 1.5  # a module this much slower than its peers' names the phase
-    critical_pct: float = 20.0
-    warning_pct: float = 2.0
 
 
 @dataclass
@@ -149,14 +151,6 @@ def _impact(ctx: _Ctx, steps: list[int], extra_per_step_s: float | None = None) 
     return 100.0 * extra / (base * len(normal)), ctx.world * extra / 3600.0, extra
 
 
-def _severity(ctx: _Ctx, pct: float, confirmed: bool, persistent: bool) -> str:
-    if pct >= ctx.config.critical_pct:
-        return "critical"
-    if pct >= ctx.config.warning_pct or (confirmed and persistent):
-        return "warning"
-    return "info"
-
-
 def _regression_covering(ctx: _Ctx, steps: list[int]) -> bool:
     return any(w.kind == "regression" and w.start_step <= max(steps) and w.end_step >= min(steps)
                for w in ctx.l1.windows if np.isfinite(w.magnitude))
@@ -189,10 +183,11 @@ def _hang(ctx: _Ctx) -> Incident | None:
         if rows.size:
             i = rows[-1]
             last[r] = {"phase": f.names[f.name[i]], "never_finished": bool(f.dur[i] < 0)}
-    evidence = [{"level": "L1", "kind": "steps_never_finished", "steps": ctx.l1.hung_steps[:10]},
-                {"level": "L2", "kind": "blocked_in_collectives", "ranks": int(blocked.size),
-                 "collectives": dict(waits.most_common(5))},
-                {"level": "L2", "kind": "never_joined", "ranks": culprits[:32], "last_phase": last}]
+    evidence: list[dict[str, Any]] = [
+        {"level": "L1", "kind": "steps_never_finished", "steps": ctx.l1.hung_steps[:10]},
+        {"level": "L2", "kind": "blocked_in_collectives", "ranks": int(blocked.size),
+         "collectives": dict(waits.most_common(5))},
+        {"level": "L2", "kind": "never_joined", "ranks": culprits[:32], "last_phase": last}]
     stack = stack_cause(ctx.attempt, culprits[0], [step])
     if stack is not None:
         evidence.append({"level": "L5", "kind": "stacks", "rank": culprits[0], **stack.to_json()})
@@ -211,7 +206,7 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
     per_rank: dict[int, dict] = defaultdict(lambda: {"windows": set(), "busy": [], "l3": [], "arrival": [],
                                                      "ratios": defaultdict(list), "stalled": False})
     for w in windows:
-        busy = defaultdict(list)
+        busy: dict[int, list[Finding]] = defaultdict(list)
         for f in w.l2.findings:
             if f.kind == "busy" and f.persistent and f.category == "compute":
                 busy[f.rank].append(f)
@@ -253,8 +248,8 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
             continue  # long host phases (or intermittent long work) and no steady compute excess: a host stall
         groups[_classify(ctx, ev)].append(r)
     out = []
-    for (klass, phase), ranks in groups.items():
-        out.append(_compute_incident(ctx, klass, phase, sorted(ranks), [per_rank[r] for r in sorted(ranks)]))
+    for (klass, phase), members in groups.items():
+        out.append(_compute_incident(ctx, klass, phase, sorted(members), [per_rank[r] for r in sorted(members)]))
     return out
 
 
@@ -301,13 +296,17 @@ def _compute_incident(ctx: _Ctx, klass: str, phase: str, ranks: list[int], evs: 
     both = any(ev["busy"] and ev["l3"] for ev in evs)
     thermal = [r for r in ranks if r in ctx.hw.thermal]
     confirmed = both or len(wins) >= 2 or bool(thermal)
-    kernels = [k for k, _ in Counter(o.kernel for ev in evs for o in ev["l3"]).most_common(8)]
+    cost: Counter = Counter()  # the kernels named are those that cost the culprits the most time
+    for ev in evs:
+        for o in ev["l3"]:
+            cost[o.kernel] += o.extra_ns
+    kernels = [k for k, _ in cost.most_common(8)]
     if _regression_covering(ctx, steps):
         pct, gpuh, _ = _impact(ctx, steps)
     else:  # no healthy level to compare with: the culprits' own excess is the job's extra time
         excess = [f.excess_s for ev in evs for f in ev["busy"] if f.microbatch < 0 and _block(f.name)]
         pct, gpuh, _ = _impact(ctx, steps, float(np.median(excess)) if excess else 0.0)
-    severity = _severity(ctx, pct, confirmed, len(wins) >= 2)
+    severity = grade(pct)
     action = "cordon_node" if confirmed else "raise_trace_fidelity"
     evidence = _l1_evidence(ctx, lo, hi)
     for ev in evs[:4]:
@@ -315,7 +314,7 @@ def _compute_incident(ctx: _Ctx, klass: str, phase: str, ranks: list[int], evs: 
         evidence += [{"level": "L2", **f.to_json(), "kind": "busy_outlier"} for f in top]
         evidence += [{"level": "L2", **f.to_json(), "kind": "late_arrival"} for f in ev["arrival"][:1]]
         evidence += [{"level": "L3", "kind": "w1_outlier", **o.to_json()}
-                     for o in sorted(ev["l3"], key=lambda o: -o.rel)[:3]]
+                     for o in KernelOutlier.by_cost(ev["l3"])[:3]]
     for r in thermal[:4]:
         evidence.append({"level": "hw", "kind": "thermal_throttle", "rank": r, "max_temperature_c": ctx.hw.thermal[r]})
     alarms = [r for r in ranks if r in ctx.hw.nic_down]
@@ -336,11 +335,12 @@ def _compute_incident(ctx: _Ctx, klass: str, phase: str, ranks: list[int], evs: 
 
 
 def _w1_matrix_evidence(ctx: _Ctx, ranks: list[int], evs: list[dict]) -> dict | None:
-    """Pairwise W₁ (ms) of the most degraded kernel over the culprits and a few peers, for display."""
-    outliers = [o for ev in evs for o in ev["l3"]]
+    """Pairwise W₁ (ms) of the kernel that cost the culprits the most time, over them and a few
+    peers, for display."""
+    outliers = KernelOutlier.by_cost([o for ev in evs for o in ev["l3"]])
     if not outliers:
         return None
-    top = max(outliers, key=lambda o: o.rel)
+    top = outliers[0]
     peers = [int(p) for p in ctx.topology.layout.peer_set(top.rank) if p not in ranks][:8]
     shown = sorted(set(ranks[:8]) | set(peers))
     import pyarrow.compute as pc
@@ -402,7 +402,7 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
         if stack is not None:
             evidence.append({"level": "L5", "kind": "stacks", "rank": rank, **stack.to_json()})
         cause = measured.cause if measured is not None else stack.cause if stack is not None else "unknown"
-        severity = _severity(ctx, pct, confirmed, False)
+        severity = grade(pct)
         if len(steps) == 1:  # one hiccup, explained or not: matters only if it nearly doubled the step
             share = main.excess_s / ctx.step_time.get(steps[0], np.inf)
             if share < ctx.config.one_off_share:
@@ -426,7 +426,11 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
         for lf in w.l2.links:
             by_step[lf.step].append(lf)
     shifts = [s for w in windows if w.l3 for s in w.l3.shifts]
-    if not by_step and not shifts:
+    # … only on hosts whose transfers were seen slower at least once: an alarm on a host that
+    # computes slowly while its transfers are normal is case 5's red herring, never a link
+    slow_transfer = {h for fs in by_step.values() for f in fs for h in f.hosts} | {h for s in shifts for h in s.hosts}
+    nic_steps = {step: hs & slow_transfer for step, hs in _nic_down_slow_steps(ctx).items() if hs & slow_transfer}
+    if not by_step and not shifts and not nic_steps:
         return []
     per_step_hosts: dict[int, set[str]] = {}
     for step in list(by_step):
@@ -436,10 +440,19 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
         sets = [set(f.hosts) for f in findings]
         common = set.intersection(*sets)
         per_step_hosts[step] = common or min((set(f.hosts) for f in findings if not f.narrow_only), key=len)
-    for s in shifts:  # window-level communicator floors narrow the hosts the same way
+    # window-level communicator floors narrow the hosts the same way (like-with-like ones first:
+    # a cross-stage comparison only narrows what another finding names)
+    for s in sorted(shifts, key=lambda s: s.narrow_only):
         for step in range(_window_of(windows, s)[0], _window_of(windows, s)[1] + 1):
+            if s.narrow_only and step not in per_step_hosts:
+                continue
             per_step_hosts[step] = (per_step_hosts.get(step, set(s.hosts)) & set(s.hosts)) or per_step_hosts.get(
                 step, set(s.hosts))
+    # a NIC port reported down in a step that is slower than the job's healthy level: the
+    # hardware and the step time agree on the host, even where every group crossing it (two
+    # hosts: all of them) is shifted alike and no comparison of groups can tell
+    for step, hs in nic_steps.items():
+        per_step_hosts[step] = (per_step_hosts[step] & hs) or hs if step in per_step_hosts else set(hs)
     counts = Counter(h for hs in per_step_hosts.values() for h in hs)
     if not counts:
         return []
@@ -457,23 +470,28 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
                 and inc.start_step <= steps[-1] and inc.end_step >= steps[0]):
             return []
     ranks = sorted(int(r) for r in np.flatnonzero(np.isin(ctx.topology.hosts.astype(str), hosts)))
-    extra = [sum(sorted((f.extra_ns for f in by_step[s] if set(f.hosts) & set(hosts)), reverse=True)[:1]) / 1e9
+    # each step loses at least what the slow link added to the costliest collective's transfers
+    extra = [max((f.extra_per_step_ns for f in by_step[s] if set(f.hosts) & set(hosts)), default=0.0) / 1e9
              for s in steps if s in by_step]
-    l3_agrees = any(set(s.hosts) & set(hosts) for s in shifts)
+    l3_agrees = any(set(s.hosts) & set(hosts) for s in shifts if not s.narrow_only)
     hw_agrees = bool(hw_hosts & set(hosts))
     persistent = len(steps) >= 0.8 * len(ctx.step_time) - 2
     confirmed = (len(steps) >= 2 and (l3_agrees or hw_agrees)) or (len(steps) >= 3 and len(by_step) >= 3)
-    pct, gpuh, _ = _impact(ctx, steps, float(np.median(extra)) if extra else None)
+    down = [s_ for s_ in steps if nic_steps.get(s_, set()) & set(hosts)]
+    if len(down) >= 0.5 * len(steps):  # the alarm pins the slow steps: what they lost is the link's
+        pct, gpuh, _ = _impact(ctx, steps)
+    else:
+        pct, gpuh, _ = _impact(ctx, steps, float(np.median(extra)) if extra else None)
     collectives = Counter(f.collective for s in steps for f in by_step.get(s, []))
     kernels = sorted({s.kernel for s in shifts if set(s.hosts) & set(hosts)}) or sorted(collectives)
     evidence = _l1_evidence(ctx, steps[0], steps[-1])
-    for s in steps[:3]:
-        evidence += [{"level": "L2", **f.to_json(), "kind": "transfer_shift"} for f in by_step.get(s, [])[:3]]
+    for step in steps[:3]:
+        evidence += [{"level": "L2", **f.to_json(), "kind": "transfer_shift"} for f in by_step.get(step, [])[:3]]
     evidence += [{"level": "L3", **s.to_json(), "kind": "group_shift"} for s in shifts[:4]]
     for r in sorted(ctx.hw.pcie_degraded)[:8]:
         if str(ctx.topology.hosts[r]) in hosts:
-            g, w = ctx.hw.pcie_degraded[r]
-            evidence.append({"level": "hw", "kind": "pcie_degraded", "rank": r, "pcie_gen": g, "pcie_width": w})
+            gen, width = ctx.hw.pcie_degraded[r]
+            evidence.append({"level": "hw", "kind": "pcie_degraded", "rank": r, "pcie_gen": gen, "pcie_width": width})
     nic = sorted(r for r in ctx.hw.nic_down if str(ctx.topology.hosts[r]) in hosts)
     if nic:
         evidence.append({"level": "hw", "kind": "nic_port_down", "ranks": nic[:8]})
@@ -482,8 +500,24 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
                f"{', '.join(c for c, _ in collectives.most_common(3))}; compute is normal")
     return [Incident("link_degradation", ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
                      next(iter(collectives), "collectives"), kernels, "confirmed" if confirmed else "suspected",
-                     _severity(ctx, pct, confirmed, persistent), pct, gpuh, "cordon_node" if confirmed else
+                     grade(pct), pct, gpuh, "cordon_node" if confirmed else
                      "raise_trace_fidelity", evidence, steps, summary)]
+
+
+def _nic_down_slow_steps(ctx: _Ctx, min_slowdown: float = 0.05) -> dict[int, set[str]]:
+    """Steps in which a host reported a NIC port down *and* the job's step was at least
+    ``min_slowdown`` above its healthy level → that host. A port down in a step of normal
+    speed (a redundant port, a bonded link) is not a slow link."""
+    base = ctx.l1.baseline_s
+    out: dict[int, set[str]] = defaultdict(set)
+    if not np.isfinite(base) or base <= 0:
+        return out
+    for rank, steps in ctx.hw.nic_down.items():
+        for step in steps:
+            t = ctx.step_time.get(int(step), np.nan)
+            if np.isfinite(t) and t >= (1 + min_slowdown) * base and step not in ctx.l1.warmup_steps:
+                out[int(step)].add(str(ctx.topology.hosts[rank]))
+    return out
 
 
 def _window_of(windows: list[WindowAnalysis], shift) -> tuple[int, int]:

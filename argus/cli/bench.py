@@ -69,6 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ac.add_argument("--scenarios", help="comma list (default: all)")
     ac.add_argument("--jobs", type=int, default=2, help="parallel runs")
     ac.add_argument("--runs", action="store_true", help="also print every run's score")
+    ac.add_argument("--held-out", type=int, metavar="N",
+                    help="instead: N jobs per scenario drawn from held-out seeds (10000+) with random layouts, "
+                         "noise and fault magnitudes; scored per measured fault cost (see argus.bench.heldout)")
     ac.set_defaults(func=_run_accuracy)
 
     pe = bsub.add_parser("peers", help="Argus beside Holistic Trace Analysis: culprit precision/recall vs truth.json")
@@ -166,6 +169,8 @@ def _run_accuracy(args: argparse.Namespace) -> int:
     from argus.sim import SCENARIOS
 
     scenarios = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
+    if args.held_out:
+        return _run_held_out(args, scenarios)
     jobs = [(sc, int(size), seed) for size in args.sizes.split(",") for sc in scenarios for seed in range(args.seeds)]
     scores = []
     with progress_bar("accuracy runs", len(jobs)) as advance, ProcessPoolExecutor(max(1, args.jobs)) as pool:
@@ -175,6 +180,28 @@ def _run_accuracy(args: argparse.Namespace) -> int:
             if args.runs:
                 print(json.dumps(score.to_json()), flush=True)
     for row in summarize(scores):
+        print(json.dumps(row), flush=True)
+    return 0
+
+
+def _run_held_out(args: argparse.Namespace, scenarios: list[str]) -> int:
+    from concurrent.futures import ProcessPoolExecutor
+
+    from argus.bench.heldout import HELD_OUT_SEED0, MAGNITUDES, run_draw, summarize_held_out
+    from argus.cli.progress import progress_bar
+
+    jobs = []
+    for sc in scenarios:
+        values = MAGNITUDES[sc][1] if sc in MAGNITUDES else (None,)
+        jobs += [(sc, HELD_OUT_SEED0 + i, values[i % len(values)]) for i in range(args.held_out)]
+    scores = []
+    with progress_bar("held-out runs", len(jobs)) as advance, ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        for s in pool.map(run_draw, *zip(*jobs)):
+            scores.append(s)
+            advance()
+            if args.runs:
+                print(json.dumps(s.to_json()), flush=True)
+    for row in summarize_held_out(scores):
         print(json.dumps(row), flush=True)
     return 0
 

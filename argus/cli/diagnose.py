@@ -108,8 +108,17 @@ def print_diagnosis(diagnosis, evidence: bool = False) -> None:
     if normal:
         out.print("[dim]recognised as normal: " + "; ".join(f"{w.kind} {w.start_step}–{w.end_step}" for w in normal)
                   + "[/dim]")
+    cov = diagnosis.coverage
+    partial = cov.sentence() if cov is not None else ""
+    if partial:
+        out.print(f"[yellow]{partial}[/yellow]")
     if not diagnosis.incidents:
-        out.print("[green]no incident[/green]: every rank's work, collectives and kernels match its peers'")
+        if cov is not None and cov.present and cov.comparable == 0:
+            out.print("[yellow]no incident found, and none could be: nothing was compared[/yellow]")
+        elif partial:
+            out.print(f"[green]no incident[/green] among the {cov.comparable} ranks that could be compared")
+        else:
+            out.print("[green]no incident[/green]: every rank's work, collectives and kernels match its peers'")
         return
     table = Table(title=f"{len(diagnosis.incidents)} incident(s), most severe first", title_justify="left")
     for col in ("sev", "class", "state", "culprits", "steps", "phase", "impact", "action"):

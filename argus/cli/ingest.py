@@ -27,9 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "Files that cannot be read are reported at the end (exit code 1); the others are imported.")
     k.add_argument("paths", nargs="+", metavar="PATH", help="trace files, or directories holding them")
     k.add_argument("--out", required=True, help="store directory (new, empty, or an existing store)")
-    k.add_argument("--layout", required=True,
+    k.add_argument("--layout", default="",
                    help="parallel layout of the job, e.g. 'tp=2,pp=4,dp=8' (sizes multiply to the world size; "
-                        "dp may be left out when the traces carry distributedInfo.world_size)")
+                        "dp may be left out when the traces carry distributedInfo.world_size). Default: pure "
+                        "data parallelism over distributedInfo.world_size (or the highest rank present)")
     k.add_argument("--order", help="rank order, fastest axis first (default tp-cp-ep-dp-pp)")
     k.add_argument("--gpus-per-host", type=int, default=8, help="ranks per host (default 8)")
     k.add_argument("--run-id", help="run id for the imported attempt (default: kineto-<random>)")

@@ -185,8 +185,10 @@ def _resolve_layout(text: str | Mapping[str, int], order: str | None, traces: li
         except LayoutError as exc:
             raise LayoutError(f"{exc} (distributedInfo.world_size of {sized[0].path}); "
                               "give a --layout whose sizes multiply to it") from None
-    else:
+    else:  # no world size in the traces: the ranks present bound it from below
         layout = parse_layout(text, order=order)
+        if layout.world_size == 1 and not (isinstance(text, str) and text.strip()):
+            layout = parse_layout(text, world_size=max(int(t.rank or 0) for t in traces) + 1, order=order)
     for t in traces:
         assert t.rank is not None
         if t.rank >= layout.world_size:
@@ -262,7 +264,9 @@ def import_traces(traces: list[RankTrace], out: str | Path, layout: str | Mappin
                   failures: Sequence[Failure] = (), on_window: Callable[[int], None] | None = None) -> ImportResult:
     """Write parsed traces into the store at ``out`` as a new run attempt (source ``kineto``).
 
-    Traces without a rank become failures. Two traces of one rank, or a layout that cannot hold
+    A lone trace without a rank is rank 0 (with a note); among several, traces without a rank
+    become failures. An empty ``layout`` is pure data parallelism over the traces'
+    ``distributedInfo.world_size`` (else over the highest rank present). Two traces of one rank, or a layout that cannot hold
     the ranks, are errors (nothing is written). ``on_window(step)`` reports progress."""
     from argus.store import WindowData, WindowWriter
 
@@ -270,6 +274,9 @@ def import_traces(traces: list[RankTrace], out: str | Path, layout: str | Mappin
     failures = list(failures)
     ranked: list[RankTrace] = []
     by_rank: dict[int, RankTrace] = {}
+    if len(traces) == 1 and traces[0].rank is None:  # a lone trace, as a profiler of one process writes it
+        traces[0].rank, traces[0].rank_source = 0, "assumed"
+        traces[0].notes.append("no rank in the trace (distributedInfo) or its file name: imported as rank 0")
     for t in traces:
         if t.rank is None:
             failures.append(Failure(t.path, f"{t.path}: no rank: neither distributedInfo.rank in the trace nor "
@@ -316,7 +323,7 @@ def import_traces(traces: list[RankTrace], out: str | Path, layout: str | Mappin
     return result
 
 
-def import_kineto(paths: Iterable[str | Path] | str | Path, out: str | Path, layout: str | Mapping[str, int], *,
+def import_kineto(paths: Iterable[str | Path] | str | Path, out: str | Path, layout: str | Mapping[str, int] = "", *,
                   order: str | None = None, gpus_per_host: int = 8, run_id: str | None = None,
                   jobs: int | None = None) -> ImportResult:
     """Find, read and import Kineto traces into the store at ``out`` (see :func:`import_traces`).

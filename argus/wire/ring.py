@@ -85,7 +85,9 @@ def _align(n: int, to: int = 64) -> int:
 def _struct_of(dtype: np.dtype) -> struct.Struct:
     """The ``struct`` format packing one record of a packed little-endian numpy dtype."""
     codes = {"i1": "b", "u1": "B", "i2": "h", "u2": "H", "i4": "i", "u4": "I", "i8": "q", "u8": "Q", "f8": "d"}
-    fmt = "<" + "".join(codes[dtype.fields[n][0].str[1:]] for n in dtype.names)
+    fields, names = dtype.fields, dtype.names
+    assert fields is not None and names is not None, dtype
+    fmt = "<" + "".join(codes[fields[n][0].str[1:]] for n in names)
     s = struct.Struct(fmt)
     assert s.size == dtype.itemsize, (fmt, dtype)
     return s
@@ -374,7 +376,7 @@ class RingReader:
     def new_names(self) -> list[str]:
         """Names published since the last call, in id order."""
         used, count = _U64X2.unpack_from(self._mm, self._names_off)
-        out = []
+        out: list[str] = []
         pos = self._names_read
         limit = min(used, self._names_bytes - NAMES_HEADER)
         base = self._names_off + NAMES_HEADER

@@ -123,3 +123,50 @@ def test_a_pause_every_rank_takes_once_in_steps_of_its_own_blames_none_of_them()
     only_rank0 = {"gc": np.array([0.2, 0.0, 0.0, 0.0])}
     found = detect_stragglers(f, layout, hosts, step_s, host_totals=only_rank0).findings
     assert [(x.rank, x.name) for x in found] == [(0, "gc")]
+
+
+def _dp_totals(floors_ms: dict[int, float], layout):
+    """One step's ``dp-allreduce`` totals: each rank's fastest transfer from ``floors_ms`` (by
+    dp group index), ten transfers a step."""
+    from argus.analysis.frames import PhaseTotals
+
+    gi = layout.group_index("dp")
+    ranks = np.arange(layout.world_size)
+    mins = np.array([floors_ms[int(gi[r])] * 1e6 for r in ranks])
+    n = len(ranks)
+    return PhaseTotals(0, 0, ranks, np.zeros(n, np.int64), np.full(n, -1), np.zeros(n, np.int32),
+                       np.zeros(n, np.int32), np.zeros(n, np.int32), mins * 10, mins, np.full(n, 10),
+                       ["dp-allreduce"], ["comm"], ["dp"])
+
+
+def test_link_check_compares_each_stage_with_itself():
+    """The last stage all-reduces 3× the bytes (its output layer): healthy, not a slow link; a
+    group slower than its own stage's others is."""
+    from argus.analysis.links import detect_link_shifts
+    from argus.topology import Layout
+
+    layout = Layout(tp=4, dp=2, pp=2)  # 4 dp groups per stage
+    hosts = np.array([f"h{r // 4}" for r in range(16)])
+    stage = layout.stage_of(layout.groups("dp")[:, 0])
+    healthy = {g: (3.0 if stage[g] == 1 else 1.0) for g in range(8)}
+    assert [f for f in detect_link_shifts(_dp_totals(healthy, layout), layout, hosts) if not f.narrow_only] == []
+    slow = dict(healthy)
+    slow[int(np.flatnonzero(stage == 1)[2])] = 9.0
+    (finding,) = [f for f in detect_link_shifts(_dp_totals(slow, layout), layout, hosts) if not f.narrow_only]
+    assert finding.ranks == layout.groups("dp")[np.flatnonzero(stage == 1)[2]].tolist()
+    assert finding.per_step == 10 and abs(finding.extra_per_step_ns - 10 * 6e6) < 1e3
+
+
+def test_a_slow_kernel_in_a_peer_set_of_three_is_an_outlier():
+    """Tukey's fence cannot flag one of three values; the three-peer rule does."""
+    from argus.analysis.l3_kernels import L3Config, _outliers
+    from argus.compress import log_grid, mixture_cdf
+    from argus.topology import Layout
+
+    layout = Layout(dp=3)
+    grid = log_grid(1e4, 1e7, 96)
+    p50 = np.array([1.0e5, 1.02e5, 2.0e5])  # rank 2's kernel takes twice as long
+    cdf = mixture_cdf(grid, np.arange(3), np.full(3, 100), p50, p50 * 1.1, n_dist=3, lo=p50 * 0.9, hi=p50 * 1.2,
+                      dtype=np.float32)
+    found = _outliers(cdf, np.arange(3), p50, np.full(3, 100.0), grid, layout, "gemm", 7, "compute", L3Config())
+    assert [o.rank for o in found] == [2] and found[0].slower and found[0].extra_ns > 0

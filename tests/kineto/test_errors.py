@@ -111,3 +111,40 @@ def test_export_refuses_a_directory_that_is_not_empty(tmp_path, capsys):
     (out / "notes.json").write_text("{}")
     assert main(["export", "kineto", str(store), "--out", str(out)]) == 2
     assert "not empty" in capsys.readouterr().err
+
+
+def _rankless(path: Path, steps: int = 4) -> Path:
+    """A trace as one profiled process writes it: no distributedInfo, no rank in the name."""
+    ev = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "ts": 100 * s, "dur": 90}
+          for s in range(steps)]
+    path.write_text(json.dumps({"traceEvents": ev}))
+    return path
+
+
+def test_a_lone_trace_without_a_rank_is_rank_0_with_a_note(tmp_path, capsys):
+    trace = _rankless(tmp_path / "trace.json")
+    assert main(["ingest", "kineto", str(trace), "--out", str(tmp_path / "S")]) == 0  # no --layout needed
+    assert "imported as rank 0" in capsys.readouterr().err
+    attempt = Store.open(tmp_path / "S").attempt()
+    assert attempt.layout.world_size == 1
+    assert {r["rank"] for r in attempt.read("steps").to_pylist()} == {0}
+
+
+def test_among_several_traces_one_without_a_rank_is_a_failure(tmp_path, capsys):
+    d = tmp_path / "t"
+    d.mkdir()
+    _rankless(d / "trace.json")
+    shutil.copy(DATA / "sampled_rank-1.json.gz", d / "sampled_rank-1.json.gz")
+    assert main(["ingest", "kineto", str(d), "--out", str(tmp_path / "S")]) == 1
+    assert "no rank" in capsys.readouterr().err
+
+
+def test_without_a_layout_the_job_is_data_parallel_over_its_world_size(tmp_path, capsys):
+    assert main(["ingest", "kineto", str(DATA / "sampled_rank-1.json.gz"), "--out", str(tmp_path / "S")]) == 0
+    layout = Store.open(tmp_path / "S").attempt().layout
+    assert (layout.world_size, layout.dp) == (128, 128)  # distributedInfo.world_size
+    trace = tmp_path / "rank5.json"  # no world size in the trace: the ranks present bound it
+    trace.write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0",
+                                                  "ts": 0, "dur": 5}]}))
+    assert main(["ingest", "kineto", str(trace), "--out", str(tmp_path / "T")]) == 0
+    assert Store.open(tmp_path / "T").attempt().layout.dp == 6

@@ -1,0 +1,178 @@
+"""``argus bench accuracy --held-out N``: diagnosis judged on jobs the project was never tuned on.
+
+The development benches and the tests use the simulator's default layout per size and seeds
+0–99. This suite draws each job instead — a layout from a wide space (tp, ep, dp, pp), the
+job's natural noise (MoE routing imbalance, sequence-length spread, kernel jitter, dataloader
+hiccups) — from seeds ``HELD_OUT_SEED0`` onwards, which no test, threshold or benchmark of
+the project has used. Faults are injected at magnitudes from the detection limit up, and each
+run's **cost** is measured against the same job simulated without the fault, so recall can be
+read per cost: the goal is P, R ≥ 0.95 for faults costing ≥ 5% of the step time, and ≤ 1%
+false incidents on healthy jobs.
+
+Draws where a scenario cannot be placed (a link fault needs two hosts; a host-wide fault
+needs peers off that host) are counted as not applicable, never scored.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from argus.bench.accuracy import RunScore, score
+
+__all__ = ["HELD_OUT_SEED0", "MAGNITUDES", "JobDraw", "HeldOutScore", "draw_job", "run_draw", "summarize_held_out"]
+
+#: First evaluation seed. Development (tests, tuning, docs/benchmarks.md's main figures) uses 0–99.
+HELD_OUT_SEED0 = 10_000
+#: The fault parameter swept per scenario, from near the detection limit to the default.
+MAGNITUDES: dict[str, tuple[str, tuple[float, ...]]] = {
+    "compute_straggler": ("factor", (1.1, 1.25, 1.5, 2.0, 6.0)),
+    "masked_compute_straggler": ("factor", (1.25, 1.5, 2.0, 5.7)),
+    "pipeline_bubble": ("factor", (1.1, 1.25, 1.5, 1.9)),
+    "thermal_throttle": ("factor", (1.1, 1.25, 1.6)),
+    "link_degradation": ("factor", (1.25, 1.5, 2.0, 3.0)),
+    "link_flap": ("factor", (1.5, 2.0, 5.0)),
+    "gc_pause": ("pause_ms", (50.0, 150.0, 600.0)),
+    "jit_stall": ("stall_ms", (300.0, 1500.0, 6000.0)),
+}
+COST_FLOOR_PCT = 5.0  # the faults the goal is stated for
+
+
+@dataclass(frozen=True, slots=True)
+class JobDraw:
+    seed: int
+    ranks: int
+    layout: str
+    moe_alpha: float
+    seqlen_sigma: float
+    jitter: float
+    dataloader_spike_prob: float
+
+
+def draw_job(seed: int, min_ranks: int = 16, max_ranks: int = 256) -> JobDraw:
+    """A job's shape and noise, from ``seed`` alone."""
+    rng = np.random.default_rng(seed)
+    while True:
+        tp, pp, ep = (int(rng.choice(v)) for v in ((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)))
+        dp = int(rng.choice((2, 3, 4, 6, 8, 12, 16)))
+        n = tp * pp * ep * dp
+        if min_ranks <= n <= max_ranks:
+            break
+    return JobDraw(seed, n, f"tp={tp},pp={pp},ep={ep},dp={dp}", float(rng.choice((5.0, 15.0, 40.0, 100.0))),
+                   float(rng.choice((0.02, 0.08, 0.15))), float(rng.choice((0.01, 0.02, 0.04))),
+                   float(rng.choice((0.0, 0.01, 0.03))))
+
+
+@dataclass
+class HeldOutScore:
+    draw: JobDraw
+    scenario: str
+    magnitude: float | None
+    cost_pct: float | None  # the fault's measured slowdown of the job over its steps
+    score: RunScore | None  # None: the scenario does not fit this job
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        return {"scenario": self.scenario, "magnitude": self.magnitude,
+                "cost_pct": None if self.cost_pct is None else round(self.cost_pct, 2), **asdict(self.draw),
+                **(self.score.to_json() if self.score else {"not_applicable": self.reason})}
+
+
+def _cost_pct(truth: dict) -> float | None:
+    faults = truth.get("faults") or []
+    if not faults:
+        return None
+    steps = sorted({s for f in faults for s in f["steps"]})
+    got, base = truth["step_time_s"], truth["baseline_step_time_s"]
+    pairs = [(got[s], base[s]) for s in steps if s < len(got) and got[s] is not None and base[s]]
+    if not pairs:
+        return float("inf")  # a hang: the job stopped
+    return 100.0 * (sum(g for g, _ in pairs) / sum(b for _, b in pairs) - 1.0)
+
+
+def _without_peers(truth: dict, layout) -> str:
+    """Why a fault cannot be found by comparing like with like, or "": every culprit's peers
+    (same stage, same shard) are culprits too — a host-wide fault on a host that holds a whole
+    stage leaves nothing doing the same work to compare with."""
+    for f in truth.get("faults") or []:
+        if f["class"] in ("hang", "link_degradation"):
+            continue
+        culprits = set(f["culprit_ranks"])
+        if culprits and all(set(layout.peer_set(r).tolist()) <= culprits for r in culprits):
+            return "every culprit's peers are culprits too: nothing does the same work to compare with"
+    return ""
+
+
+def run_draw(scenario: str, seed: int, magnitude: float | None = None, steps: int = 20,
+             workdir: Path | None = None) -> HeldOutScore:
+    from argus.analysis import DiagnoseConfig, diagnose
+    from argus.errors import ArgusError
+    from argus.sim import SimConfig, simulate_to_store
+    from argus.store import Store
+
+    draw = draw_job(seed)
+    params = {MAGNITUDES[scenario][0]: magnitude} if magnitude is not None else None
+    tmp = Path(tempfile.mkdtemp(prefix="argus-heldout-", dir=workdir))
+    try:
+        config = SimConfig(ranks=draw.ranks, steps=steps, seed=seed, layout=draw.layout, moe_alpha=draw.moe_alpha,
+                           seqlen_sigma=draw.seqlen_sigma, jitter=draw.jitter,
+                           dataloader_spike_prob=draw.dataloader_spike_prob)
+        t0 = time.perf_counter()
+        try:
+            res = simulate_to_store(config, scenario, tmp / "s", params=params, baseline=True)
+        except ArgusError as exc:  # the scenario cannot be placed in this job
+            return HeldOutScore(draw, scenario, magnitude, None, None, str(exc)[:200])
+        t1 = time.perf_counter()
+        attempt = Store.open(tmp / "s").attempt()
+        alone = _without_peers(res.truth, attempt.layout)
+        if alone:
+            return HeldOutScore(draw, scenario, magnitude, _cost_pct(res.truth), None, alone)
+        d = diagnose(attempt, DiagnoseConfig(store_incidents=False))
+        t2 = time.perf_counter()
+        s = score(scenario, draw.ranks, seed, res.truth, d, t1 - t0, t2 - t1)
+        return HeldOutScore(draw, scenario, magnitude, _cost_pct(res.truth), s)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def summarize_held_out(scores: list[HeldOutScore]) -> list[dict]:
+    """Per scenario: the goal's figures (faults costing ≥ 5%), then recall per magnitude."""
+    def mean(xs: list) -> float | None:
+        xs = [x for x in xs if x is not None]
+        return round(float(np.mean(xs)), 4) if xs else None
+
+    rows = []
+    by_scenario: dict[str, list[HeldOutScore]] = {}
+    for s in scores:
+        by_scenario.setdefault(s.scenario, []).append(s)
+    for scenario, group in sorted(by_scenario.items()):
+        scored = [(s, s.score) for s in group if s.score is not None]
+        row: dict = {"bench": "accuracy-held-out", "scenario": scenario, "runs": len(group), "applicable": len(scored),
+                     "seeds": f"{min(s.draw.seed for s in group)}–{max(s.draw.seed for s in group)}",
+                     "layouts": len({s.draw.layout for s, _ in scored})}
+        if scenario == "healthy":
+            row["false_incident_rate"] = mean([float(r.false_incident) for _, r in scored])
+            row["false_incidents"] = [r.predicted for _, r in scored if r.false_incident][:5]
+        else:
+            costly = [(s, r) for s, r in scored if s.cost_pct is not None and s.cost_pct >= COST_FLOOR_PCT]
+            row.update({"costly_runs": len(costly), "precision": mean([r.precision for _, r in costly]),
+                        "recall": mean([r.recall for _, r in costly]),
+                        "class_accuracy": mean([float(bool(r.class_ok)) for _, r in costly]),
+                        "delay_steps_mean": mean([r.delay_steps for _, r in costly])})
+            curve = []
+            for m in sorted({s.magnitude for s, _ in scored if s.magnitude is not None}):
+                at = [(s, r) for s, r in scored if s.magnitude == m]
+                costs = [s.cost_pct for s, _ in at if s.cost_pct is not None]
+                curve.append({"magnitude": m, "runs": len(at),
+                              "cost_pct_median": round(float(np.median(costs)), 2) if costs else None,
+                              "recall": mean([r.recall for _, r in at]), "precision": mean([r.precision for _, r in at])})
+            row["by_magnitude"] = curve
+            row["misses"] = [f"{s.draw.layout} s{s.draw.seed} m{s.magnitude} cost {s.cost_pct:.1f}%: {r.predicted}"
+                             for s, r in costly if (r.recall or 0) < 1 or (r.precision or 0) < 1][:6]
+        rows.append(row)
+    return rows

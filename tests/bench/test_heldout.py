@@ -1,0 +1,27 @@
+"""The held-out accuracy suite: its jobs are drawn from seeds development never used, its
+faults are costed against the same job without them, and it scores what diagnosis says."""
+
+from argus.bench.heldout import HELD_OUT_SEED0, MAGNITUDES, draw_job, run_draw, summarize_held_out
+from argus.sim import SCENARIOS
+
+
+def test_draws_are_reproducible_varied_and_valid_layouts():
+    draws = [draw_job(HELD_OUT_SEED0 + i) for i in range(40)]
+    assert draws == [draw_job(HELD_OUT_SEED0 + i) for i in range(40)]
+    assert len({d.layout for d in draws}) >= 20 and len({d.moe_alpha for d in draws}) > 1
+    for d in draws:
+        sizes = dict(kv.split("=") for kv in d.layout.split(","))
+        assert 16 <= d.ranks <= 256 and d.ranks == eval("*".join(sizes.values()))  # noqa: S307
+    assert set(MAGNITUDES) <= set(SCENARIOS)
+
+
+def test_a_run_is_costed_and_scored(tmp_path):
+    s = run_draw("compute_straggler", HELD_OUT_SEED0 + 3, 6.0, steps=12, workdir=tmp_path)
+    assert s.score is not None and s.cost_pct is not None and s.cost_pct > 5  # a 6× attention is not free
+    healthy = run_draw("healthy", HELD_OUT_SEED0 + 3, steps=12, workdir=tmp_path)
+    assert healthy.cost_pct is None and healthy.score.precision is None
+    rows = summarize_held_out([s, healthy])
+    by = {r["scenario"]: r for r in rows}
+    assert by["healthy"]["false_incident_rate"] in (0.0, 1.0)
+    assert by["compute_straggler"]["by_magnitude"][0]["magnitude"] == 6.0
+    assert by["compute_straggler"]["costly_runs"] == 1
