@@ -433,18 +433,26 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     if not by_step and not shifts and not nic_steps:
         return []
     per_step_hosts: dict[int, set[str]] = {}
+    hw_hosts = {str(ctx.topology.hosts[r]) for r in list(ctx.hw.pcie_degraded) + list(ctx.hw.nic_down)}
+
+    def backed(hosts_: list[str], narrow_only: bool) -> bool:
+        """Like-with-like evidence stands on its own; a two-group or cross-stage comparison
+        (stages may move other sizes) only with a hardware link signal on those hosts."""
+        return not narrow_only or bool(set(hosts_) & hw_hosts)
+
     for step in list(by_step):
-        if all(f.narrow_only for f in by_step[step]):
-            del by_step[step]  # two-group comparisons only narrow other findings down
+        if not any(backed(f.hosts, f.narrow_only) for f in by_step[step]):
+            del by_step[step]  # comparisons that only narrow other findings down
     for step, findings in by_step.items():
         sets = [set(f.hosts) for f in findings]
         common = set.intersection(*sets)
-        per_step_hosts[step] = common or min((set(f.hosts) for f in findings if not f.narrow_only), key=len)
+        per_step_hosts[step] = common or min((set(f.hosts) for f in findings if backed(f.hosts, f.narrow_only)),
+                                             key=len)
     # window-level communicator floors narrow the hosts the same way (like-with-like ones first:
     # a cross-stage comparison only narrows what another finding names)
     for s in sorted(shifts, key=lambda s: s.narrow_only):
         for step in range(_window_of(windows, s)[0], _window_of(windows, s)[1] + 1):
-            if s.narrow_only and step not in per_step_hosts:
+            if step not in per_step_hosts and not backed(s.hosts, s.narrow_only):
                 continue
             per_step_hosts[step] = (per_step_hosts.get(step, set(s.hosts)) & set(s.hosts)) or per_step_hosts.get(
                 step, set(s.hosts))
@@ -458,7 +466,6 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
         return []
     n_steps = len(per_step_hosts)
     hosts = sorted(h for h, c in counts.items() if c >= 0.5 * n_steps)
-    hw_hosts = {str(ctx.topology.hosts[r]) for r in list(ctx.hw.pcie_degraded) + list(ctx.hw.nic_down)}
     if hw_hosts & set(hosts):
         hosts = sorted(hw_hosts & set(hosts))
     steps = sorted(s for s, hs in per_step_hosts.items() if hs & set(hosts))

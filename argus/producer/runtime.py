@@ -60,7 +60,7 @@ class Runtime:
         self.explicit_steps = False
         self.optimizer_seen = False
         self.comm_issued = 0  # collectives started on this rank (the tracker counts)
-        self._versions: Any = None  # root module → (its first trainable parameter, last version seen)
+        self._versions: Any = None  # root module → [its first trainable parameter, version at step start]
         self.hooks: Any = None
         self.kernels: Any = None
         self.stacks: Any = None
@@ -274,10 +274,16 @@ class Runtime:
         param = entry[0]()
         if param is None:
             return False
-        version = param._version
-        changed = version != entry[1]
-        entry[1] = version
-        return changed and self.backwards_since_step > 0
+        # against the version the step began with (``_rebase_versions``), not the last one
+        # looked at: a look in between can never swallow the update
+        return param._version != entry[1] and self.backwards_since_step > 0
+
+    def _rebase_versions(self) -> None:
+        """A step ended: the versions its successor's update will be compared with."""
+        for entry in list(self._versions.values()) if self._versions is not None else ():
+            param = entry[0]()
+            if param is not None:
+                entry[1] = param._version
 
     def forward_ends(self, start: Any) -> None:
         training = self.grad_enabled()
@@ -320,6 +326,7 @@ class Runtime:
         self.step_start = t
         self.fwd_mb = self.bwd_mb = 0
         self.forwards_since_step = self.backwards_since_step = 0
+        self._rebase_versions()
         if self.kernels is not None:
             try:
                 self.kernels.on_step(self.step)
