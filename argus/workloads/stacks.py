@@ -305,7 +305,8 @@ def _loader_batches(a, rank, world, f, res):
     for pos, i in enumerate(sampler):  # this rank's samples, in the order it will get them
         step = pos // per_step
         ds.plan[i] = (f.seq_len(rank, step), f.slow(step))
-    loader = DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.num_workers)
+    loader = DataLoader(ds, batch_size=a.batch, sampler=sampler, num_workers=a.num_workers,
+                        prefetch_factor=a.prefetch if a.num_workers else None)
     it = iter(loader)
     pids: set[int] = set()
     res["dataloader"] = {"num_workers": a.num_workers, "main_pid": os.getpid(), "worker_pids": []}
@@ -444,6 +445,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="gradual: extra attention repetitions added every 4 steps")
     p.add_argument("--gc-dicts", type=int, default=2_200_000, help="gc: size of the cyclic heap")
     p.add_argument("--num-workers", type=int, default=2, help="dataloader stack's workers")
+    p.add_argument("--prefetch", type=int, default=2, help="dataloader: batches each worker keeps ready")
     p.add_argument("--pp-schedule", choices=["1f1b", "gpipe"], default="1f1b")
     p.add_argument("--pg-timeout", type=float, default=1800.0, help="process group timeout, s")
     p.add_argument("--seed", type=int, default=0)
