@@ -161,20 +161,16 @@ def _run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_accuracy(args: argparse.Namespace) -> int:
+def _scored_runs(label: str, func, jobs: list[tuple], args: argparse.Namespace, summarize) -> int:
+    """Run ``func(*job)`` for every job in a process pool (a progress bar; each score as JSON
+    with ``--runs``), then print the summary rows."""
     from concurrent.futures import ProcessPoolExecutor
 
-    from argus.bench.accuracy import run_one, summarize
     from argus.cli.progress import progress_bar
-    from argus.sim import SCENARIOS
 
-    scenarios = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
-    if args.held_out:
-        return _run_held_out(args, scenarios)
-    jobs = [(sc, int(size), seed) for size in args.sizes.split(",") for sc in scenarios for seed in range(args.seeds)]
     scores = []
-    with progress_bar("accuracy runs", len(jobs)) as advance, ProcessPoolExecutor(max(1, args.jobs)) as pool:
-        for score in pool.map(run_one, *zip(*jobs)):
+    with progress_bar(label, len(jobs)) as advance, ProcessPoolExecutor(max(1, args.jobs)) as pool:
+        for score in pool.map(func, *zip(*jobs)):
             scores.append(score)
             advance()
             if args.runs:
@@ -184,26 +180,22 @@ def _run_accuracy(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_held_out(args: argparse.Namespace, scenarios: list[str]) -> int:
-    from concurrent.futures import ProcessPoolExecutor
+def _run_accuracy(args: argparse.Namespace) -> int:
+    from argus.sim import SCENARIOS
 
-    from argus.bench.heldout import HELD_OUT_SEED0, MAGNITUDES, run_draw, summarize_held_out
-    from argus.cli.progress import progress_bar
+    scenarios = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
+    if args.held_out:
+        from argus.bench.heldout import HELD_OUT_SEED0, MAGNITUDES, run_draw, summarize_held_out
 
-    jobs = []
-    for sc in scenarios:
-        values = MAGNITUDES[sc][1] if sc in MAGNITUDES else (None,)
-        jobs += [(sc, HELD_OUT_SEED0 + i, values[i % len(values)]) for i in range(args.held_out)]
-    scores = []
-    with progress_bar("held-out runs", len(jobs)) as advance, ProcessPoolExecutor(max(1, args.jobs)) as pool:
-        for s in pool.map(run_draw, *zip(*jobs)):
-            scores.append(s)
-            advance()
-            if args.runs:
-                print(json.dumps(s.to_json()), flush=True)
-    for row in summarize_held_out(scores):
-        print(json.dumps(row), flush=True)
-    return 0
+        jobs = []
+        for sc in scenarios:
+            values = MAGNITUDES[sc][1] if sc in MAGNITUDES else (None,)
+            jobs += [(sc, HELD_OUT_SEED0 + i, values[i % len(values)]) for i in range(args.held_out)]
+        return _scored_runs("held-out runs", run_draw, jobs, args, summarize_held_out)
+    from argus.bench.accuracy import run_one, summarize
+
+    jobs = [(sc, int(size), seed) for size in args.sizes.split(",") for sc in scenarios for seed in range(args.seeds)]
+    return _scored_runs("accuracy runs", run_one, jobs, args, summarize)
 
 
 def _run_peers(args: argparse.Namespace) -> int:
