@@ -8,6 +8,10 @@ order. From instances follow two facts the detectors need, both on each rank's o
   together and the last to arrive waits for no one;
 * a member's **gap** is the time since its own previous collective ended (its work and host
   time); the member whose gap is longest is the one the group waited for.
+
+Pipeline sends and receives are paired the same way (``pair_p2p``): a receive waits for its
+sender's compute as well as for the wire, so its **transfer** is its end minus the later of
+the two posts, on clocks aligned by the collectives — never the receive's own duration.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ import numpy as np
 from argus.analysis.frames import PhaseFrame
 from argus.topology import Layout
 
-__all__ = ["Instances", "match_instances", "host_clock_offsets"]
+__all__ = ["Instances", "match_instances", "host_clock_offsets", "aligned_starts", "pair_p2p", "P2PTransfers",
+           "p2p_transfers"]
 
 _KINDS = ("tp", "cp", "ep", "dp", "edp", "world", "pp")
 
@@ -122,3 +127,115 @@ def host_clock_offsets(f: PhaseFrame, inst: Instances, hosts: np.ndarray) -> dic
     offset[h[starts]] = med
     offset -= np.median(offset)
     return {str(host_ids[i]): float(offset[i]) for i in range(len(host_ids))}
+
+
+def aligned_starts(f: PhaseFrame, layout: Layout, hosts: np.ndarray) -> np.ndarray:
+    """Phase starts (ns) on one clock: each host's offset, from the collectives' common ends, removed."""
+    inst = match_instances(f, layout, np.zeros(f.n, np.int64))
+    offsets = host_clock_offsets(f, inst, hosts) if inst is not None else {}
+    off_rank = np.array([offsets.get(str(h), 0.0) for h in np.asarray(hosts).astype(str)])
+    return f.start.astype(np.float64) - off_rank[f.rank]
+
+
+def pair_p2p(f: PhaseFrame, layout: Layout, start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Pipeline receives paired with their sends: (receive rows, send rows) of the frame.
+
+    A receive followed by a forward block carries activations from stage *s − 1*, one followed
+    by a backward block gradients from *s + 1*; a send carries what the block before it made.
+    The n-th receive of a (pipeline line, step, microbatch when recorded, direction) is paired
+    with the n-th send. Empty without backward blocks (no way to tell activations from
+    gradients)."""
+    empty = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    if layout.pp < 2 or "pp" not in f.groups:
+        return empty
+    pp = f.groups.index("pp")
+    rows = np.flatnonzero(f.is_comm & (f.dur >= 0) & (f.group == pp))
+    if rows.size == 0:
+        return empty
+    lname = [n.lower() for n in f.names]
+    is_recv = np.array(["recv" in n for n in lname])[f.name[rows]]
+    is_send = np.array(["send" in n for n in lname])[f.name[rows]]
+    fwd_name = np.array(["forward" in n for n in lname])
+    bwd_name = np.array(["backward" in n or n.endswith("-bwd") for n in lname])
+    # the rank's forward/backward blocks in time order: a receive carries what the next block
+    # needs (activations before a forward), a send what the last block made
+    work = np.flatnonzero(~f.is_comm & (f.mb >= 0) & (fwd_name | bwd_name)[f.name])
+    if not bwd_name[f.name[work]].any():
+        return empty
+    t0 = float(np.min(start))
+    wkey = f.rank[work].astype(np.float64) * 1e15 + (start[work] - t0)
+    order = np.argsort(wkey, kind="stable")
+    wkey, work = wkey[order], work[order]
+    ckey = f.rank[rows].astype(np.float64) * 1e15 + (start[rows] - t0)
+    nxt = np.searchsorted(wkey, ckey - 1.0, side="left")  # a block starting at the post's instant is next
+    prv = np.searchsorted(wkey, ckey, side="right") - 1
+    ok_n = (nxt < work.size) & (f.rank[work[np.minimum(nxt, work.size - 1)]] == f.rank[rows])
+    ok_p = (prv >= 0) & (f.rank[work[np.maximum(prv, 0)]] == f.rank[rows])
+    recv_fwd = ~bwd_name[f.name[work[np.minimum(nxt, work.size - 1)]]]
+    send_fwd = ~bwd_name[f.name[work[np.maximum(prv, 0)]]]
+    stage = layout.stage_of(f.rank[rows])
+    line = layout.group_index("pp")[f.rank[rows]]
+    sends: dict[tuple, list[int]] = {}
+    recvs: dict[tuple, list[int]] = {}
+    for j, i in enumerate(rows):  # rows are in (rank, start) order: the n-th of a key is the n-th sent
+        step, mb = int(f.step[i]), int(f.mb[i])
+        if is_recv[j] and ok_n[j]:
+            fwd = bool(recv_fwd[j])
+            src = int(stage[j]) - 1 if fwd else int(stage[j]) + 1
+            recvs.setdefault((int(line[j]), step, mb, fwd, src), []).append(int(i))
+        elif is_send[j] and ok_p[j]:
+            sends.setdefault((int(line[j]), step, mb, bool(send_fwd[j]), int(stage[j])), []).append(int(i))
+    r_out: list[int] = []
+    s_out: list[int] = []
+    for key, rs in recvs.items():
+        ss = sends.get(key, [])
+        r_out += rs[:len(ss)]
+        s_out += ss[:len(rs)]
+    return np.array(r_out, np.int64), np.array(s_out, np.int64)
+
+
+@dataclass
+class P2PTransfers:
+    """Per receiving (rank, step): the shortest paired pipeline transfer and how many there were."""
+
+    rank: np.ndarray
+    step: np.ndarray
+    min_ns: np.ndarray
+    sum_ns: np.ndarray
+    count: np.ndarray
+
+
+def p2p_transfers(f: PhaseFrame, layout: Layout, hosts: np.ndarray) -> P2PTransfers | None:
+    """Pipeline transfer times (receive end minus the later post), or None when the frame has
+    no pairs (no pipeline, or receives that cannot be told apart).
+
+    Stages share no collective, so their hosts' clocks cannot be aligned by collective ends;
+    each pair of hosts is aligned from its own traffic instead, as NTP does: activations go
+    one way and gradients the other, and the shortest send-post-to-receive-end in each
+    direction is the transfer plus or minus the clock offset, so half their difference is
+    the offset."""
+    start = f.start.astype(np.float64)
+    recv, send = pair_p2p(f, layout, start)  # direction needs only each rank's own clock
+    if recv.size == 0:
+        return None
+    host_ids, host_of = np.unique(np.asarray(hosts).astype(str), return_inverse=True)
+    hr, hs = host_of[f.rank[recv]], host_of[f.rank[send]]
+    end = start[recv] + f.dur[recv]
+    one_way = end - start[send]  # transfer (+ any wait for the receiver) + clock(receiver) − clock(sender)
+    H = len(host_ids)
+    d = np.full(H * H, np.inf)
+    np.minimum.at(d, hs * H + hr, one_way)
+    d = d.reshape(H, H)  # d[a, b]: shortest from a sender on host a to a receiver on host b
+    both = np.isfinite(d) & np.isfinite(d.T)
+    theta = np.zeros((H, H))
+    theta[both] = 0.5 * (d[both] - d.T[both])  # clock(b) − clock(a)
+    theta[np.arange(H), np.arange(H)] = 0.0
+    send_post = start[send] + theta[hs, hr]  # on the receiver's clock
+    xfer = np.maximum(end - np.maximum(start[recv], send_post), 0.0)
+    n = int(f.step[recv].max()) + 1
+    key = f.rank[recv].astype(np.int64) * n + f.step[recv]
+    uniq, inv = np.unique(key, return_inverse=True)
+    mn = np.full(len(uniq), np.inf)
+    np.minimum.at(mn, inv, xfer)
+    return P2PTransfers(uniq // n, uniq % n, mn, np.bincount(inv, weights=xfer, minlength=len(uniq)),
+                        np.bincount(inv, minlength=len(uniq)))

@@ -18,6 +18,7 @@ from argus.analysis.frames import load_host_totals, load_phase_totals, load_phas
 from argus.analysis.incident import Incident, incidents_document, incidents_table
 from argus.analysis.l1_windows import L1Config, L1Result, detect_windows
 from argus.analysis.l2_stragglers import L2Config, detect_stragglers, screen_candidates
+from argus.analysis.collectives import p2p_transfers
 from argus.analysis.links import detect_link_shifts
 from argus.analysis.l3_kernels import L3Config, collective_calls, detect_kernels
 from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents
@@ -123,14 +124,16 @@ def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,
         t_l3 += time.perf_counter() - t
         t = time.perf_counter()
         totals = load_phase_totals(attempt, lo, hi)
-        links = detect_link_shifts(totals, layout, topology.hosts)
         subset = None
         if layout.world_size > config.exact_ranks:
             slow = sorted({o.rank for o in (l3.outliers if l3 else []) if (o.slower or o.more_work)
                            and o.category in ("compute", "cpu_op")})
             subset = screen_candidates(totals, layout, step_time, config.l2, priority=slow)
-        del totals
         frame = load_phases(attempt, lo, hi, ranks=subset)
+        # pipeline transfers from paired sends and receives where every rank's phases are loaded
+        p2p = p2p_transfers(frame, layout, topology.hosts) if subset is None and layout.pp > 1 else None
+        links = detect_link_shifts(totals, layout, topology.hosts, p2p)
+        del totals
         l2 = detect_stragglers(frame, layout, topology.hosts, steady_time, config.l2, host_totals)
         l2.links = links
         del frame

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from argus.analysis.collectives import host_clock_offsets, match_instances
+from argus.analysis.collectives import host_clock_offsets, match_instances, pair_p2p
 from argus.analysis.frames import PhaseFrame, load_phases
 from argus.store import Attempt
 from argus.topology import Layout
@@ -167,48 +167,12 @@ def _events(f: PhaseFrame, layout: Layout, hosts: np.ndarray, starts: dict[int, 
 
 def _pair_p2p(f: PhaseFrame, layout: Layout, start: np.ndarray, end: np.ndarray, unit: np.ndarray,
               transfer: list[float], n_units: int) -> int:
-    """Pair pipeline sends with receives; returns the new unit count."""
-    if layout.pp < 2 or "pp" not in f.groups:
-        return n_units
-    pp = f.groups.index("pp")
-    rows = np.flatnonzero(f.is_comm & (f.dur >= 0) & (f.group == pp))
-    if rows.size == 0:
-        return n_units
-    lname = [n.lower() for n in f.names]
-    is_recv = np.array(["recv" in n for n in lname])[f.name[rows]]
-    is_send = np.array(["send" in n for n in lname])[f.name[rows]]
-    fwd_name = np.array(["forward" in n for n in lname])
-    bwd_name = np.array(["backward" in n or n.endswith("-bwd") for n in lname])
-    work = ~f.is_comm & (f.mb >= 0)
-    first_fwd: dict[tuple[int, int], float] = {}
-    first_bwd: dict[tuple[int, int], float] = {}
-    for i in np.flatnonzero(work & fwd_name[f.name]):
-        k = (int(f.rank[i]), int(f.mb[i]))
-        first_fwd[k] = min(first_fwd.get(k, np.inf), start[i])
-    for i in np.flatnonzero(work & bwd_name[f.name]):
-        k = (int(f.rank[i]), int(f.mb[i]))
-        first_bwd[k] = min(first_bwd.get(k, np.inf), start[i])
-    if not first_bwd:
-        return n_units  # no way to tell activations from gradients
-    stage = layout.stage_of(f.rank[rows])
-    line = layout.group_index("pp")[f.rank[rows]]
-    sends: dict[tuple, list[int]] = {}
-    recvs: dict[tuple, list[int]] = {}
-    for j, i in enumerate(rows):
-        k = (int(f.rank[i]), int(f.mb[i]))
-        if is_recv[j]:
-            fwd = start[i] <= first_fwd.get(k, -np.inf) + 1.0
-            src = int(stage[j]) - 1 if fwd else int(stage[j]) + 1
-            recvs.setdefault((int(line[j]), k[1], fwd, src), []).append(int(i))
-        elif is_send[j]:
-            fwd = start[i] < first_bwd.get(k, np.inf)
-            sends.setdefault((int(line[j]), k[1], fwd, int(stage[j])), []).append(int(i))
-    for key, rs in recvs.items():
-        ss = sends.get(key, [])
-        for r_i, s_i in zip(rs, ss):
-            unit[r_i] = unit[s_i] = n_units
-            transfer.append(max(end[r_i] - max(start[r_i], start[s_i]), 0.0))
-            n_units += 1
+    """Pair pipeline sends with receives into units; returns the new unit count."""
+    recv, send = pair_p2p(f, layout, start)
+    for r_i, s_i in zip(recv.tolist(), send.tolist()):
+        unit[r_i] = unit[s_i] = n_units
+        transfer.append(max(end[r_i] - max(start[r_i], start[s_i]), 0.0))
+        n_units += 1
     return n_units
 
 

@@ -420,10 +420,33 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
 
 
 # -- links ------------------------------------------------------------------------------------
+#: A slow link slows the same group's transfers step after step (or flap after flap), while
+#: the per-step test's false alarms fall on random groups and steps: a group's finding stands
+#: once it recurs in this many steps (or a hardware link signal sits on its hosts). With a
+#: per-test false-alarm rate α, a group then raises one by chance at ~C(n, 2)·α² per window of
+#: n steps, instead of n·α.
+MIN_RECURRENCE = 2
+#: Findings of one step within this share of its costliest one name the slow transfers;
+#: smaller ones (a collective a tenth as long that moves in the noise) neither narrow the hosts
+#: nor add culprits.
+DOMINANT_SHARE = 0.5
+
+
 def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) -> list[Incident]:
+    hw_hosts = {str(ctx.topology.hosts[r]) for r in list(ctx.hw.pcie_degraded) + list(ctx.hw.nic_down)}
+
+    def backed(hosts_: list[str], narrow_only: bool) -> bool:
+        """Like-with-like evidence stands on its own; a two-group or cross-stage comparison
+        (stages may move other sizes) only with a hardware link signal on those hosts."""
+        return not narrow_only or bool(set(hosts_) & hw_hosts)
+
+    findings = [lf for w in windows for lf in w.l2.links]
+    seen: dict[tuple[str, tuple[int, ...]], set[int]] = defaultdict(set)
+    for lf in findings:
+        seen[(lf.group_kind, tuple(lf.ranks))].add(lf.step)
     by_step: dict[int, list] = defaultdict(list)
-    for w in windows:
-        for lf in w.l2.links:
+    for lf in findings:
+        if len(seen[(lf.group_kind, tuple(lf.ranks))]) >= MIN_RECURRENCE or set(lf.hosts) & hw_hosts:
             by_step[lf.step].append(lf)
     shifts = [s for w in windows if w.l3 for s in w.l3.shifts]
     # … only on hosts whose transfers were seen slower at least once: an alarm on a host that
@@ -433,21 +456,16 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     if not by_step and not shifts and not nic_steps:
         return []
     per_step_hosts: dict[int, set[str]] = {}
-    hw_hosts = {str(ctx.topology.hosts[r]) for r in list(ctx.hw.pcie_degraded) + list(ctx.hw.nic_down)}
-
-    def backed(hosts_: list[str], narrow_only: bool) -> bool:
-        """Like-with-like evidence stands on its own; a two-group or cross-stage comparison
-        (stages may move other sizes) only with a hardware link signal on those hosts."""
-        return not narrow_only or bool(set(hosts_) & hw_hosts)
-
     for step in list(by_step):
-        if not any(backed(f.hosts, f.narrow_only) for f in by_step[step]):
+        standing = [f for f in by_step[step] if backed(f.hosts, f.narrow_only)]
+        if not standing:
             del by_step[step]  # comparisons that only narrow other findings down
-    for step, findings in by_step.items():
-        sets = [set(f.hosts) for f in findings]
-        common = set.intersection(*sets)
-        per_step_hosts[step] = common or min((set(f.hosts) for f in findings if backed(f.hosts, f.narrow_only)),
-                                             key=len)
+            continue
+        top = max(f.extra_per_step_ns for f in standing)
+        by_step[step] = [f for f in by_step[step] if f.extra_per_step_ns >= DOMINANT_SHARE * top]
+    for step, fs in by_step.items():
+        common = set.intersection(*(set(f.hosts) for f in fs))
+        per_step_hosts[step] = common or min((set(f.hosts) for f in fs if backed(f.hosts, f.narrow_only)), key=len)
     # window-level communicator floors narrow the hosts the same way (like-with-like ones first:
     # a cross-stage comparison only narrows what another finding names)
     for s in sorted(shifts, key=lambda s: s.narrow_only):
@@ -476,7 +494,9 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
         if (inc.severity != "info" and set(inc.hosts) & set(hosts)
                 and inc.start_step <= steps[-1] and inc.end_step >= steps[0]):
             return []
-    ranks = sorted(int(r) for r in np.flatnonzero(np.isin(ctx.topology.hosts.astype(str), hosts)))
+    # what names the slow transfers: findings that stand (narrowing-only ones picked the hosts)
+    standing = {s_: [f for f in fs if backed(f.hosts, f.narrow_only)] for s_, fs in by_step.items()}
+    ranks = _slow_link_ranks(ctx, standing, steps, hosts)
     # each step loses at least what the slow link added to the costliest collective's transfers
     extra = [max((f.extra_per_step_ns for f in by_step[s] if set(f.hosts) & set(hosts)), default=0.0) / 1e9
              for s in steps if s in by_step]
@@ -489,7 +509,11 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
         pct, gpuh, _ = _impact(ctx, steps)
     else:
         pct, gpuh, _ = _impact(ctx, steps, float(np.median(extra)) if extra else None)
-    collectives = Counter(f.collective for s in steps for f in by_step.get(s, []))
+        measured = _measured_slowdown_pct(ctx, steps)
+        if measured is not None and measured < pct:  # slow transfers off the critical path cost less
+            gpuh *= measured / pct if pct > 0 else 0.0
+            pct = measured
+    collectives = Counter(f.collective for s in steps for f in standing.get(s, []))
     kernels = sorted({s.kernel for s in shifts if set(s.hosts) & set(hosts)}) or sorted(collectives)
     evidence = _l1_evidence(ctx, steps[0], steps[-1])
     for step in steps[:3]:
@@ -502,13 +526,58 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     nic = sorted(r for r in ctx.hw.nic_down if str(ctx.topology.hosts[r]) in hosts)
     if nic:
         evidence.append({"level": "hw", "kind": "nic_port_down", "ranks": nic[:8]})
-    pattern = "from the first step" if persistent else f"in {len(steps)} step{'s' * (len(steps) > 1)} (intermittent)"
-    summary = (f"collectives crossing {', '.join(hosts)} transfer slowly {pattern}: "
-               f"{', '.join(c for c, _ in collectives.most_common(3))}; compute is normal")
+    first = min((s_ for s_ in ctx.step_time if ctx.normal(s_)), default=0)
+    pattern = (("from the first step" if steps[0] <= first else f"from step {steps[0]} on") if persistent
+               else f"in {len(steps)} step{'s' * (len(steps) > 1)} (intermittent)")
+    slow_groups = {(f.group_kind, tuple(f.ranks)) for s in steps for f in standing.get(s, [])}
+    groups = sorted({kind for kind, _ in slow_groups})
+    where = (f"the {'/'.join(groups)} group{'s' * (len(slow_groups) > 1)} of rank{'s' * (len(ranks) > 1)} "
+             f"{_rank_list(ranks)} on {', '.join(hosts)}" if groups else f"collectives crossing {', '.join(hosts)}")
+    summary = (f"{where} transfer slowly {pattern}: "
+               f"{', '.join(c for c, _ in collectives.most_common(3)) or ', '.join(kernels)}; compute is normal")
     return [Incident("link_degradation", ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
                      next(iter(collectives), "collectives"), kernels, "confirmed" if confirmed else "suspected",
                      grade(pct), pct, gpuh, "cordon_node" if confirmed else
                      "raise_trace_fidelity", evidence, steps, summary)]
+
+
+def _rank_list(ranks: list[int], head: int = 8) -> str:
+    return ", ".join(map(str, ranks[:head])) + (f" … ({len(ranks)})" if len(ranks) > head else "")
+
+
+def _slow_link_ranks(ctx: _Ctx, by_step: dict[int, list], steps: list[int], hosts: list[str]) -> list[int]:
+    """The ranks whose transfers are slow: members of the shifted groups on the culprit hosts
+    in at least half the steps that saw them, plus ranks whose PCIe or NIC the hardware flags
+    there. A slow group's ranks, not every rank of its hosts or stage; a whole host's ranks
+    only when nothing narrower was seen (a window-level floor or a NIC alarm alone)."""
+    on_hosts = np.isin(ctx.topology.hosts.astype(str), hosts)
+    seen: Counter[int] = Counter()
+    n = 0
+    for s in steps:
+        fs = [f for f in by_step.get(s, []) if set(f.hosts) & set(hosts)]
+        if fs:
+            n += 1
+            seen.update({r for f in fs for r in f.ranks if on_hosts[r]})
+    ranks = {r for r, c in seen.items() if c >= 0.5 * n}
+    ranks |= {int(r) for r in list(ctx.hw.pcie_degraded) + list(ctx.hw.nic_down) if on_hosts[r]}
+    return sorted(ranks) or sorted(int(r) for r in np.flatnonzero(on_hosts))
+
+
+def _measured_slowdown_pct(ctx: _Ctx, steps: list[int], min_clean: int = 3) -> float | None:
+    """How much slower the link's steps ran than the job's clean steps (normal ones the link
+    did not touch: before its onset, or between flaps), or None without enough clean steps (a
+    link slow from the first step: only its transfers' excess can be measured)."""
+    hit = set(steps)
+    flagged = [s for s in steps if ctx.normal(s)]
+    lo, hi = min(steps), max(steps)
+    span = [s for s in ctx.step_time if lo <= s <= hi and ctx.normal(s)]
+    intermittent = len(flagged) < 0.8 * max(len(span), 1)
+    clean = [s for s in ctx.step_time if ctx.normal(s) and s not in hit and (s < lo or (intermittent and s <= hi))]
+    if len(clean) < min_clean or not flagged:
+        return None
+    during = float(np.median([ctx.step_time[s] for s in flagged]))
+    before = float(np.median([ctx.step_time[s] for s in clean]))
+    return max(0.0, 100.0 * (during / before - 1.0)) if before > 0 else None
 
 
 def _nic_down_slow_steps(ctx: _Ctx, min_slowdown: float = 0.05) -> dict[int, set[str]]:

@@ -36,6 +36,7 @@ MAGNITUDES: dict[str, tuple[str, tuple[float, ...]]] = {
     "pipeline_bubble": ("factor", (1.1, 1.25, 1.5, 1.9)),
     "thermal_throttle": ("factor", (1.1, 1.25, 1.6)),
     "link_degradation": ("factor", (1.25, 1.5, 2.0, 3.0)),
+    "group_link_degradation": ("factor", (1.25, 1.5, 2.0, 3.0)),
     "link_flap": ("factor", (1.5, 2.0, 5.0)),
     "gc_pause": ("pause_ms", (50.0, 150.0, 600.0)),
     "jit_stall": ("stall_ms", (300.0, 1500.0, 6000.0)),
@@ -98,8 +99,18 @@ def _cost_pct(truth: dict) -> float | None:
 def _without_peers(truth: dict, layout) -> str:
     """Why a fault cannot be found by comparing like with like, or "": every culprit's peers
     (same stage, same shard) are culprits too — a host-wide fault on a host that holds a whole
-    stage leaves nothing doing the same work to compare with."""
+    stage leaves nothing doing the same work to compare with; a slow group that is its stage's
+    only group of its kind has no other group to be compared with."""
+    from argus.analysis.strata import group_strata
+
     for f in truth.get("faults") or []:
+        kind = f["params"].get("group")
+        if kind:
+            strata = group_strata(layout, kind)
+            row = int(layout.group_index(kind)[f["culprit_ranks"][0]])
+            if (strata == strata[row]).sum() < 2:
+                return f"the slow {kind} group is its stage's only one: no other group does the same work"
+            continue
         if f["class"] in ("hang", "link_degradation"):
             continue
         culprits = set(f["culprit_ranks"])

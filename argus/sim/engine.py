@@ -172,6 +172,7 @@ class Engine:
         self.waiting = np.zeros((P, C))
         self.stalled = np.zeros((P, C))
         self.link = self.faults.link_factors(step)
+        self.group_link = self._group_link_factors(step)
         self.warm = cfg.warmup_factor(step)
         seq = np.exp(self.rng.standard_normal((self.M, self.n_replicas)) * cfg.seqlen_sigma)
         self.seq = seq[:, self.replica_of]  # (M, C)
@@ -344,6 +345,18 @@ class Engine:
         self.busy[s] += d.sum(1)
         self.t[s] = end
 
+    def _group_link_factors(self, step: int) -> dict[str, np.ndarray]:
+        """Per group kind, a ``(P, nG)`` transfer factor for the groups a group-link fault holds."""
+        out: dict[str, np.ndarray] = {}
+        for eff in self.faults.group_links_at(step):
+            if eff.kind not in self.groups:
+                continue
+            members = self.stage_ranks[:, self.groups[eff.kind]]  # (P, nG, size) global ranks
+            hit = np.isin(members, list(eff.ranks)).any(-1)
+            f = out.setdefault(eff.kind, np.ones(hit.shape))
+            f[hit] = np.maximum(f[hit], eff.factor)
+        return out
+
     def _transfer(self, op: CommOp, n: int) -> np.ndarray:
         return op.kernel.us * _US * np.exp(self.rng.standard_normal(n) * 0.05)
 
@@ -357,6 +370,8 @@ class Engine:
         if self.link is not None:
             lf = self.link[self.group_hosts[op.group][s]].max(-1)
             xfer = xfer * np.where(self.group_spans[op.group][s], lf, 1.0)
+        if op.group in self.group_link:
+            xfer = xfer * self.group_link[op.group][s]
         if m >= 0 and op.kernel.seq_exp:
             xfer = xfer * self.seq[m][g[:, 0]] ** op.kernel.seq_exp
         if op.moe:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["ComputeSlowdown", "LinkDegradation", "HostStall", "Hang", "HwOverride", "FaultPlan", "base_phase"]
+__all__ = ["ComputeSlowdown", "LinkDegradation", "GroupLinkDegradation", "HostStall", "Hang", "HwOverride", "FaultPlan", "base_phase"]
 
 
 def base_phase(phase: str) -> tuple[str, str]:
@@ -54,6 +54,17 @@ class LinkDegradation:
     """Inter-host transfers of groups with a member on ``hosts`` (host indices) take ``factor``×."""
 
     hosts: tuple[int, ...]
+    factor: float
+    steps: frozenset[int]
+
+
+@dataclass(frozen=True)
+class GroupLinkDegradation:
+    """Every transfer of the ``kind`` group holding ``ranks`` takes ``factor``× (one ring's path
+    through a degraded switch port or rail): its members are slow, their hosts' other groups not."""
+
+    kind: str
+    ranks: tuple[int, ...]
     factor: float
     steps: frozenset[int]
 
@@ -109,6 +120,7 @@ class FaultPlan:
     n_hosts: int
     slowdowns: list[ComputeSlowdown] = field(default_factory=list)
     links: list[LinkDegradation] = field(default_factory=list)
+    group_links: list[GroupLinkDegradation] = field(default_factory=list)
     stalls: list[HostStall] = field(default_factory=list)
     hang: Hang | None = None
     hw: list[HwOverride] = field(default_factory=list)
@@ -118,7 +130,7 @@ class FaultPlan:
 
     @property
     def empty(self) -> bool:
-        return not (self.slowdowns or self.links or self.stalls or self.hang)
+        return not (self.slowdowns or self.links or self.group_links or self.stalls or self.hang)
 
     def compute_multiplier(self, step: int, phase: str) -> np.ndarray | None:
         """Per-rank duration multiplier for ``phase`` in ``step``; None when all are 1."""
@@ -145,6 +157,9 @@ class FaultPlan:
                     out = np.ones(self.n_hosts)
                 out[list(eff.hosts)] = np.maximum(out[list(eff.hosts)], eff.factor)
         return out
+
+    def group_links_at(self, step: int) -> list[GroupLinkDegradation]:
+        return [g for g in self.group_links if step in g.steps]
 
     def stalls_at(self, step: int) -> list[HostStall]:
         return [s for s in self.stalls if step in s.steps]

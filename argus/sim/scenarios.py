@@ -17,7 +17,8 @@ import numpy as np
 
 from argus.errors import ScenarioError
 from argus.sim.config import SimConfig
-from argus.sim.faults import ComputeSlowdown, FaultPlan, Hang, HostStall, HwOverride, LinkDegradation
+from argus.sim.faults import (ComputeSlowdown, FaultPlan, GroupLinkDegradation, Hang, HostStall, HwOverride,
+                              LinkDegradation)
 from argus.sim.stacks import FRAMES
 from argus.sim.workload import ComputeOp, Workload
 from argus.topology import Layout, Topology
@@ -285,6 +286,24 @@ def _link_degradation(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[str, A
                          factor=float(ctx.p("factor")), cause="pcie_link_downtrained")]
 
 
+def _group_link_degradation(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[str, Any]]]:
+    kind = str(ctx.p("group"))
+    if kind not in ("dp", "ep", "tp", "cp"):
+        raise ScenarioError(f"group={kind!r}: one of dp, ep, tp, cp")
+    if ctx.layout.group_size(kind) < 2:
+        raise ScenarioError(f"the layout's {kind} groups have one member: no transfer to degrade")
+    seed_rank = ctx.ranks_param(lambda: [_random_rank(ctx)])[0]
+    members = sorted(int(r) for r in ctx.layout.group_of(kind, seed_rank))
+    start, end = ctx.window(ctx.onset())
+    steps = list(range(start, end + 1))
+    plan = _plan(ctx)
+    plan.group_links.append(GroupLinkDegradation(kind, tuple(members), float(ctx.p("factor")), frozenset(steps)))
+    w = ctx.config.workload
+    ops = {"dp": (w.dp_reduce_scatter, w.dp_allgather), "ep": (w.ep_alltoall,)}.get(kind, ())
+    return plan, [_truth(ctx, "link_degradation", members, steps, None, sorted({op.kernel.short for op in ops}),
+                         factor=float(ctx.p("factor")), group=kind, cause="group_path_degraded")]
+
+
 def _link_flap(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[str, Any]]]:
     hosts = ctx.hosts_param(lambda: _two_hosts_in_one_group(ctx)[:1])
     period, on = int(ctx.p("period")), int(ctx.p("on_steps"))
@@ -326,6 +345,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("thermal_throttle", "one GPU heats up and its clocks fall: compute slows gradually to factor× "
              "by the end", "compute_straggler", _thermal_throttle,
              {"factor": 1.6, "ranks": "auto", "start_step": "auto", "end_step": "auto"}),
+    Scenario("group_link_degradation", "every transfer of one data-parallel group is factor× slower from a "
+             "quarter in (a degraded rail or switch port on that ring's path); its hosts' other groups are "
+             "healthy", "link_degradation", _group_link_degradation,
+             {"factor": 3.0, "group": "dp", "ranks": "auto", "start_step": "auto", "end_step": "auto"}),
     Scenario("link_flap", "one host's NIC link flaps: its inter-host collectives are factor× slower for "
              "on_steps of every period steps", "link_degradation", _link_flap,
              {"factor": 5.0, "hosts": "auto", "period": 5, "on_steps": 2}),

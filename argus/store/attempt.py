@@ -13,6 +13,8 @@ a new window is a new file, nothing is ever rewritten.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 import uuid
 from dataclasses import dataclass
@@ -23,7 +25,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from argus.errors import StoreError
-from argus.store.files import check_table_file, write_bytes_atomic, write_parquet_atomic
+from argus.store.files import TMP_PREFIX, check_table_file, write_bytes_atomic, write_parquet_atomic
 from argus.store.schema import TABLES, conform
 from argus.topology import Layout, RunIdentity, Topology, parse_layout
 
@@ -66,8 +68,24 @@ class Attempt:
             "created_ns": time.time_ns(),
             **(extra or {}),
         }
-        path.mkdir(parents=True, exist_ok=False)
-        write_bytes_atomic(path / ATTEMPT_META, json.dumps(meta, indent=2).encode())
+        # Staged, then renamed into place: hosts sharing a store create the attempt at the same
+        # moment, and none may see its directory before its attempt.json.
+        if path.exists():
+            raise FileExistsError(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staged = path.parent / f"{TMP_PREFIX}{uuid.uuid4().hex[:8]}-{path.name}"
+        staged.mkdir()
+        try:
+            write_bytes_atomic(staged / ATTEMPT_META, json.dumps(meta, indent=2).encode())
+            try:
+                os.rename(staged, path)  # fails if another writer's attempt is already there
+            except OSError as exc:
+                if path.is_dir():
+                    raise FileExistsError(path) from exc
+                raise
+        finally:
+            if staged.exists():
+                shutil.rmtree(staged, ignore_errors=True)
         attempt = cls(path, meta)
         if isinstance(topology, Topology):
             attempt.writer("meta").write("topology", topology.to_table(), window=topology.version)

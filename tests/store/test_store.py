@@ -175,3 +175,38 @@ def test_many_processes_create_one_store_at_once(tmp_path):
     outs = [p.communicate(timeout=60) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-300:] for o in outs]
     assert Store.open(root).manifest["schema_version"] == SCHEMA_VERSION
+
+
+def _open_or_create_at(root: str, start: float, out) -> None:
+    from argus.store import Store
+    from argus.topology import RunIdentity, parse_layout
+
+    while time.time() < start:
+        pass
+    try:
+        att = Store.create(root).open_or_create_attempt(RunIdentity("run-x"), parse_layout("dp=6"), source="test")
+        out.put(("ok", att.meta["run_id"]))
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        out.put(("error", repr(exc)))
+
+
+def test_hosts_creating_one_attempt_at_once_all_open_it(tmp_path):
+    """Six processors (one per host) sharing a store create the same attempt in the same
+    instant: each one opens it, none sees a directory without its attempt.json."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    for trial in range(4):
+        root = str(tmp_path / f"s{trial}")
+        Store.create(root)
+        out = ctx.Queue()
+        start = time.time() + 2.0
+        procs = [ctx.Process(target=_open_or_create_at, args=(root, start, out)) for _ in range(6)]
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=60) for _ in procs]
+        for p in procs:
+            p.join(30)
+        assert results == [("ok", "run-x")] * 6, results
+        run_dir = tmp_path / f"s{trial}" / "runs" / "run-x"
+        assert [p.name for p in run_dir.iterdir()] == ["0"]  # no staged leftovers
