@@ -48,7 +48,16 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
         normal = steps if inc.klass == "host_stall" else ([s for s in steps if normal_step(s)] or steps)
         agree: list[str] = []
         wi = None
-        if replayable:  # what_if itself declines jobs too large to replay
+        # The replay moves phases: a slowdown seen only in kernels (host-timed phases that do
+        # not carry it — a real GPU trace's annotations end when the host is done launching)
+        # is invisible to it, and "removing the culprits changes nothing" would be wrong.
+        blind = inc.klass in ("compute_straggler", "pipeline_imbalance") and not any(
+            e.get("kind") == "busy_outlier" for e in inc.evidence)
+        if blind:
+            inc.evidence.append({"level": "L4", "kind": "what_if_skipped", "note": (
+                "the culprits' phases carry no excess (only their kernels do): a replay of the phases "
+                "cannot remove it; the impact is L1's")})
+        if replayable and not blind:  # what_if itself declines jobs too large to replay
             # intermittent faults: replay the affected steps; persistent: a spread of normal ones
             wi = what_if(attempt, steps, inc.culprit_ranks, topology.hosts, step_time, config.max_replays, normal,
                          config.event_budget)

@@ -563,10 +563,10 @@ def _slow_link_ranks(ctx: _Ctx, by_step: dict[int, list], steps: list[int], host
     return sorted(ranks) or sorted(int(r) for r in np.flatnonzero(on_hosts))
 
 
-def _measured_slowdown_pct(ctx: _Ctx, steps: list[int], min_clean: int = 3) -> float | None:
-    """How much slower the link's steps ran than the job's clean steps (normal ones the link
-    did not touch: before its onset, or between flaps), or None without enough clean steps (a
-    link slow from the first step: only its transfers' excess can be measured)."""
+def _measured_slowdown_pct(ctx: _Ctx, steps: list[int], min_clean: int = 2) -> float | None:
+    """How much slower (at least) the link's steps ran than the job's clean steps (normal ones
+    the link did not touch: before its onset, or between flaps), or None without enough clean
+    steps (a link slow from the first step: only its transfers' excess can be measured)."""
     hit = set(steps)
     flagged = [s for s in steps if ctx.normal(s)]
     lo, hi = min(steps), max(steps)
@@ -575,9 +575,17 @@ def _measured_slowdown_pct(ctx: _Ctx, steps: list[int], min_clean: int = 3) -> f
     clean = [s for s in ctx.step_time if ctx.normal(s) and s not in hit and (s < lo or (intermittent and s <= hi))]
     if len(clean) < min_clean or not flagged:
         return None
-    during = float(np.median([ctx.step_time[s] for s in flagged]))
-    before = float(np.median([ctx.step_time[s] for s in clean]))
-    return max(0.0, 100.0 * (during / before - 1.0)) if before > 0 else None
+    a = np.array([ctx.step_time[s] for s in flagged])
+    b = np.array([ctx.step_time[s] for s in clean])
+    during, before = float(np.median(a)), float(np.median(b))
+    if before <= 0:
+        return None
+    # what the steps lost beyond the job's own step-to-step noise: the difference of medians
+    # less one standard error (robust spreads pooled), so a short healthy baseline that
+    # happened to run fast does not turn a slow link off the critical path into a claim
+    sigma = 1.4826 * float(np.median(np.abs(np.r_[a - during, b - before])))
+    se = 1.2533 * sigma * float(np.sqrt(1.0 / len(a) + 1.0 / len(b)))
+    return max(0.0, 100.0 * (during - se - before) / before)
 
 
 def _nic_down_slow_steps(ctx: _Ctx, min_slowdown: float = 0.05) -> dict[int, set[str]]:

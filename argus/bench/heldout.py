@@ -171,7 +171,9 @@ def summarize_held_out(scores: list[HeldOutScore]) -> list[dict]:
             row["false_incidents"] = [r.predicted for _, r in scored if r.false_incident][:5]
         else:
             costly = [(s, r) for s, r in scored if s.cost_pct is not None and s.cost_pct >= COST_FLOOR_PCT]
-            row.update({"costly_runs": len(costly), "precision": mean([r.precision for _, r in costly]),
+            claimed = [r for _, r in scored if r.predicted]
+            row.update({"claimed_runs": len(claimed), "claimed_precision": mean([r.precision for r in claimed]),
+                        "costly_runs": len(costly), "precision": mean([r.precision for _, r in costly]),
                         "recall": mean([r.recall for _, r in costly]),
                         "class_accuracy": mean([float(bool(r.class_ok)) for _, r in costly]),
                         "delay_steps_mean": mean([r.delay_steps for _, r in costly])})

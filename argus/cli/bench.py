@@ -72,6 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ac.add_argument("--held-out", type=int, metavar="N",
                     help="instead: N jobs per scenario drawn from held-out seeds (10000+) with random layouts, "
                          "noise and fault magnitudes; scored per measured fault cost (see argus.bench.heldout)")
+    ac.add_argument("--real-trace", action="store_true",
+                    help="instead: jobs of 4–16 ranks built from a real PyTorch Profiler trace, healthy and with "
+                         "compute stragglers injected consistently (see argus.bench.realtrace)")
     ac.set_defaults(func=_run_accuracy)
 
     pe = bsub.add_parser("peers", help="Argus beside Holistic Trace Analysis: culprit precision/recall vs truth.json")
@@ -184,6 +187,11 @@ def _run_accuracy(args: argparse.Namespace) -> int:
     from argus.sim import SCENARIOS
 
     scenarios = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
+    if args.real_trace:
+        from argus.bench.realtrace import real_trace_jobs, score_real_trace, summarize_real_traces
+
+        return _scored_runs("real-trace runs", score_real_trace, [(j,) for j in real_trace_jobs()], args,
+                            summarize_real_traces)
     if args.held_out:
         from argus.bench.heldout import HELD_OUT_SEED0, MAGNITUDES, run_draw, summarize_held_out
 
