@@ -223,9 +223,9 @@ def p2p_transfers(f: PhaseFrame, layout: Layout, hosts: np.ndarray) -> P2PTransf
     end = start[recv] + f.dur[recv]
     one_way = end - start[send]  # transfer (+ any wait for the receiver) + clock(receiver) − clock(sender)
     H = len(host_ids)
-    d = np.full(H * H, np.inf)
-    np.minimum.at(d, hs * H + hr, one_way)
-    d = d.reshape(H, H)  # d[a, b]: shortest from a sender on host a to a receiver on host b
+    flat = np.full(H * H, np.inf)
+    np.minimum.at(flat, hs * H + hr, one_way)
+    d = flat.reshape(H, H)  # d[a, b]: shortest from a sender on host a to a receiver on host b
     both = np.isfinite(d) & np.isfinite(d.T)
     theta = np.zeros((H, H))
     theta[both] = 0.5 * (d[both] - d.T[both])  # clock(b) − clock(a)

@@ -457,11 +457,11 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
         return []
     per_step_hosts: dict[int, set[str]] = {}
     for step in list(by_step):
-        standing = [f for f in by_step[step] if backed(f.hosts, f.narrow_only)]
-        if not standing:
+        stands = [f for f in by_step[step] if backed(f.hosts, f.narrow_only)]
+        if not stands:
             del by_step[step]  # comparisons that only narrow other findings down
             continue
-        top = max(f.extra_per_step_ns for f in standing)
+        top = max(f.extra_per_step_ns for f in stands)
         by_step[step] = [f for f in by_step[step] if f.extra_per_step_ns >= DOMINANT_SHARE * top]
     for step, fs in by_step.items():
         common = set.intersection(*(set(f.hosts) for f in fs))
