@@ -77,6 +77,13 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
             # down as well as up: a "straggler" whose removal changes nothing is not worth anyone's attention
             inc.severity = grade(wi.slowdown_pct)
             inc.evidence += [wi.to_json(), wi.critical_json()]
+            if grade(previous["slowdown_pct"]) != "info" and grade(wi.slowdown_pct) == "info":
+                # L1–L3 saw a costly fault on these ranks, the replay says removing it gains
+                # nothing: the levels disagree — the slowdown is real but not (only) theirs
+                inc.state = "inconclusive"
+                inc.evidence.append({"level": "L4", "kind": "disagreement", "note": (
+                    f"L1 charges {previous['slowdown_pct']:.1f}% to these ranks; replayed without their excess "
+                    f"the job gains {wi.slowdown_pct:.1f}%: the slowdown is not theirs alone")})
             top = max(wi.critical.items(), key=lambda kv: kv[1], default=(None, 0.0))
             if top[0] in inc.culprit_ranks:
                 agree.append("critical_path")

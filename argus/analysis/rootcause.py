@@ -489,11 +489,10 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     steps = sorted(s for s, hs in per_step_hosts.items() if hs & set(hosts))
     if not hosts or not steps:
         return []
-    # A compute culprit on these hosts explains the waits: never call it a link.
-    for inc in compute:
-        if (inc.severity != "info" and set(inc.hosts) & set(hosts)
-                and inc.start_step <= steps[-1] and inc.end_step >= steps[0]):
-            return []
+    # A compute culprit on these hosts explains the waits: never call it a link. Transfers
+    # measured slow there too cannot be told apart from it: shown, as inconclusive, not claimed.
+    masking = [inc for inc in compute if inc.severity != "info" and set(inc.hosts) & set(hosts)
+               and inc.start_step <= steps[-1] and inc.end_step >= steps[0]]
     # what names the slow transfers: findings that stand (narrowing-only ones picked the hosts)
     standing = {s_: [f for f in fs if backed(f.hosts, f.narrow_only)] for s_, fs in by_step.items()}
     ranks = _slow_link_ranks(ctx, standing, steps, hosts)
@@ -535,6 +534,15 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
              f"{_rank_list(ranks)} on {', '.join(hosts)}" if groups else f"collectives crossing {', '.join(hosts)}")
     summary = (f"{where} transfer slowly {pattern}: "
                f"{', '.join(c for c, _ in collectives.most_common(3)) or ', '.join(kernels)}; compute is normal")
+    if masking:
+        culprit = masking[0]
+        evidence.append({"level": "L2", "kind": "compute_culprit_on_hosts", "incident": culprit.id,
+                         "ranks": culprit.culprit_ranks[:8], "class": culprit.klass})
+        summary += (f" — but rank{'s' * (len(culprit.culprit_ranks) > 1)} {_rank_list(culprit.culprit_ranks)} "
+                    f"compute slowly there ({culprit.id}): the waits may be theirs, not the link's")
+        return [Incident("link_degradation", ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
+                         next(iter(collectives), "collectives"), kernels, "inconclusive", "info", pct, gpuh,
+                         "observe", evidence, steps, summary)]
     return [Incident("link_degradation", ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
                      next(iter(collectives), "collectives"), kernels, "confirmed" if confirmed else "suspected",
                      grade(pct), pct, gpuh, "cordon_node" if confirmed else

@@ -149,3 +149,22 @@ def test_stack_causes_are_summed_over_distinct_stacks(diagnosed):
 ])
 def test_frames_are_classified(frames, cause):
     assert classify_frames(frames) == cause
+
+
+def test_a_costly_claim_the_replay_refutes_is_inconclusive(diagnosed):
+    """L1 charges 10% to a healthy rank; replayed without that rank's (nonexistent) excess the
+    job gains nothing: the levels disagree, and the incident says so rather than claiming."""
+    from argus.analysis.deepen import deepen
+    from argus.analysis.incident import Incident
+
+    attempt, _, d = diagnosed("healthy")
+    topo = attempt.topology()
+    step_time = {int(s): float(t) for s, t in zip(*(c.to_numpy() for c in (
+        attempt.sql("SELECT step, max(end_ns - start_ns) / 1e9 AS t FROM steps GROUP BY step ORDER BY step").columns)))}
+    inc = Incident("compute_straggler", [5], [str(topo.hosts[5])], [str(topo.gpu_uuids[5])], 8, 12, "mlp", [],
+                   "confirmed", "warning", 10.0, 1.0, "cordon_node",
+                   [{"level": "L2", "kind": "busy_outlier", "rank": 5}], list(range(8, 13)))
+    deepen(attempt, topo, [inc], step_time, d.l1.is_normal_step)
+    assert (inc.severity, inc.state, inc.action) == ("info", "inconclusive", "observe")
+    kinds = [e["kind"] for e in inc.evidence]
+    assert "what_if" in kinds and "disagreement" in kinds
