@@ -22,7 +22,12 @@ from argus.analysis.l5_stacks import stack_cause
 from argus.store import Attempt
 from argus.topology import Topology
 
-__all__ = ["DeepenConfig", "deepen"]
+__all__ = ["DeepenConfig", "deepen", "MAX_REPLAY_ERROR_PCT"]
+
+#: A replay that misses the recorded step time by more than this does not model the job (its
+#: events do not hold the dependencies that set the step): its what-if neither replaces the
+#: impact nor votes. The simulator and real gloo jobs replay within a few percent.
+MAX_REPLAY_ERROR_PCT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,15 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
             # intermittent faults: replay the affected steps; persistent: a spread of normal ones
             wi = what_if(attempt, steps, inc.culprit_ranks, topology.hosts, step_time, config.max_replays, normal,
                          config.event_budget)
+        if wi is not None and wi.replays:
+            error = float(np.median([abs(r.fidelity_pct) for r in wi.replays]))
+            if not error <= MAX_REPLAY_ERROR_PCT:
+                # the replay does not reproduce the recorded steps (collectives overlapping
+                # host-timed work it cannot see): its what-if is no measurement
+                inc.evidence.append({**wi.to_json(), "kind": "what_if_skipped", "note": (
+                    f"the replay misses the recorded steps by {error:.0f}% (more than {MAX_REPLAY_ERROR_PCT:.0f}%): "
+                    "it does not model this job; the impact is L1's")})
+                wi = None
         if wi is not None:
             previous = {"slowdown_pct": inc.slowdown_pct, "gpu_hours_lost": inc.gpu_hours_lost}
             inc.evidence.append({"level": "L1", "kind": "impact_estimate", **{

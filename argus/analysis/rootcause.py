@@ -240,8 +240,21 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
             for (rank, name), ratio in w.l2.phase_ratio.items():
                 if rank == r:
                     ev["ratios"][name].append(ratio)
+    # A stall that recurs every few steps can land on most steps of one window by chance (or
+    # spill into the next step), and that window then looks persistent; across the run it is
+    # intermittent: windows where the rank's long work comes and goes outnumber the steady ones
+    steady_w: Counter[int] = Counter()
+    spiky_w: Counter[int] = Counter()
+    for w in windows:
+        for r in {f.rank for f in w.l2.findings if f.kind == "busy" and f.category == "compute" and f.persistent}:
+            steady_w[r] += 1
+        for r in {f.rank for f in w.l2.findings if f.kind == "busy" and f.category == "compute" and not f.persistent
+                  and any(f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf) for s in f.steps)}:
+            spiky_w[r] += 1
     groups: dict[tuple[str, str], list[int]] = defaultdict(list)
     for r, ev in per_rank.items():
+        if ev["busy"] and spiky_w[r] >= 2 * steady_w[r]:
+            continue  # a recurring host stall (see _stalls), not a slow device
         if not ev["busy"] and len(ev["windows"]) < 2:
             continue  # slower kernels in one window only, and work not longer: noise
         if not ev["busy"] and ev["stalled"]:

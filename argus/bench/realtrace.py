@@ -150,12 +150,18 @@ def write_job(job: RealTraceJob, out: Path, trace: Path = DEFAULT_TRACE) -> dict
             done = max(c[j]["ts"] for c in colls) + min(float(rc[j].get("dur", 0.0)) for rc in real_coll)
             for c in colls:
                 c[j]["dur"] = done - c[j]["ts"]
+        # each collective's GPU annotation spans its kernel (the phase Argus reads is the kernel's time)
+        for g, c in zip(gpus, colls):
+            spans = [e for e in g if e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("nccl:")]
+            for a, kern in zip(spans, c):
+                a["ts"], a["dur"] = kern["ts"], kern["dur"]
         # work after the last collective waits for it (the optimizer needs the reduced gradients)
         delay = [max(0.0, c[n_coll - 1]["ts"] + c[n_coll - 1]["dur"] - e) if n_coll else 0.0
                  for c, e in zip(colls, last_end)]
         for r, g in enumerate(gpus):
             for e in g:
-                if not _is_collective(e) and n_coll and e["ts"] >= last_end[r]:
+                if not _is_collective(e) and n_coll and e["ts"] >= last_end[r] and not (
+                        e.get("cat") == "gpu_user_annotation" and str(e.get("name", "")).startswith("nccl:")):
                     e["ts"] += delay[r]
         # the step ends together: after every rank's own work
         own = [max([s.length] + [e["ts"] + float(e.get("dur", 0.0)) for e in g]) for s, g in zip(chosen, gpus)]
