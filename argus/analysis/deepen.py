@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from argus.analysis.incident import Incident, grade
+from argus.analysis.incident import Incident, Severity, State, grade
 from argus.analysis.l4_gaps import gpu_idle
 from argus.analysis.l4_pipeline import pipeline_bubbles
 from argus.analysis.l4_replay import what_if
@@ -91,10 +91,10 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
             # down as well as up: a "straggler" whose removal changes nothing is not worth anyone's attention
             inc.severity = grade(wi.slowdown_pct)
             inc.evidence += [wi.to_json(), wi.critical_json()]
-            if grade(previous["slowdown_pct"]) != "info" and grade(wi.slowdown_pct) == "info":
+            if grade(previous["slowdown_pct"]) != Severity.INFO and grade(wi.slowdown_pct) == Severity.INFO:
                 # L1–L3 saw a costly fault on these ranks, the replay says removing it gains
                 # nothing: the levels disagree — the slowdown is real but not (only) theirs
-                inc.state = "inconclusive"
+                inc.state = State.INCONCLUSIVE
                 inc.evidence.append({"level": "L4", "kind": "disagreement", "note": (
                     f"L1 charges {previous['slowdown_pct']:.1f}% to these ranks; replayed without their excess "
                     f"the job gains {wi.slowdown_pct:.1f}%: the slowdown is not theirs alone")})
@@ -129,5 +129,5 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
         if agree:
             inc.evidence.append({"level": "L4", "kind": "agreement", "with": agree,
                                  "note": "automated trace and stack analysis agree with L1–L3"})
-            if inc.state == "suspected":
-                inc.state = "confirmed"
+            if inc.state == State.SUSPECTED:
+                inc.state = State.CONFIRMED

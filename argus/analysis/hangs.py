@@ -26,7 +26,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from argus.analysis.incident import Incident
+from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State
 from argus.store import Attempt
 from argus.topology import Topology
 
@@ -147,8 +147,9 @@ def hang_incident(attempt: Attempt, topology: Topology) -> Incident | None:
                    f"{'s' * (len(waiting) > 1)} wait in {what}; rank{'s' * (len(culprits) > 1)} "
                    f"{', '.join(map(str, culprits[:8]))} never joined{doing}")
         phase = first["activity"] if first else ""
-    return Incident("hang", culprits, hosts, gpus, step, step, phase or "", [], "confirmed", "critical", 100.0,
-                    world * state.stalled_s / 3600.0, "checkpoint_and_restart", evidence, [step], summary)
+    return Incident(IncidentClass.HANG, culprits, hosts, gpus, step, step, phase or "", [], State.CONFIRMED,
+                    Severity.CRITICAL, 100.0, world * state.stalled_s / 3600.0, Action.CHECKPOINT_AND_RESTART,
+                    evidence, [step], summary)
 
 
 def _for_s(row: dict[str, Any] | None) -> float:

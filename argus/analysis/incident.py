@@ -7,20 +7,52 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
 
 from argus.store import TABLES, conform
 
-__all__ = ["Incident", "CLASSES", "STATES", "SEVERITIES", "ACTIONS", "WARNING_PCT", "CRITICAL_PCT", "grade",
+__all__ = ["Incident", "IncidentClass", "State", "Severity", "Action", "CLASSES", "STATES", "SEVERITIES", "ACTIONS", "WARNING_PCT", "CRITICAL_PCT", "grade",
            "incidents_table", "incidents_document"]
 
-CLASSES = ("compute_straggler", "link_degradation", "pipeline_imbalance", "host_stall", "hang", "input_imbalance",
-           "healthy")
-STATES = ("suspected", "confirmed", "inconclusive")
-SEVERITIES = ("info", "warning", "critical")
-ACTIONS = ("observe", "raise_trace_fidelity", "cordon_node", "checkpoint_and_restart")
+class IncidentClass(StrEnum):
+    """Root-cause classes (DESIGN.md §7). Members are their strings: JSON, Parquet and
+    comparisons with plain strings see the value."""
+
+    COMPUTE_STRAGGLER = "compute_straggler"
+    LINK_DEGRADATION = "link_degradation"
+    PIPELINE_IMBALANCE = "pipeline_imbalance"
+    HOST_STALL = "host_stall"
+    HANG = "hang"
+    INPUT_IMBALANCE = "input_imbalance"
+    HEALTHY = "healthy"
+
+
+class State(StrEnum):
+    SUSPECTED = "suspected"  # one level's evidence
+    CONFIRMED = "confirmed"  # independent levels agree and the impact clears the floor
+    INCONCLUSIVE = "inconclusive"  # levels disagree: shown with both sides, never claimed
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class Action(StrEnum):
+    OBSERVE = "observe"
+    RAISE_TRACE_FIDELITY = "raise_trace_fidelity"
+    CORDON_NODE = "cordon_node"
+    CHECKPOINT_AND_RESTART = "checkpoint_and_restart"
+
+
+CLASSES = tuple(IncidentClass)
+STATES = tuple(State)
+SEVERITIES = tuple(Severity)
+ACTIONS = tuple(Action)
 _SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
 #: The impact floor: below this attributable slowdown (% of the job's step time over the
@@ -32,16 +64,16 @@ WARNING_PCT = 2.0
 CRITICAL_PCT = 20.0
 
 
-def grade(slowdown_pct: float | None) -> str:
+def grade(slowdown_pct: float | None) -> Severity:
     """The severity an attributable slowdown earns."""
     if slowdown_pct is None or not slowdown_pct >= WARNING_PCT:  # also NaN
-        return "info"
-    return "critical" if slowdown_pct >= CRITICAL_PCT else "warning"
+        return Severity.INFO
+    return Severity.CRITICAL if slowdown_pct >= CRITICAL_PCT else Severity.WARNING
 
 
 @dataclass
 class Incident:
-    klass: str
+    klass: IncidentClass
     culprit_ranks: list[int]
     hosts: list[str]
     gpus: list[str]
@@ -49,17 +81,19 @@ class Incident:
     end_step: int
     phase: str
     kernels: list[str]
-    state: str
-    severity: str
+    state: State
+    severity: Severity
     slowdown_pct: float | None
     gpu_hours_lost: float | None
-    action: str
+    action: Action
     evidence: list[dict[str, Any]] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)  # the steps actually affected (intermittent faults)
     summary: str = ""
 
     def __post_init__(self) -> None:
-        assert self.klass in CLASSES and self.state in STATES and self.severity in SEVERITIES and self.action in ACTIONS
+        # a misspelt class, state, severity or action fails here, where it is made
+        object.__setattr__(self, "klass", IncidentClass(self.klass))
+        self.state, self.severity, self.action = State(self.state), Severity(self.severity), Action(self.action)
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Severity and state are bounded by the impact, by construction: an incident is never
@@ -67,16 +101,17 @@ class Incident:
         below the impact floor, nor with an action other than ``observe`` there —
         whatever a detector or a later level sets. A hang stops the
         job: it keeps what it was given."""
-        object.__setattr__(self, name, value)
+        kind = {"state": State, "severity": Severity, "action": Action}.get(name)
+        object.__setattr__(self, name, kind(value) if kind is not None else value)
         if name in ("severity", "slowdown_pct", "state", "action") and "action" in self.__dict__ \
-                and self.klass != "hang":
-            allowed = grade(self.slowdown_pct)
+                and self.klass != IncidentClass.HANG:
+            allowed = Severity(grade(self.slowdown_pct))
             if _SEVERITY_RANK[self.severity] > _SEVERITY_RANK[allowed]:
                 object.__setattr__(self, "severity", allowed)
-            if allowed == "info":  # nothing to act on: watch it
-                if self.state == "confirmed":
-                    object.__setattr__(self, "state", "suspected")
-                object.__setattr__(self, "action", "observe")
+            if allowed == Severity.INFO:  # nothing to act on: watch it
+                if self.state == State.CONFIRMED:
+                    object.__setattr__(self, "state", State.SUSPECTED)
+                object.__setattr__(self, "action", Action.OBSERVE)
 
     @property
     def id(self) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 from argus.analysis.collectives import P2PTransfers
 from argus.analysis.frames import PhaseTotals
 from argus.analysis.strata import center_within, group_strata
-from argus.topology import Layout
+from argus.topology import GroupKind, Layout
 
 __all__ = ["LinkFinding", "detect_link_shifts"]
 
@@ -30,13 +30,13 @@ PAIR_SHIFT = 1.0  # with only two groups (no spread to estimate): one ≥ 2× th
 FEW_GROUPS = 5  # with 3–4 groups: one group ≥ 1 + FEW_SHIFT × every other …
 FEW_SHIFT = 2.0
 FEW_MIN_EXTRA_NS = 1e6  # … and ≥ 1 ms longer
-_KINDS = ("tp", "cp", "ep", "dp", "edp", "pp")
+_KINDS = (GroupKind.TP, GroupKind.CP, GroupKind.EP, GroupKind.DP, GroupKind.EDP, GroupKind.PP)
 
 
 @dataclass
 class LinkFinding:
     collective: str
-    group_kind: str
+    group_kind: GroupKind
     step: int
     ranks: list[int]
     hosts: list[str]

@@ -39,7 +39,7 @@ import numpy as np
 from argus.analysis.frames import load_phases
 from argus.analysis.hangs import hang_incident
 from argus.analysis.host_phases import host_phase_cause
-from argus.analysis.incident import Incident, grade
+from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State, grade
 from argus.analysis.l1_windows import L1Result
 from argus.analysis.l2_stragglers import Finding, L2Result
 from argus.analysis.l3_kernels import KernelOutlier, L3Result
@@ -195,8 +195,9 @@ def _hang(ctx: _Ctx) -> Incident | None:
     start = ctx.attempt.sql(f"SELECT min(start_ns) AS s FROM steps WHERE step = {step}").column("s")[0].as_py()
     stalled_s = (last_ts - start) / 1e9 if last_ts and start else 0.0
     phase = last.get(culprits[0], {}).get("phase", "")
-    return Incident("hang", culprits, ctx.hosts_of(culprits), ctx.gpus_of(culprits), step, step, phase, [],
-                    "confirmed", "critical", 100.0, ctx.world * stalled_s / 3600.0, "checkpoint_and_restart",
+    return Incident(IncidentClass.HANG, culprits, ctx.hosts_of(culprits), ctx.gpus_of(culprits), step, step, phase,
+                    [], State.CONFIRMED, Severity.CRITICAL, 100.0, ctx.world * stalled_s / 3600.0,
+                    Action.CHECKPOINT_AND_RESTART,
                     evidence, [step], f"job stopped at step {step}: {len(blocked)} ranks blocked in collectives, "
                     f"rank{'s' * (len(culprits) > 1)} {', '.join(map(str, culprits[:8]))} never joined")
 
@@ -251,7 +252,7 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
         for r in {f.rank for f in w.l2.findings if f.kind == "busy" and f.category == "compute" and not f.persistent
                   and any(f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf) for s in f.steps)}:
             spiky_w[r] += 1
-    groups: dict[tuple[str, str], list[int]] = defaultdict(list)
+    groups: dict[tuple[IncidentClass, str], list[int]] = defaultdict(list)
     for r, ev in per_rank.items():
         if ev["busy"] and spiky_w[r] >= 2 * steady_w[r]:
             continue  # a recurring host stall (see _stalls), not a slow device
@@ -266,36 +267,36 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
     return out
 
 
-def _classify(ctx: _Ctx, ev: dict) -> tuple[str, str]:
+def _classify(ctx: _Ctx, ev: dict) -> tuple[IncidentClass, str]:
     ratios = {name: float(np.median(v)) for name, v in ev["ratios"].items()}
     fwd = [(v, n) for n, v in ratios.items() if _block(n) == "fwd" and "compute" in n.lower() or n.lower() == "forward"]
     bwd = [(v, n) for n, v in ratios.items() if _block(n) == "bwd" and "compute" in n.lower() or n.lower() == "backward"]
     if fwd and bwd:
         (fv, fname), (bv, bname) = max(fwd), max(bwd)
         if bv >= ctx.config.pass_ratio and fv < ctx.config.other_pass:
-            return "pipeline_imbalance", bname
+            return IncidentClass.PIPELINE_IMBALANCE, bname
         if fv >= ctx.config.pass_ratio and bv < ctx.config.other_pass:
-            return "pipeline_imbalance", fname
+            return IncidentClass.PIPELINE_IMBALANCE, fname
     modules = [f for f in ev["busy"] if f.microbatch < 0 and _block(f.name) is None]
     if modules:
         best = max(modules, key=lambda f: f.excess_s)
-        return "compute_straggler", _base(best.name)
+        return IncidentClass.COMPUTE_STRAGGLER, _base(best.name)
     # no module stands out on its own cost: the one slowed the most relative to its peers
     # (a slow attention inside a block whose total is what crossed the cost gate)
     blocks_ratio = max([v for n, v in ratios.items() if _block(n)] or [1.0])
     inner = [(v, n) for n, v in ratios.items() if _block(n) is None and n not in _STEP_LEVEL
              and v >= max(ctx.config.module_ratio, blocks_ratio)]
     if inner and ev["busy"]:
-        return "compute_straggler", _base(max(inner)[1])
+        return IncidentClass.COMPUTE_STRAGGLER, _base(max(inner)[1])
     blocks = [f for f in ev["busy"] if f.microbatch < 0]
     if blocks:
-        return "compute_straggler", max(blocks, key=lambda f: f.excess_s).name
+        return IncidentClass.COMPUTE_STRAGGLER, max(blocks, key=lambda f: f.excess_s).name
     if ev["l3"]:
-        return "compute_straggler", "compute"
-    return "compute_straggler", "compute"
+        return IncidentClass.COMPUTE_STRAGGLER, "compute"
+    return IncidentClass.COMPUTE_STRAGGLER, "compute"
 
 
-def _compute_incident(ctx: _Ctx, klass: str, phase: str, ranks: list[int], evs: list[dict]) -> Incident:
+def _compute_incident(ctx: _Ctx, klass: IncidentClass, phase: str, ranks: list[int], evs: list[dict]) -> Incident:
     steps = sorted({s for ev in evs for f in ev["busy"] for s in f.steps}
                    | {s for ev in evs for lo, hi in ev["windows"] for s in range(lo, hi + 1)
                       if not ev["busy"]})
@@ -320,7 +321,7 @@ def _compute_incident(ctx: _Ctx, klass: str, phase: str, ranks: list[int], evs: 
         excess = [f.excess_s for ev in evs for f in ev["busy"] if f.microbatch < 0 and _block(f.name)]
         pct, gpuh, _ = _impact(ctx, steps, float(np.median(excess)) if excess else 0.0)
     severity = grade(pct)
-    action = "cordon_node" if confirmed else "raise_trace_fidelity"
+    action = Action.CORDON_NODE if confirmed else Action.RAISE_TRACE_FIDELITY
     evidence = _l1_evidence(ctx, lo, hi)
     for ev in evs[:4]:
         top = sorted(ev["busy"], key=lambda f: -f.excess_s)[:3]
@@ -344,7 +345,7 @@ def _compute_incident(ctx: _Ctx, klass: str, phase: str, ranks: list[int], evs: 
                f"{'compute slowly' if klass == 'compute_straggler' else 'run their ' + what + ' slowly'} "
                f"in {phase}; their collectives look short because the others wait for them")
     return Incident(klass, ranks, ctx.hosts_of(ranks), ctx.gpus_of(ranks), lo, hi, phase, kernels,
-                    "confirmed" if confirmed else "suspected", severity, pct, gpuh, action, evidence, steps, summary)
+                    State.CONFIRMED if confirmed else State.SUSPECTED, severity, pct, gpuh, action, evidence, steps, summary)
 
 
 def _w1_matrix_evidence(ctx: _Ctx, ranks: list[int], evs: list[dict]) -> dict | None:
@@ -421,13 +422,13 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
             if share < ctx.config.one_off_share:
                 continue  # below the noise of a shared host: not an incident
             if share < 1.0 and not confirmed:
-                severity = "info"
+                severity = Severity.INFO
         summary = (f"rank {rank} on {ctx.hosts_of([rank])[0]}: host stall in {phase}"
                    f"{' microbatch ' + ','.join(map(str, mb)) if mb else ''} in {len(steps)} step"
                    f"{'s' * (len(steps) > 1)} ({cause.replace('_', ' ')}); kernels normal")
-        out.append(Incident("host_stall", [rank], ctx.hosts_of([rank]), ctx.gpus_of([rank]), steps[0], steps[-1],
-                            phase, [], "confirmed" if confirmed else "suspected",
-                            severity, pct, gpuh, "raise_trace_fidelity", evidence,
+        out.append(Incident(IncidentClass.HOST_STALL, [rank], ctx.hosts_of([rank]), ctx.gpus_of([rank]), steps[0], steps[-1],
+                            phase, [], State.CONFIRMED if confirmed else State.SUSPECTED,
+                            severity, pct, gpuh, Action.RAISE_TRACE_FIDELITY, evidence,
                             steps, summary))
     return out
 
@@ -553,13 +554,13 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
                          "ranks": culprit.culprit_ranks[:8], "class": culprit.klass})
         summary += (f" — but rank{'s' * (len(culprit.culprit_ranks) > 1)} {_rank_list(culprit.culprit_ranks)} "
                     f"compute slowly there ({culprit.id}): the waits may be theirs, not the link's")
-        return [Incident("link_degradation", ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
-                         next(iter(collectives), "collectives"), kernels, "inconclusive", "info", pct, gpuh,
-                         "observe", evidence, steps, summary)]
-    return [Incident("link_degradation", ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
-                     next(iter(collectives), "collectives"), kernels, "confirmed" if confirmed else "suspected",
-                     grade(pct), pct, gpuh, "cordon_node" if confirmed else
-                     "raise_trace_fidelity", evidence, steps, summary)]
+        return [Incident(IncidentClass.LINK_DEGRADATION, ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
+                         next(iter(collectives), "collectives"), kernels, State.INCONCLUSIVE, Severity.INFO, pct,
+                         gpuh, Action.OBSERVE, evidence, steps, summary)]
+    return [Incident(IncidentClass.LINK_DEGRADATION, ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
+                     next(iter(collectives), "collectives"), kernels, State.CONFIRMED if confirmed else State.SUSPECTED,
+                     grade(pct), pct, gpuh, Action.CORDON_NODE if confirmed else Action.RAISE_TRACE_FIDELITY,
+                     evidence, steps, summary)]
 
 
 def _rank_list(ranks: list[int], head: int = 8) -> str:

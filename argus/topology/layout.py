@@ -23,6 +23,7 @@ kind      varies axes             meaning
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from functools import cached_property
 from typing import Iterable, Mapping
 
@@ -30,10 +31,22 @@ import numpy as np
 
 from argus.errors import LayoutError
 
-__all__ = ["AXES", "DEFAULT_ORDER", "GROUP_KINDS", "Layout", "parse_layout", "parse_order"]
+__all__ = ["AXES", "DEFAULT_ORDER", "GROUP_KINDS", "GroupKind", "Layout", "parse_layout", "parse_order"]
 
 AXES: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_ORDER: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp")
+class GroupKind(StrEnum):
+    """The process-group kinds of the table above; members are their strings."""
+
+    TP = "tp"
+    CP = "cp"
+    EP = "ep"
+    PP = "pp"
+    DP = "dp"
+    EDP = "edp"
+    WORLD = "world"
+
+
 GROUP_AXES: Mapping[str, tuple[str, ...]] = {
     "tp": ("tp",),
     "cp": ("cp",),
@@ -43,7 +56,8 @@ GROUP_AXES: Mapping[str, tuple[str, ...]] = {
     "edp": ("dp",),
     "world": AXES,
 }
-GROUP_KINDS: tuple[str, ...] = tuple(GROUP_AXES)
+GROUP_KINDS: tuple[GroupKind, ...] = tuple(GroupKind)
+assert set(GROUP_KINDS) == set(GROUP_AXES)
 
 
 def parse_order(text: str | Iterable[str] | None, sizes: Mapping[str, int] | None = None) -> tuple[str, ...]:

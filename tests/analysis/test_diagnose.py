@@ -110,3 +110,12 @@ def test_diagnose_cli_prints_json_and_a_readable_table(diagnosed):
     human = subprocess.run([sys.executable, "-m", "argus", "diagnose", str(store), "--no-store"],
                            capture_output=True, text=True, timeout=300)
     assert "compute_straggler" in human.stdout and "self_attention" in human.stdout
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_every_evidence_record_keeps_the_contract_its_readers_rely_on(diagnosed, scenario):
+    from argus.analysis.evidence import check_evidence
+
+    _, _, d = diagnosed(scenario)
+    for inc in d.incidents:
+        assert check_evidence(inc.evidence) == [], (inc.klass, inc.evidence)

@@ -8,7 +8,7 @@ from argus.cli.main import main
 from argus.sim import SCENARIOS
 
 NAMES = ["healthy", "compute_straggler", "link_degradation", "pipeline_bubble", "jit_stall",
-         "masked_compute_straggler", "hang", "thermal_throttle", "link_flap", "gc_pause"]
+         "masked_compute_straggler", "hang", "thermal_throttle", "group_link_degradation", "link_flap", "gc_pause"]
 
 
 def argus(*args: str) -> subprocess.CompletedProcess:
