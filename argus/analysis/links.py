@@ -186,9 +186,11 @@ def _compare(out: list[LinkFinding], s: int, logt: np.ndarray, per_step: np.ndar
     shifted = (v - center >= np.log1p(MIN_SHIFT)) & (v - center >= SEPARATION * spread)
     # how much longer than its own stage's healthy transfer each group took, in ns
     extra = lambda c: np.exp(raw) * -np.expm1(-(v - c))  # noqa: E731
-    if not shifted.any() and len(v) < FEW_GROUPS:
-        # too few groups for a trustworthy spread (two values in the low half): the slowest
-        # group alone, standing far above every other one and by more than scheduler noise
+    if len(v) < FEW_GROUPS:
+        # too few groups for a trustworthy spread (two values in the low half): only the
+        # slowest group alone, standing far above every other one and by more than scheduler
+        # noise
+        shifted = np.zeros(len(v), bool)
         order = np.sort(v)
         top = v == order[-1]
         if (order[-1] - order[-2] >= max(np.log1p(FEW_SHIFT), SEPARATION * null_spread)

@@ -39,7 +39,7 @@ import numpy as np
 from argus.analysis.frames import load_phases
 from argus.analysis.hangs import hang_incident
 from argus.analysis.host_phases import host_phase_cause
-from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State, grade
+from argus.analysis.incident import WARNING_PCT, Action, Incident, IncidentClass, Severity, State, grade
 from argus.analysis.l1_windows import L1Result
 from argus.analysis.l2_stragglers import Finding, L2Result
 from argus.analysis.l3_kernels import KernelOutlier, L3Result
@@ -373,8 +373,38 @@ def _w1_matrix_evidence(ctx: _Ctx, ranks: list[int], evs: list[dict]) -> dict | 
 
 
 # -- host stalls ------------------------------------------------------------------------------
+#: A recurring pause needs less of each step: short host pauses (GC, a recompile) in a share
+#: of the steps are found once they recur and together cost the impact floor
+#: (``incident.WARNING_PCT``) of the run; each must still be this share of its step, far above
+#: a shared host's scheduling noise at the L2 thresholds (z and ratio).
+RECURRING_SHARE = 0.05
+RECURRING_MIN_STEPS = 3
+
+
+def _recurring_stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -> set[int]:
+    """Ranks whose intermittent long work recurs (≥ 3 steps in ≥ 2 windows) and costs the floor."""
+    excess: dict[int, dict[int, float]] = defaultdict(dict)
+    where: dict[int, set[int]] = defaultdict(set)
+    for i, w in enumerate(windows):
+        for f in w.l2.findings:
+            if f.kind != "busy" or f.persistent or f.rank in compute_ranks:
+                continue
+            for s in f.steps:
+                if ctx.stall_candidate(s) and f.excess_s >= RECURRING_SHARE * ctx.step_time.get(s, np.inf):
+                    excess[f.rank][s] = max(excess[f.rank].get(s, 0.0), f.excess_s)
+                    where[f.rank].add(i)
+    run_s = sum(t for s, t in ctx.step_time.items() if ctx.stall_candidate(s))
+    return {r for r, by in excess.items() if len(by) >= RECURRING_MIN_STEPS and len(where[r]) >= 2
+            and sum(by.values()) >= WARNING_PCT / 100.0 * run_s}
+
+
 def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -> list[Incident]:
     per_rank: dict[int, list[Finding]] = defaultdict(list)
+    recurring = _recurring_stalls(ctx, windows, compute_ranks)
+
+    def min_share(rank: int) -> float:
+        return RECURRING_SHARE if rank in recurring else ctx.config.stall_share
+
     for w in windows:
         ratio = w.l3.busy_ratio if w.l3 else {}
         slow_kernels = {o.rank for o in (w.l3.outliers if w.l3 else [])
@@ -390,15 +420,16 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
             if f.persistent and f.category == "compute" and w.l3 is None:
                 continue  # without kernel data a persistent excess is read as compute
             big = [s for s in f.steps if ctx.stall_candidate(s)  # warm-up and checkpoint steps vary by nature
-                   and f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf)]
-            if len(f.steps) == 1 and f.excess_s < ctx.config.one_off_share * ctx.step_time.get(f.steps[0], np.inf):
+                   and f.excess_s >= min_share(f.rank) * ctx.step_time.get(s, np.inf)]
+            if (len(f.steps) == 1 and f.rank not in recurring
+                    and f.excess_s < ctx.config.one_off_share * ctx.step_time.get(f.steps[0], np.inf)):
                 continue  # one hiccup below half a step: the noise of a shared host, not a stall
             if big:
                 per_rank[f.rank].append(f)
     out = []
     for rank, findings in per_rank.items():
         steps = sorted({s for f in findings for s in f.steps if ctx.stall_candidate(s)
-                        and f.excess_s >= ctx.config.stall_share * ctx.step_time.get(s, np.inf)})
+                        and f.excess_s >= min_share(rank) * ctx.step_time.get(s, np.inf)})
         main = max(findings, key=lambda f: f.excess_s)
         phase = main.name
         measured = host_phase_cause(ctx.attempt, rank, steps, main.excess_s)  # gc, compile, dataloader phases
@@ -511,8 +542,8 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     standing = {s_: [f for f in fs if backed(f.hosts, f.narrow_only)] for s_, fs in by_step.items()}
     ranks = _slow_link_ranks(ctx, standing, steps, hosts)
     # each step loses at least what the slow link added to the costliest collective's transfers
-    extra = [max((f.extra_per_step_ns for f in by_step[s] if set(f.hosts) & set(hosts)), default=0.0) / 1e9
-             for s in steps if s in by_step]
+    extra = [max((f.extra_per_step_ns for f in standing[s] if set(f.hosts) & set(hosts)), default=0.0) / 1e9
+             for s in steps if s in standing]
     l3_agrees = any(set(s.hosts) & set(hosts) for s in shifts if not s.narrow_only)
     hw_agrees = bool(hw_hosts & set(hosts))
     persistent = len(steps) >= 0.8 * len(ctx.step_time) - 2
