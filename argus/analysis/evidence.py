@@ -46,6 +46,7 @@ class EvidenceKind(StrEnum):
     W1_OUTLIER = "w1_outlier"
     W1_MATRIX = "w1_matrix"
     GROUP_SHIFT = "group_shift"
+    KERNEL_TIME = "kernel_time"
     # L4
     WHAT_IF = "what_if"
     WHAT_IF_SKIPPED = "what_if_skipped"

@@ -497,7 +497,16 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     # … only on hosts whose transfers were seen slower at least once: an alarm on a host that
     # computes slowly while its transfers are normal is case 5's red herring, never a link
     slow_transfer = {h for fs in by_step.values() for f in fs for h in f.hosts} | {h for s in shifts for h in s.hosts}
-    nic_steps = {step: hs & slow_transfer for step, hs in _nic_down_slow_steps(ctx).items() if hs & slow_transfer}
+    # … or whose compute kernels are normal: when every group crosses the host (all of them
+    # shifted alike, nothing to compare), the alarm and the slow steps are the evidence, and
+    # normal kernels rule out case 5's slow GPUs
+    nic_all = _nic_down_slow_steps(ctx)
+    nic_hosts = sorted({h for hs in nic_all.values() for h in hs})
+    normal_compute = {h for h in nic_hosts if _host_kernel_time(ctx, windows, ranks_on_hosts(ctx, [h]),
+                                                                sorted(nic_all)) is None
+                      and _host_kernel_time_known(windows, ranks_on_hosts(ctx, [h]))}
+    nic_steps = {step: hs & (slow_transfer | normal_compute) for step, hs in nic_all.items()
+                 if hs & (slow_transfer | normal_compute)}
     if not by_step and not shifts and not nic_steps:
         return []
     per_step_hosts: dict[int, set[str]] = {}
@@ -534,12 +543,23 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     steps = sorted(s for s, hs in per_step_hosts.items() if hs & set(hosts))
     if not hosts or not steps:
         return []
+    # what names the slow transfers: findings that stand (narrowing-only ones picked the hosts)
+    standing = {s_: [f for f in fs if backed(f.hosts, f.narrow_only)] for s_, fs in by_step.items()}
+    # Case 5: a NIC alarm pins slow steps to hosts whose compute kernels take far longer than
+    # their peers' while their measured transfers explain little of the loss — the network is
+    # the red herring; the hosts' GPUs are slow (even where the host holds half a peer set and
+    # no per-rank test can single its ranks out)
+    slow_compute = _host_kernel_time(ctx, windows, ranks_on_hosts(ctx, hosts), steps)
+    if slow_compute is not None and any(nic_steps.get(s_, set()) & set(hosts) for s_ in steps):
+        lost = _impact(ctx, steps)[2] / max(sum(1 for s_ in steps if ctx.normal(s_)), 1)
+        explained = max((f.extra_per_step_ns for s_ in steps for f in standing.get(s_, [])
+                         if set(f.hosts) & set(hosts)), default=0.0) / 1e9
+        if explained < 0.5 * lost:
+            return [_masked_compute(ctx, hosts, steps, slow_compute, explained, lost)]
     # A compute culprit on these hosts explains the waits: never call it a link. Transfers
     # measured slow there too cannot be told apart from it: shown, as inconclusive, not claimed.
     masking = [inc for inc in compute if inc.severity != "info" and set(inc.hosts) & set(hosts)
                and inc.start_step <= steps[-1] and inc.end_step >= steps[0]]
-    # what names the slow transfers: findings that stand (narrowing-only ones picked the hosts)
-    standing = {s_: [f for f in fs if backed(f.hosts, f.narrow_only)] for s_, fs in by_step.items()}
     ranks = _slow_link_ranks(ctx, standing, steps, hosts)
     # each step loses at least what the slow link added to the costliest collective's transfers
     extra = [max((f.extra_per_step_ns for f in standing[s] if set(f.hosts) & set(hosts)), default=0.0) / 1e9
@@ -592,6 +612,50 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
                      next(iter(collectives), "collectives"), kernels, State.CONFIRMED if confirmed else State.SUSPECTED,
                      grade(pct), pct, gpuh, Action.CORDON_NODE if confirmed else Action.RAISE_TRACE_FIDELITY,
                      evidence, steps, summary)]
+
+
+def ranks_on_hosts(ctx: _Ctx, hosts: list[str]) -> list[int]:
+    return [int(r) for r in np.flatnonzero(np.isin(ctx.topology.hosts.astype(str), hosts))]
+
+
+def _host_kernel_time(ctx: _Ctx, windows: list[WindowAnalysis], ranks: list[int],
+                      steps: list[int]) -> dict[int, float] | None:
+    """Per rank of ``ranks``: its compute-kernel time over its peers' median (L3), in windows
+    overlapping ``steps``; None unless most of them run ≥ ``min_busy_ratio`` × their peers'."""
+    ratios: dict[int, list[float]] = defaultdict(list)
+    for w in windows:
+        if w.l3 is None or w.hi < steps[0] or w.lo > steps[-1]:
+            continue
+        for r in ranks:
+            if r in w.l3.busy_ratio:
+                ratios[r].append(w.l3.busy_ratio[r])
+    med = {r: float(np.median(v)) for r, v in ratios.items() if v}
+    slow = {r: v for r, v in med.items() if v >= ctx.config.min_busy_ratio}
+    return slow if ranks and len(slow) >= 0.5 * len(ranks) else None
+
+
+def _host_kernel_time_known(windows: list[WindowAnalysis], ranks: list[int]) -> bool:
+    """Whether L3 measured these ranks' kernel time at all (no kernels: no verdict on compute)."""
+    return any(w.l3 is not None and any(r in w.l3.busy_ratio for r in ranks) for w in windows)
+
+
+def _masked_compute(ctx: _Ctx, hosts: list[str], steps: list[int], ratios: dict[int, float], explained_s: float,
+                    lost_s: float) -> Incident:
+    ranks = sorted(ratios)
+    pct, gpuh, _ = _impact(ctx, steps)
+    evidence = _l1_evidence(ctx, steps[0], steps[-1])
+    evidence += [{"level": "L3", "kind": "kernel_time", "rank": r, "ratio": round(v, 3),
+                  "note": "compute-kernel time over the peers' median"} for r, v in sorted(ratios.items())[:8]]
+    nic = sorted(r for r in ctx.hw.nic_down if str(ctx.topology.hosts[r]) in hosts)
+    if nic:
+        evidence.append({"level": "hw", "kind": "nic_port_down", "ranks": nic[:8],
+                         "note": f"transfers explain {1e3 * explained_s:.1f} ms of the {1e3 * lost_s:.0f} ms each "
+                                 "step lost: the alarm is not the cause"})
+    summary = (f"{len(ranks)} rank{'s' * (len(ranks) > 1)} ({_rank_list(ranks)}) on {', '.join(hosts)} compute "
+               f"slowly: kernels {float(np.median(list(ratios.values()))):.2f}× their peers'; a NIC alarm there, but "
+               f"their transfers explain little of the loss")
+    return Incident(IncidentClass.COMPUTE_STRAGGLER, ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1], "compute",
+                    [], State.SUSPECTED, grade(pct), pct, gpuh, Action.RAISE_TRACE_FIDELITY, evidence, steps, summary)
 
 
 def _rank_list(ranks: list[int], head: int = 8) -> str:

@@ -72,6 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ac.add_argument("--held-out", type=int, metavar="N",
                     help="instead: N jobs per scenario drawn from held-out seeds (10000+) with random layouts, "
                          "noise and fault magnitudes; scored per measured fault cost (see argus.bench.heldout)")
+    ac.add_argument("--seed0", type=int, default=None, metavar="S",
+                    help="with --held-out: the first evaluation seed (default 10000; seeds once looked at while "
+                         "developing are no longer held out — move on to fresh ones)")
     ac.add_argument("--real-trace", action="store_true",
                     help="instead: jobs of 4–16 ranks built from a real PyTorch Profiler trace, healthy and with "
                          "compute stragglers injected consistently (see argus.bench.realtrace)")
@@ -198,7 +201,8 @@ def _run_accuracy(args: argparse.Namespace) -> int:
         jobs = []
         for sc in scenarios:
             values = MAGNITUDES[sc][1] if sc in MAGNITUDES else (None,)
-            jobs += [(sc, HELD_OUT_SEED0 + i, values[i % len(values)]) for i in range(args.held_out)]
+            seed0 = HELD_OUT_SEED0 if args.seed0 is None else args.seed0
+            jobs += [(sc, seed0 + i, values[i % len(values)]) for i in range(args.held_out)]
         return _scored_runs("held-out runs", run_draw, jobs, args, summarize_held_out)
     from argus.bench.accuracy import run_one, summarize
 
