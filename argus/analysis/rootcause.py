@@ -560,7 +560,7 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     # measured slow there too cannot be told apart from it: shown, as inconclusive, not claimed.
     masking = [inc for inc in compute if inc.severity != "info" and set(inc.hosts) & set(hosts)
                and inc.start_step <= steps[-1] and inc.end_step >= steps[0]]
-    ranks = _slow_link_ranks(ctx, standing, steps, hosts)
+    ranks = _slow_link_ranks(ctx, standing, steps, hosts, [s_ for s_ in shifts if not s_.narrow_only])
     # each step loses at least what the slow link added to the costliest collective's transfers
     extra = [max((f.extra_per_step_ns for f in standing[s] if set(f.hosts) & set(hosts)), default=0.0) / 1e9
              for s in steps if s in standing]
@@ -662,11 +662,13 @@ def _rank_list(ranks: list[int], head: int = 8) -> str:
     return ", ".join(map(str, ranks[:head])) + (f" … ({len(ranks)})" if len(ranks) > head else "")
 
 
-def _slow_link_ranks(ctx: _Ctx, by_step: dict[int, list], steps: list[int], hosts: list[str]) -> list[int]:
+def _slow_link_ranks(ctx: _Ctx, by_step: dict[int, list], steps: list[int], hosts: list[str],
+                     shifts: list | None = None) -> list[int]:
     """The ranks whose transfers are slow: members of the shifted groups on the culprit hosts
-    in at least half the steps that saw them, plus ranks whose PCIe or NIC the hardware flags
-    there. A slow group's ranks, not every rank of its hosts or stage; a whole host's ranks
-    only when nothing narrower was seen (a window-level floor or a NIC alarm alone)."""
+    in at least half the steps that saw them (else of the window-level communicator floors
+    that shifted, ``shifts``), plus ranks whose PCIe or NIC the hardware flags there. A slow
+    group's ranks, not every rank of its hosts or stage; a whole host's ranks only when
+    nothing narrower was seen (a NIC alarm alone)."""
     on_hosts = np.isin(ctx.topology.hosts.astype(str), hosts)
     seen: Counter[int] = Counter()
     n = 0
@@ -676,6 +678,8 @@ def _slow_link_ranks(ctx: _Ctx, by_step: dict[int, list], steps: list[int], host
             n += 1
             seen.update({r for f in fs for r in f.ranks if on_hosts[r]})
     ranks = {r for r, c in seen.items() if c >= 0.5 * n}
+    if not ranks:
+        ranks = {int(r) for sh in shifts or [] if set(sh.hosts) & set(hosts) for r in sh.ranks if on_hosts[r]}
     ranks |= {int(r) for r in list(ctx.hw.pcie_degraded) + list(ctx.hw.nic_down) if on_hosts[r]}
     return sorted(ranks) or sorted(int(r) for r in np.flatnonzero(on_hosts))
 
