@@ -131,7 +131,9 @@ def build_incidents(attempt: Attempt, topology: Topology, l1: L1Result, windows:
             incidents.append(hang)
     compute = _compute(ctx, windows)
     incidents += compute
-    incidents += _stalls(ctx, windows, {r for inc in compute for r in inc.culprit_ranks})
+    # a compute "culprit" worth nothing (info) does not hide the same rank's host stall
+    incidents += _stalls(ctx, windows, {r for inc in compute if inc.severity != Severity.INFO
+                                        for r in inc.culprit_ranks})
     incidents += _links(ctx, windows, compute)
     incidents.sort(key=lambda i: (-i.severity_rank, -(i.slowdown_pct or 0.0), i.start_step))
     return incidents
@@ -317,6 +319,14 @@ def _compute_incident(ctx: _Ctx, klass: IncidentClass, phase: str, ranks: list[i
     kernels = [k for k, _ in cost.most_common(8)]
     if _regression_covering(ctx, steps):
         pct, gpuh, _ = _impact(ctx, steps)
+        # … but the culprits cannot cost the job more than their own excess: a level shift that
+        # something else caused (a recompile stalling every rank) is not charged to them
+        own = max((f.excess_s for ev in evs for f in ev["busy"]), default=None)
+        span = [ctx.step_time[s] for s in steps if ctx.normal(s)]
+        if own is not None and span:
+            cap = 100.0 * own * len(span) / max(sum(span) - own * len(span), 1e-12)
+            if cap < pct:
+                gpuh, pct = gpuh * cap / pct if pct > 0 else 0.0, cap
     else:  # no healthy level to compare with: the culprits' own excess is the job's extra time
         excess = [f.excess_s for ev in evs for f in ev["busy"] if f.microbatch < 0 and _block(f.name)]
         pct, gpuh, _ = _impact(ctx, steps, float(np.median(excess)) if excess else 0.0)
