@@ -442,12 +442,10 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
                         and f.excess_s >= min_share(rank) * ctx.step_time.get(s, np.inf)})
         main = max(findings, key=lambda f: f.excess_s)
         phase = main.name
-        # what the rank lost per stalled step (each step's largest finding), against which a
-        # host phase must account for half: the costliest finding alone overstates it when
-        # smaller stalls share the steps
-        per_step = [max(f.excess_s for f in findings if s in f.steps) for s in steps]
-        mean_excess = float(np.mean(per_step)) if per_step else main.excess_s
-        measured = host_phase_cause(ctx.attempt, rank, steps, mean_excess)  # gc, compile, dataloader phases
+        # the host phase that explains the costliest finding, in that finding's own steps (a
+        # recompile in one step is not diluted by smaller pauses that share the incident)
+        main_steps = [s for s in main.steps if s in steps] or steps
+        measured = host_phase_cause(ctx.attempt, rank, main_steps, main.excess_s)  # gc, compile, dataloader
         stack = stack_cause(ctx.attempt, rank, steps)
         confirmed = measured is not None or (stack is not None and stack.cause != "unknown") or len(steps) >= 2
         pct, gpuh, _ = _impact(ctx, steps)
