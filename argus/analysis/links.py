@@ -120,7 +120,9 @@ def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray,
         k = int(s) // (len(steps) + 1) % len(_KINDS)
         g = grp[m]
         if m.sum() == 2:  # two groups of one stage do the same work; of two stages, they only narrow
-            same = bool(strata[k][g[0]] == strata[k][g[1]])
+            # (two pipeline lines are not: their transfers follow each stage's compute, and on
+            # a shared CPU host one line's receives run twice the other's by scheduling alone)
+            same = bool(strata[k][g[0]] == strata[k][g[1]]) and _KINDS[k] != GroupKind.PP
             _pair(out, int(s), np.log(np.maximum(total[m], 1.0)), g, steps, names, layout, hosts,
                   narrow_only=not same)
             continue
