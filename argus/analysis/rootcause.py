@@ -438,8 +438,13 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
                 per_rank[f.rank].append(f)
     out = []
     for rank, findings in per_rank.items():
-        steps = sorted({s for f in findings for s in f.steps if ctx.stall_candidate(s)
+        # a window that a recurring stall happens to fill looks persistent, and its finding then
+        # lists that window's other steps too: the intermittent findings name the stalled steps
+        spiky = [f for f in findings if not f.persistent] or findings
+        steps = sorted({s for f in spiky for s in f.steps if ctx.stall_candidate(s)
                         and f.excess_s >= min_share(rank) * ctx.step_time.get(s, np.inf)})
+        if not steps:
+            continue
         main = max(findings, key=lambda f: f.excess_s)
         phase = main.name
         # the host phase that explains the costliest finding, in that finding's own steps (a
