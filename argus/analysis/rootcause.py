@@ -520,9 +520,9 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     # normal kernels rule out case 5's slow GPUs
     nic_all = _nic_down_slow_steps(ctx)
     nic_hosts = sorted({h for hs in nic_all.values() for h in hs})
-    normal_compute = {h for h in nic_hosts if _host_kernel_time(ctx, windows, ranks_on_hosts(ctx, [h]),
+    normal_compute = {h for h in nic_hosts if _host_kernel_time(ctx, windows, _ranks_on_hosts(ctx, [h]),
                                                                 sorted(nic_all)) is None
-                      and _host_kernel_time_known(windows, ranks_on_hosts(ctx, [h]))}
+                      and _host_kernel_time_known(windows, _ranks_on_hosts(ctx, [h]))}
     nic_steps = {step: hs & (slow_transfer | normal_compute) for step, hs in nic_all.items()
                  if hs & (slow_transfer | normal_compute)}
     if not by_step and not shifts and not nic_steps:
@@ -567,7 +567,7 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     # their peers' while their measured transfers explain little of the loss — the network is
     # the red herring; the hosts' GPUs are slow (even where the host holds half a peer set and
     # no per-rank test can single its ranks out)
-    slow_compute = _host_kernel_time(ctx, windows, ranks_on_hosts(ctx, hosts), steps)
+    slow_compute = _host_kernel_time(ctx, windows, _ranks_on_hosts(ctx, hosts), steps)
     if slow_compute is not None and any(nic_steps.get(s_, set()) & set(hosts) for s_ in steps):
         lost = _impact(ctx, steps)[2] / max(sum(1 for s_ in steps if ctx.normal(s_)), 1)
         explained = max((f.extra_per_step_ns for s_ in steps for f in standing.get(s_, [])
@@ -632,7 +632,7 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
                      evidence, steps, summary)]
 
 
-def ranks_on_hosts(ctx: _Ctx, hosts: list[str]) -> list[int]:
+def _ranks_on_hosts(ctx: _Ctx, hosts: list[str]) -> list[int]:
     return [int(r) for r in np.flatnonzero(np.isin(ctx.topology.hosts.astype(str), hosts))]
 
 
