@@ -9,6 +9,7 @@ import signal
 import threading
 
 from argus.cli.progress import stderr_console
+from argus.text import term
 
 __all__ = ["register"]
 
@@ -45,10 +46,10 @@ def run(args: argparse.Namespace) -> int:
         if not c.analysed:
             return
         sent = ", ".join(f"{p} {i} → {s}" for s, i, p in c.sent) or "no new alert"
-        console.print(f"{c.attempt}: {c.incidents} incident(s), {len(c.new_incidents)} new; {sent} "
+        console.print(f"{term(c.attempt)}: {c.incidents} incident(s), {len(c.new_incidents)} new; {term(sent)} "
                       f"[dim]({c.seconds:.1f} s)[/dim]")
         for e in c.errors:
-            console.print(f"[yellow]notify failed[/yellow]: {e}")
+            console.print(f"[yellow]notify failed[/yellow]: {term(e)}")
 
     if not args.watch:
         c = service.cycle()
@@ -57,6 +58,6 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    console.print(f"watching {args.store} every {args.interval:g} s (Ctrl-C to stop)")
+    console.print(f"watching {term(args.store)} every {args.interval:g} s (Ctrl-C to stop)")
     service.run(args.interval, stop, report)
     return 0

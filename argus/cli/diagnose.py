@@ -8,6 +8,7 @@ import json
 from rich.table import Table
 
 from argus.cli.progress import progress_bar, stderr_console, stdout_console
+from argus.text import term
 
 __all__ = ["register", "print_diagnosis"]
 
@@ -40,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
     attempt = open_attempt(args.store, args.run, args.attempt)
     if not attempt.files("steps") and not attempt.files("phases") and not attempt.files("hangs"):
         stderr_console().print(
-            f"[bold]no data[/bold]: {attempt.identity.run_id} attempt {attempt.identity.attempt_id} in {args.store} holds "
+            f"[bold]no data[/bold]: {term(attempt.identity.run_id)} attempt {term(attempt.identity.attempt_id)} in "
+            f"{term(args.store)} holds "
             "no steps, phases or hang snapshots, so there is nothing to diagnose (did any rank connect? `argus run` "
             "traces processes that call torch.distributed.init_process_group)", markup=True, highlight=False)
         return 1
@@ -62,8 +64,6 @@ def _hours(h: float | None) -> str:
 def deep_lines(evidence: list[dict]) -> list[str]:
     """One line each for what L4/L5 found: the what-if, the critical path, the pipeline's
     origin stage, the device gaps of a stall and the host's stacks."""
-    from rich.markup import escape
-
     by = {e.get("kind"): e for e in evidence}
     lines = []
     if "what_if" in by:
@@ -91,7 +91,7 @@ def deep_lines(evidence: list[dict]) -> list[str]:
         st = by["stacks"]
         frame = st["top_frames"][0]["frames"].split(";")[-1] if st.get("top_frames") else "-"
         lines.append(f"L5 host: {st['cause'].replace('_', ' ')} ({st['samples']} samples), top frame {frame}")
-    return [escape(x) for x in lines]
+    return [term(x) for x in lines]
 
 
 def print_diagnosis(diagnosis, evidence: bool = False) -> None:
@@ -99,19 +99,20 @@ def print_diagnosis(diagnosis, evidence: bool = False) -> None:
     a = diagnosis.attempt
     l1 = diagnosis.l1
     steps = f"steps {int(l1.steps.min())}–{int(l1.steps.max())}" if len(l1.steps) else "no steps"
-    out.print(f"[bold]{a.identity.run_id}[/bold] attempt {a.identity.attempt_id}: {a.layout.world_size} ranks "
-              f"({a.layout}), {steps}, healthy step time {l1.baseline_s:.3f} s")
+    out.print(f"[bold]{term(a.identity.run_id)}[/bold] attempt {term(a.identity.attempt_id)}: {a.layout.world_size} "
+              f"ranks ({term(a.layout)}), {steps}, healthy step time {l1.baseline_s:.3f} s")
     faults = l1.faults
     if faults:
-        out.print("L1: " + "; ".join(f"{w.kind} steps {w.start_step}–{w.end_step} ×{w.magnitude:.2f}" for w in faults[:6]))
+        out.print("L1: " + term("; ".join(f"{w.kind} steps {w.start_step}–{w.end_step} ×{w.magnitude:.2f}"
+                                          for w in faults[:6])))
     normal = [w for w in l1.windows if w.kind in ("warmup", "checkpoint")]
     if normal:
-        out.print("[dim]recognised as normal: " + "; ".join(f"{w.kind} {w.start_step}–{w.end_step}" for w in normal)
-                  + "[/dim]")
+        out.print("[dim]recognised as normal: " + term("; ".join(f"{w.kind} {w.start_step}–{w.end_step}"
+                                                                for w in normal)) + "[/dim]")
     cov = diagnosis.coverage
     partial = cov.sentence() if cov is not None else ""
     if partial:
-        out.print(f"[yellow]{partial}[/yellow]")
+        out.print(f"[yellow]{term(partial)}[/yellow]")
     if not diagnosis.incidents:
         if cov is not None and cov.present and cov.comparable == 0:
             out.print("[yellow]no incident found, and none could be: nothing was compared[/yellow]")
@@ -125,20 +126,20 @@ def print_diagnosis(diagnosis, evidence: bool = False) -> None:
         table.add_column(col, overflow="fold")
     for inc in diagnosis.incidents:
         ranks = ", ".join(map(str, inc.culprit_ranks[:6])) + ("…" if len(inc.culprit_ranks) > 6 else "")
-        hosts = ", ".join(inc.hosts[:3]) + ("…" if len(inc.hosts) > 3 else "")
+        hosts = term(", ".join(inc.hosts[:3]) + ("…" if len(inc.hosts) > 3 else ""))
         impact = (f"+{inc.slowdown_pct:.1f}% · {_hours(inc.gpu_hours_lost)} GPU-h"
                   if inc.slowdown_pct is not None else "-")
-        table.add_row(f"[{_STYLE[inc.severity]}]{inc.severity}[/]", inc.klass, inc.state,
-                      f"ranks {ranks}\n{hosts}", f"{inc.start_step}–{inc.end_step}", inc.phase or "-", impact,
-                      inc.action)
+        table.add_row(f"[{_STYLE.get(inc.severity, 'default')}]{term(inc.severity)}[/]", term(inc.klass),
+                      term(inc.state), f"ranks {ranks}\n{hosts}", f"{inc.start_step}–{inc.end_step}",
+                      term(inc.phase or "-"), impact, term(inc.action))
     out.print(table)
     for inc in diagnosis.incidents:
-        out.print(f"[bold]{inc.id}[/bold] {inc.summary}")
+        out.print(f"[bold]{term(inc.id)}[/bold] {term(inc.summary)}")
         for line in deep_lines(inc.evidence):
             out.print(f"    [cyan]{line}[/cyan]", markup=True, highlight=False)
         if evidence:
             for ev in inc.evidence:
-                out.print("    " + json.dumps(ev, default=str)[:300])
+                out.print("    " + term(json.dumps(ev, default=str)[:300]))
     stored = any(a.files("incidents"))
     stderr_console().print(f"[dim]diagnosed in {diagnosis.timings_s['total']:.1f} s"
-                           + (f"; incidents in {a.path / 'incidents'}" if stored else "") + "[/dim]")
+                           + (f"; incidents in {term(a.path / 'incidents')}" if stored else "") + "[/dim]")

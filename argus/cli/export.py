@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from argus.cli.progress import progress_bar, stderr_console
+from argus.text import term, visible
 
 __all__ = ["register", "parse_steps"]
 
@@ -57,9 +58,10 @@ def run_export_kineto(args: argparse.Namespace) -> int:
                                hta_compat=args.hta_compat, on_rank=lambda rank: advance())
     err = stderr_console()
     for warning in result.warnings:
-        err.print(f"[yellow]warning[/yellow] {warning}")
+        err.print(f"[yellow]warning[/yellow] {term(warning)}")
     shown = ", ".join(map(str, result.ranks[:8])) + (" …" if len(result.ranks) > 8 else "")
-    print(f"wrote {len(result.files)} trace file{'s' * (len(result.files) != 1)} (ranks {shown}) to {result.out}: "
+    print(f"wrote {len(result.files)} trace file{'s' * (len(result.files) != 1)} (ranks {shown}) to "
+          f"{visible(result.out)}: "
           f"{result.steps:,} steps, {result.phases:,} phases, {result.kernels:,} kernels, "
           f"{result.bytes_written / 1e6:.1f} MB in {result.wall_s:.1f} s")
     return 0

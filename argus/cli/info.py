@@ -10,6 +10,7 @@ from rich.table import Table
 
 from argus.cli.progress import stdout_console
 from argus.store import Store
+from argus.text import term
 
 __all__ = ["register", "print_store_summary", "sparkline"]
 
@@ -48,17 +49,18 @@ def print_store_summary(path: str | Path, run_id: str | None = None, attempt_id:
     attempt = store.attempt(run_id, attempt_id)
     meta = attempt.meta
     topo = attempt.topology()
-    con_out.print(f"[bold]store[/bold] {store.root}  ({len(attempts)} attempt{'s' * (len(attempts) != 1)})")
-    con_out.print(f"[bold]run[/bold] {attempt.identity.run_id}  attempt {attempt.identity.attempt_id}  "
-                  f"source={meta.get('source')}" + (f"  scenario={meta['scenario']}" if "scenario" in meta else ""))
-    con_out.print(f"[bold]layout[/bold] {attempt.layout} (order {attempt.layout.order_str}) — "
+    con_out.print(f"[bold]store[/bold] {term(store.root)}  ({len(attempts)} attempt{'s' * (len(attempts) != 1)})")
+    con_out.print(f"[bold]run[/bold] {term(attempt.identity.run_id)}  attempt {term(attempt.identity.attempt_id)}  "
+                  f"source={term(meta.get('source'))}"
+                  + (f"  scenario={term(meta['scenario'])}" if "scenario" in meta else ""))
+    con_out.print(f"[bold]layout[/bold] {term(attempt.layout)} (order {term(attempt.layout.order_str)}) — "
                   f"{topo.world_size} ranks on {len(topo.host_names)} hosts")
 
     tables = Table(title="tables", title_justify="left")
     for col in ("table", "files", "rows", "MB"):
         tables.add_column(col, justify="right" if col != "table" else "left")
     for name, st in attempt.stats().items():
-        tables.add_row(name, f"{st.files:,}", f"{st.rows:,}", f"{st.bytes / 1e6:.2f}")
+        tables.add_row(term(name), f"{st.files:,}", f"{st.rows:,}", f"{st.bytes / 1e6:.2f}")
     con_out.print(tables)
 
     con = attempt.duckdb()
@@ -88,7 +90,7 @@ def print_store_summary(path: str | Path, run_id: str | None = None, attempt_id:
             for col in ("phase", "category", "rows", "median ms", "p99 ms", "total s"):
                 t.add_column(col, justify="left" if col in ("phase", "category") else "right")
             for name, cat, n, med, p99, tot in phases:
-                t.add_row(name, cat, f"{n:,}", f"{med:.3f}", f"{p99:.3f}", f"{tot:,.1f}")
+                t.add_row(term(name), term(cat), f"{n:,}", f"{med:.3f}", f"{p99:.3f}", f"{tot:,.1f}")
             con_out.print(t)
     finally:
         con.close()
@@ -96,14 +98,14 @@ def print_store_summary(path: str | Path, run_id: str | None = None, attempt_id:
     truth_path = Path(path) / "truth.json"
     if truth_path.exists():
         truth = json.loads(truth_path.read_text())
-        con_out.print(f"[bold]ground truth[/bold] scenario={truth['scenario']} class={truth['class']}")
+        con_out.print(f"[bold]ground truth[/bold] scenario={term(truth['scenario'])} class={term(truth['class'])}")
         for f in truth["faults"]:
             imp = f.get("impact", {})
             impact = ("job stalled" if imp.get("stalled") else
                       f"+{imp.get('slowdown_pct', 0):.1f}% step time, {imp.get('gpu_hours_lost', 0):.3f} GPU-h lost")
             ranks = f["culprit_ranks"]
             shown = ", ".join(map(str, ranks[:8])) + (f" … ({len(ranks)} ranks)" if len(ranks) > 8 else "")
-            con_out.print(f"  {f['class']}: ranks [{shown}] on {', '.join(f['culprit_hosts'][:4])}; "
-                          f"steps {f['window']['start_step']}–{f['window']['end_step']}; "
-                          f"phase {f.get('phase') or '-'}; {impact}")
+            con_out.print(f"  {term(f['class'])}: ranks [{term(shown)}] on {term(', '.join(f['culprit_hosts'][:4]))}; "
+                          f"steps {term(f['window']['start_step'])}–{term(f['window']['end_step'])}; "
+                          f"phase {term(f.get('phase') or '-')}; {term(impact)}")
     return 0

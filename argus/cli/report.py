@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from argus.cli.progress import progress_bar, stderr_console
+from argus.text import term
 
 __all__ = ["register"]
 
@@ -39,6 +40,6 @@ def run(args: argparse.Namespace) -> int:
                              on_window=lambda done, total: advance())
     result = build_report(attempt, out, diagnosis)
     stderr_console().print(
-        f"report [bold]{out}[/bold]: {result.bytes / 1e6:.2f} MB, {result.incidents} incident(s); "
+        f"report [bold]{term(out)}[/bold]: {result.bytes / 1e6:.2f} MB, {result.incidents} incident(s); "
         f"diagnosis {diagnosis.timings_s.get('total', 0.0):.1f} s, report {result.render_s:.1f} s")
     return 0

@@ -7,6 +7,7 @@ import signal
 import threading
 
 from argus.cli.progress import stderr_console
+from argus.text import term
 
 __all__ = ["register"]
 
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    console.print(f"mirroring {args.src} → {args.dst} every {args.interval:g} s (Ctrl-C to stop)")
+    console.print(f"mirroring {term(args.src)} → {term(args.dst)} every {args.interval:g} s (Ctrl-C to stop)")
     stop.wait()
     mirror.stop()
     console.print(f"pushed {mirror.stats.copied} file(s), {mirror.stats.bytes / 1e6:.1f} MB in all")

@@ -16,6 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
+from argus.text import visible
+
 __all__ = ["esc", "fmt", "Series", "Band", "Span", "line_chart", "heatmap", "stacked_bars", "hbars",
            "diverging_color", "sequential_color", "PALETTE"]
 
@@ -26,8 +28,9 @@ _FONT = 'font-family="system-ui,sans-serif" font-size="11"'
 
 
 def esc(value: object) -> str:
-    """HTML/SVG-escape anything for text or a quoted attribute."""
-    return html.escape(str(value), quote=True)
+    """HTML/SVG-escape anything for text or a quoted attribute; control, bidi and other
+    invisible characters are shown as their escapes (``\\u202e``), as on the terminal."""
+    return html.escape(visible(value), quote=True)
 
 
 def fmt(v: float | None, digits: int = 3) -> str:
