@@ -5,14 +5,22 @@ On disk (``<store>/runs/<run_id>/<attempt_id>/``)::
     attempt.json                       identity, layout, rank order, source, creation time
     <table>/<writer>/<window>-<nonce>.parquet
 
+    commits/<writer>/<window>-u<unit>.json   commit records of multi-file windows (see ``commit.py``)
+
 ``<writer>`` is the partition of one producer of files: a processor writes under its host
 name, the simulator under ``sim``, an importer under its own name. Files are append-only:
 a new window is a new file, nothing is ever rewritten.
+
+Reading never fails on what a crash or a stray file leaves: a file that is not a regular
+Argus Parquet file of its table (foreign, truncated, zero-byte, a FIFO) is skipped and listed
+in :attr:`Attempt.damage`, so analysis runs on the rest and says what it could not read;
+:meth:`Attempt.check` turns the list into a :class:`StoreError` for callers that want strictness.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -24,14 +32,28 @@ from typing import Any, Mapping
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from argus.errors import StoreError
-from argus.store.files import TMP_PREFIX, check_table_file, write_bytes_atomic, write_parquet_atomic
+from argus.errors import ArgusError, StoreError
+from argus.store.commit import WindowUnit, clean_leftovers, committed_units, is_unit_file
+from argus.store.files import (TMP_PREFIX, check_table_file, read_regular_bytes, write_bytes_atomic,
+                               write_parquet_atomic)
 from argus.store.schema import TABLES, conform
 from argus.topology import Layout, RunIdentity, Topology, parse_layout
 
-__all__ = ["Attempt", "AttemptWriter", "ATTEMPT_META"]
+__all__ = ["Attempt", "AttemptWriter", "ATTEMPT_META", "Damage"]
 
 ATTEMPT_META = "attempt.json"
+log = logging.getLogger("argus.store")
+
+
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """A file readers skipped, and why (the message names the file)."""
+
+    path: Path
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
 
 
 @dataclass(frozen=True)
@@ -50,6 +72,8 @@ class Attempt:
         self.identity = RunIdentity(self.meta["run_id"], self.meta["attempt_id"])
         self.layout: Layout = parse_layout(self.meta["layout"], order=self.meta.get("order"))
         self._checked: dict[Path, tuple[float, int]] = {}
+        self._damage: dict[Path, Damage] = {}
+        self.uncommitted: dict[str, int] = {}  # per table: unit files still waiting for their commit record
 
     # -- creation ----------------------------------------------------------------------
     @classmethod
@@ -93,17 +117,29 @@ class Attempt:
 
     @classmethod
     def open(cls, path: Path) -> "Attempt":
+        """Open an existing attempt; a missing, corrupt or foreign ``attempt.json`` is a
+        :class:`StoreError` naming the file (never a traceback, never a crash loop)."""
         meta_path = path / ATTEMPT_META
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = json.loads(read_regular_bytes(meta_path))
         except FileNotFoundError:
-            raise StoreError(f"{meta_path}: missing; {path} is not an Argus run attempt") from None
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"{meta_path}: unreadable attempt metadata ({exc})") from None
+            raise StoreError(f"{meta_path}: missing; {path} is not an Argus run attempt (a crash while it was "
+                             "created, or a stray directory)") from None
+        except (OSError, ValueError, RecursionError) as exc:
+            raise StoreError(f"{meta_path}: unreadable attempt metadata ({type(exc).__name__}: {exc})"[:500]) from None
+        if not isinstance(meta, dict):
+            raise StoreError(f"{meta_path}: attempt metadata is not a JSON object")
         for key in ("run_id", "attempt_id", "layout"):
-            if key not in meta:
-                raise StoreError(f"{meta_path}: attempt metadata lacks {key!r}")
-        return cls(path, meta)
+            if not isinstance(meta.get(key), str) or not meta[key]:
+                raise StoreError(f"{meta_path}: attempt metadata lacks {key!r} (or it is not a string)")
+        if "order" in meta and not isinstance(meta["order"], str):
+            raise StoreError(f"{meta_path}: attempt metadata 'order' is not a string")
+        try:
+            return cls(path, meta)
+        except ArgusError as exc:
+            raise StoreError(f"{meta_path}: invalid attempt layout ({exc})") from None
+        except (ValueError, TypeError, OverflowError) as exc:
+            raise StoreError(f"{meta_path}: invalid attempt metadata ({exc})"[:500]) from None
 
     def update_meta(self, **values: Any) -> None:
         """Record extra facts about the attempt (e.g. the scenario a simulation used)."""
@@ -116,28 +152,91 @@ class Attempt:
 
     # -- reading -----------------------------------------------------------------------
     def files(self, table: str) -> list[Path]:
-        """Every committed file of ``table``, validated; hidden temp leftovers are skipped."""
+        """Every committed, readable file of ``table``.
+
+        Skipped: hidden temp leftovers; unit files without their commit record (counted in
+        :attr:`uncommitted`); anything that is not a regular Argus file of this table
+        (listed in :attr:`damage`). Only regular files are ever opened."""
         if table not in TABLES:
             raise StoreError(f"unknown table {table!r}; tables are {', '.join(TABLES)}")
         root = self.path / table
-        if not root.exists():
-            return []
         out: list[Path] = []
-        for writer_dir in sorted(root.iterdir()):
-            if writer_dir.name.startswith("."):
+        uncommitted = 0
+        for writer_dir in self._entries(root):
+            if not writer_dir.is_dir() or writer_dir.is_symlink():
+                self._damaged(writer_dir, f"{writer_dir}: foreign file in table {table!r} (expected writer "
+                                          "directories); move it out of the store")
                 continue
-            if not writer_dir.is_dir():
-                raise StoreError(f"{writer_dir}: foreign file in table {table!r} (expected writer directories)")
-            for f in sorted(writer_dir.iterdir()):
-                if f.name.startswith("."):
-                    continue  # temp files of an in-flight or crashed write
-                stat = f.stat()
-                key = (stat.st_mtime, stat.st_size)
-                if self._checked.get(f) != key:
-                    check_table_file(f, table)
-                    self._checked[f] = key
+            committed: set[str] | None = None
+            for f in self._entries(writer_dir):
+                if is_unit_file(f) and f.suffix == ".parquet":
+                    if committed is None:
+                        committed = committed_units(self.path, writer_dir.name)
+                    if f.stem not in committed:
+                        uncommitted += 1
+                        continue  # a window still being written, or one a crash cut short
+                try:
+                    stat = f.lstat()
+                    key = (stat.st_mtime, stat.st_size)
+                    if self._checked.get(f) != key:
+                        check_table_file(f, table)
+                        self._checked[f] = key
+                except StoreError as exc:
+                    self._damaged(f, str(exc))
+                    continue
+                except OSError as exc:  # removed or made unreadable meanwhile
+                    self._damaged(f, f"{f}: cannot read ({exc.strerror or exc})")
+                    continue
+                if f in self._damage:
+                    continue  # its data pages failed to decode earlier
                 out.append(f)
+        self.uncommitted[table] = uncommitted
         return out
+
+    @staticmethod
+    def _entries(directory: Path) -> list[Path]:
+        try:
+            names = sorted(os.listdir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            raise StoreError(f"{directory}: cannot list ({exc.strerror or exc})") from None
+        return [directory / n for n in names if not n.startswith(".")]  # temp files of in-flight or crashed writes
+
+    def _damaged(self, path: Path, reason: str) -> None:
+        if path not in self._damage:
+            log.warning("skipping %s", reason)
+            self._damage[path] = Damage(path, reason)
+
+    @property
+    def damage(self) -> list[Damage]:
+        """Files skipped so far because they cannot be read as what their place says."""
+        return list(self._damage.values())
+
+    def check(self) -> None:
+        """Raise :class:`StoreError` naming the damaged files of every table (strict callers)."""
+        for table in TABLES:
+            self.files(table)
+        if self._damage:
+            first = next(iter(self._damage.values()))
+            more = f" (and {len(self._damage) - 1} more)" if len(self._damage) > 1 else ""
+            raise StoreError(f"{first}{more}")
+
+    def scan_data(self) -> list[Damage]:
+        """Decode every file of every table in full and mark those whose data pages fail
+        (a footer can be intact over corrupt pages). Costs a full read: callers use it only
+        after a read failed, to find the file and go on without it."""
+        import pyarrow.parquet as pq
+
+        found = []
+        for table in TABLES:
+            for f in self.files(table):
+                try:
+                    pq.read_table(f, schema=TABLES[table].schema)
+                except Exception as exc:  # pyarrow raises several types for corrupt pages
+                    self._damaged(f, f"{f}: corrupt Parquet data ({type(exc).__name__}: {exc})"[:400])
+                    found.append(self._damage[f])
+        return found
 
     def read(self, table: str, columns: list[str] | None = None,
              steps: tuple[int, int] | None = None, filter: ds.Expression | None = None) -> pa.Table:
@@ -158,8 +257,18 @@ class Attempt:
         try:
             dataset = ds.dataset([str(f) for f in files], schema=schema, format="parquet")
             return dataset.to_table(columns=columns, filter=expr)
-        except pa.ArrowInvalid as exc:
-            raise StoreError(f"{self.path / table}: cannot read table ({exc})") from None
+        except (pa.ArrowException, OSError, ValueError):
+            pass  # one file's data pages are corrupt: find it, read the rest
+        parts = []
+        for f in files:
+            try:
+                parts.append(ds.dataset(str(f), schema=schema, format="parquet").to_table(columns=columns, filter=expr))
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                self._damaged(f, f"{f}: corrupt Parquet data ({type(exc).__name__}: {exc})"[:400])
+        if not parts:
+            empty = schema.empty_table()
+            return empty.select(columns) if columns else empty
+        return pa.concat_tables(parts)
 
     def topology(self) -> Topology:
         return Topology.from_table(self.read("topology"), self.layout)
@@ -169,7 +278,7 @@ class Attempt:
 
         out = {}
         for table in TABLES:
-            files = self.files(table)
+            files = self.files(table)  # footers already validated
             rows = sum(pq.read_metadata(f).num_rows for f in files)
             out[table] = TableStats(len(files), rows, sum(f.stat().st_size for f in files))
         return out
@@ -210,7 +319,8 @@ class Attempt:
 
 
 class AttemptWriter:
-    """Appends windows of rows to an attempt's tables, one atomic file per call."""
+    """Appends windows of rows to an attempt's tables: one atomic file per :meth:`write`, or
+    several committed together through :meth:`unit`."""
 
     def __init__(self, attempt: Attempt, writer_id: str, durable: bool = True):
         if not writer_id or "/" in writer_id or writer_id.startswith("."):
@@ -219,6 +329,12 @@ class AttemptWriter:
         self.writer_id = writer_id
         self.durable = durable
         self.bytes_written = 0
+        # the partition is ours: what a killed predecessor left in it goes (old enough only)
+        clean_leftovers(attempt.path, writer_id, list(TABLES))
+
+    def unit(self, window: int) -> WindowUnit:
+        """A multi-file window whose files become visible together on ``commit()``."""
+        return WindowUnit(self.attempt.path, self.writer_id, window, self.durable)
 
     def write(self, table: str, data: pa.Table | Mapping[str, object], window: int) -> Path | None:
         """Write ``data`` as one new file of ``table`` for ``window``; empty data writes nothing."""

@@ -8,6 +8,7 @@ Each file carries its table name and schema version in the Parquet key-value met
 from __future__ import annotations
 
 import os
+import stat
 import uuid
 from pathlib import Path
 
@@ -17,9 +18,14 @@ import pyarrow.parquet as pq
 from argus.errors import StoreError
 from argus.store.schema import SCHEMA_VERSION, TABLES
 
-__all__ = ["write_parquet_atomic", "check_table_file", "write_bytes_atomic", "TMP_PREFIX"]
+__all__ = ["write_parquet_atomic", "check_table_file", "write_bytes_atomic", "read_regular_bytes", "is_regular_file",
+           "TMP_PREFIX", "MAX_META_BYTES"]
 
 TMP_PREFIX = ".tmp-"
+#: Largest JSON metadata file (store manifest, attempt.json, commit record) a reader loads.
+#: Real ones are a few hundred bytes; 1 MiB leaves room for a long scenario description while a
+#: planted multi-GB file cannot make ``argus info`` read it into memory.
+MAX_META_BYTES = 1 << 20
 _META_TABLE = b"argus.table"
 _META_VERSION = b"argus.schema_version"
 _META_WRITER = b"argus.writer"
@@ -39,6 +45,47 @@ def write_bytes_atomic(path: Path, data: bytes, durable: bool = True) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def is_regular_file(path: Path) -> bool:
+    """True for a plain file (not a FIFO, socket, device, directory or symlink): the only kind
+    a store reader opens, since opening a FIFO blocks until someone writes to it."""
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def read_regular_bytes(path: Path, max_bytes: int = MAX_META_BYTES) -> bytes:
+    """The bytes of a small regular file. Opened non-blocking and checked with ``fstat`` before
+    reading, so a FIFO or device planted under the name is refused at once instead of hanging.
+
+    Raises ``FileNotFoundError`` when absent and :class:`StoreError` naming the file otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot open ({exc.strerror or exc}); it must be a regular file") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StoreError(f"{path}: not a regular file; move it out of the store")
+        if st.st_size > max_bytes:
+            raise StoreError(f"{path}: {st.st_size} bytes, larger than the {max_bytes} bytes such a file can be")
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > max_bytes:
+            raise StoreError(f"{path}: larger than the {max_bytes} bytes such a file can be")
+        return data
+    finally:
+        os.close(fd)
 
 
 def write_parquet_atomic(path: Path, table: pa.Table, table_name: str, writer: str,
@@ -71,6 +118,8 @@ def check_table_file(path: Path, table_name: str) -> pq.FileMetaData:
     """Validate that ``path`` is an Argus file of ``table_name`` this version can read.
 
     Raises :class:`StoreError` naming the file and what is wrong with it."""
+    if not is_regular_file(path):
+        raise StoreError(f"{path}: not a regular file in table {table_name!r}; move it out of the store")
     if path.suffix != ".parquet":
         raise StoreError(f"{path}: foreign file in table {table_name!r} (only *.parquet files written by "
                          "Argus belong here); move it out of the store")
@@ -83,8 +132,8 @@ def check_table_file(path: Path, table_name: str) -> pq.FileMetaData:
     found = kv.get(_META_TABLE)
     if found is None:
         raise StoreError(f"{path}: foreign Parquet file (no Argus table marker) in table {table_name!r}")
-    if found.decode() != table_name:
-        raise StoreError(f"{path}: file of table {found.decode()!r} found in table {table_name!r}")
+    if found != table_name.encode():
+        raise StoreError(f"{path}: file of table {found.decode(errors='replace')!r} found in table {table_name!r}")
     try:
         version = int(kv.get(_META_VERSION, b"0"))
     except ValueError:

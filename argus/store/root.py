@@ -9,13 +9,14 @@ A directory that is not empty and has no manifest is refused for writing, so poi
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any, Mapping
 
 from argus.errors import StoreError
 from argus.store.attempt import ATTEMPT_META, Attempt
-from argus.store.files import TMP_PREFIX, write_bytes_atomic
+from argus.store.files import TMP_PREFIX, read_regular_bytes, write_bytes_atomic
 from argus.store.schema import SCHEMA_VERSION
 from argus.topology import Layout, RunIdentity, Topology
 
@@ -23,6 +24,7 @@ __all__ = ["Store", "MANIFEST"]
 
 MANIFEST = "argus-store.json"
 _FORMAT = "argus-store"
+log = logging.getLogger("argus.store")
 
 
 class Store:
@@ -31,6 +33,7 @@ class Store:
     def __init__(self, root: Path, manifest: Mapping[str, Any]):
         self.root = Path(root)
         self.manifest = dict(manifest)
+        self.damaged: dict[Path, StoreError] = {}  # attempt directories :meth:`attempts` could not open
 
     @classmethod
     def open(cls, root: str | Path) -> "Store":
@@ -38,17 +41,20 @@ class Store:
         path = root / MANIFEST
         if not root.exists():
             raise StoreError(f"{root}: no such store directory")
+        if not root.is_dir():
+            raise StoreError(f"{root}: not a directory, so not an Argus store")
         try:
-            manifest = json.loads(path.read_text())
+            manifest = json.loads(read_regular_bytes(path))
         except FileNotFoundError:
             raise StoreError(f"{root}: not an Argus store (no {MANIFEST}); create one with "
                              "`argus simulate --out DIR` or `argus run --store DIR`") from None
-        except (OSError, ValueError) as exc:
-            raise StoreError(f"{path}: unreadable store manifest ({exc})") from None
-        if manifest.get("format") != _FORMAT:
-            raise StoreError(f"{path}: not an Argus store manifest (format={manifest.get('format')!r})")
+        except (OSError, ValueError, RecursionError) as exc:
+            raise StoreError(f"{path}: unreadable store manifest ({type(exc).__name__}: {exc})"[:500]) from None
+        if not isinstance(manifest, dict) or manifest.get("format") != _FORMAT:
+            fmt = manifest.get("format") if isinstance(manifest, dict) else None
+            raise StoreError(f"{path}: not an Argus store manifest (format={fmt!r:.80})")
         version = manifest.get("schema_version")
-        if not isinstance(version, int) or version > SCHEMA_VERSION:
+        if not isinstance(version, int) or isinstance(version, bool) or version > SCHEMA_VERSION:
             raise StoreError(f"{path}: store schema v{version}; this Argus reads up to v{SCHEMA_VERSION}")
         return cls(root, manifest)
 
@@ -101,8 +107,8 @@ class Store:
                                extra: Mapping[str, Any] | None = None) -> Attempt:
         """Several hosts (or a restarted processor) append to the same attempt."""
         path = self.attempt_path(identity)
-        if (path / ATTEMPT_META).exists():
-            attempt = Attempt.open(path)
+        if (path / ATTEMPT_META).exists() or (path.is_dir() and not path.name.startswith(".")):
+            attempt = self._open_dir(path)  # StoreError naming attempt.json if it is missing, corrupt or foreign
             layout = topology.layout if isinstance(topology, Topology) else topology
             if attempt.layout != layout:
                 raise StoreError(f"{path}: stored layout {attempt.layout} differs from {layout}")
@@ -110,20 +116,44 @@ class Store:
         try:
             return Attempt.create(path, identity, topology, source, extra)
         except FileExistsError:  # another host created it between our check and mkdir
-            return Attempt.open(path)
+            return self._open_dir(path)
+
+    @staticmethod
+    def _open_dir(path: Path) -> Attempt:
+        """Open the attempt in ``runs/<run_id>/<attempt_id>``; an ``attempt.json`` naming another
+        run or attempt than its directory (copied from elsewhere) is refused."""
+        attempt = Attempt.open(path)
+        if (attempt.identity.run_id, attempt.identity.attempt_id) != (path.parent.name, path.name):
+            raise StoreError(f"{path / ATTEMPT_META}: foreign attempt metadata (it names run "
+                             f"{attempt.identity.run_id!r:.80} attempt {attempt.identity.attempt_id!r:.40}, the "
+                             f"directory is {path.parent.name}/{path.name})")
+        return attempt
+
+    def _attempt_dirs(self) -> list[Path]:
+        runs = self.root / "runs"
+        if not runs.is_dir():
+            return []
+        return [att for run_dir in sorted(p for p in runs.iterdir() if p.is_dir() and not p.name.startswith("."))
+                for att in sorted(p for p in run_dir.iterdir() if p.is_dir() and not p.name.startswith("."))]
 
     def attempts(self) -> list[Attempt]:
-        """All attempts, oldest first."""
-        runs = self.root / "runs"
+        """All readable attempts, oldest first. One whose ``attempt.json`` is missing, corrupt
+        or foreign is left out and listed in :attr:`damaged` (a crash or a stray directory
+        must not hide the store's other attempts)."""
         found = []
-        if runs.exists():
-            for run_dir in sorted(p for p in runs.iterdir() if p.is_dir() and not p.name.startswith(".")):
-                for att in sorted(p for p in run_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-                    found.append(Attempt.open(att))
-        return sorted(found, key=lambda a: (a.meta.get("created_ns", 0), a.identity.run_id))
+        self.damaged = {}
+        for att in self._attempt_dirs():
+            try:
+                found.append(self._open_dir(att))
+            except StoreError as exc:
+                log.warning("skipping attempt: %s", exc)
+                self.damaged[att] = exc
+        return sorted(found, key=lambda a: (a.meta.get("created_ns", 0) if isinstance(a.meta.get("created_ns"), int)
+                                            else 0, a.identity.run_id))
 
     def attempt(self, run_id: str | None = None, attempt_id: str | None = None) -> Attempt:
-        """The attempt asked for; by default the most recently created one."""
+        """The attempt asked for; by default the most recently created one. Asking for one
+        whose metadata is damaged raises that damage (naming the file)."""
         attempts = self.attempts()
         if run_id is not None:
             attempts = [a for a in attempts if a.identity.run_id == run_id]
@@ -131,6 +161,9 @@ class Store:
             attempts = [a for a in attempts if a.identity.attempt_id == attempt_id]
         if not attempts:
             what = f" matching run={run_id} attempt={attempt_id}" if run_id or attempt_id else ""
+            for att, exc in self.damaged.items():
+                if (run_id is None or att.parent.name == run_id) and (attempt_id is None or att.name == attempt_id):
+                    raise exc
             raise StoreError(f"{self.root}: no run attempt{what} in this store")
         return attempts[-1]
 

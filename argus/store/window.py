@@ -51,26 +51,31 @@ class WindowWriter:
         self.raw_kernels = raw_kernels
 
     def write(self, data: WindowData) -> WindowStats:
+        """Write the window's tables as one unit: readers see all of them or none (a crash
+        between two files leaves an uncommitted unit, removed later by this partition's writer)."""
         from argus.compress import summarize_kernels
 
         stats = WindowStats(window=data.window)
+        unit = self.writer.unit(data.window)
         for table in ("steps", "phases", "stacks", "hw", "drops"):
             t = getattr(data, table)
             if t is not None and t.num_rows:
-                self.writer.write(table, t, window=data.window)
+                unit.write(table, t)
                 stats.rows[table] = t.num_rows
         k = data.kernels
         if k is not None and k.num_rows:
             stats.kernel_events = k.num_rows
             if self.raw_kernels:
-                self.writer.write("kernels", k, window=data.window)
+                unit.write("kernels", k)
                 stats.rows["kernels"] = k.num_rows
             summaries, sketches = summarize_kernels(k, data.window, data.start_step, data.end_step)
-            self.writer.write("kernel_summaries", summaries, window=data.window)
-            self.writer.write("kernel_sketches", sketches, window=data.window)
+            unit.write("kernel_summaries", summaries)
+            unit.write("kernel_sketches", sketches)
             stats.rows["kernel_summaries"] = summaries.num_rows
             stats.kernel_summaries = summaries
             stats.kernel_sketches = sketches
             stats.rows["kernel_sketches"] = sketches.num_rows
+        unit.commit()
+        self.writer.bytes_written += unit.bytes_written
         stats.bytes_written = self.writer.bytes_written
         return stats

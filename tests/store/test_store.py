@@ -72,39 +72,47 @@ def test_refuses_to_write_into_a_foreign_non_empty_directory(tmp_path):
         Store.open(d)
 
 
-def test_foreign_text_file_is_named_in_the_error(attempt):
+def _damage(attempt) -> str:
+    return " | ".join(d.reason for d in attempt.damage)
+
+
+def test_foreign_text_file_is_skipped_named_and_kept(attempt):
     attempt.writer("h").write("steps", _steps(8, 0), window=0)
     stray = attempt.path / "steps" / "h" / "notes.txt"
     stray.write_text("hello")
+    assert attempt.read("steps").num_rows == 8  # the good file still reads
+    assert "notes.txt: foreign file" in _damage(attempt)
     with pytest.raises(StoreError, match="notes.txt: foreign file"):
-        attempt.read("steps")
+        attempt.check()
     assert stray.exists()  # nothing is deleted
 
 
-def test_foreign_parquet_and_misplaced_table_are_rejected(attempt):
+def test_foreign_parquet_and_misplaced_table_are_skipped_and_named(attempt):
     d = attempt.path / "steps" / "h"
     d.mkdir(parents=True)
     pq.write_table(pa.table({"x": [1]}), d / "other.parquet")
-    with pytest.raises(StoreError, match="other.parquet: foreign Parquet file"):
-        attempt.read("steps")
+    assert attempt.read("steps").num_rows == 0
+    assert "other.parquet: foreign Parquet file" in _damage(attempt)
     (d / "other.parquet").unlink()
     attempt.writer("h").write("hw", {"rank": [0], "gpu_uuid": ["g"], "ts_ns": [1], "metric": ["m"], "value": [1.0]},
                               window=0)
     hw_file = next((attempt.path / "hw" / "h").iterdir())
     os.replace(hw_file, d / hw_file.name)
-    with pytest.raises(StoreError, match="file of table 'hw' found in table 'steps'"):
-        attempt.read("steps")
+    assert attempt.read("steps").num_rows == 0
+    assert "file of table 'hw' found in table 'steps'" in _damage(attempt)
 
 
-def test_truncated_file_error_names_it_and_other_tables_still_read(attempt):
+def test_truncated_file_is_skipped_named_and_other_files_still_read(attempt):
     w = attempt.writer("h")
     path = w.write("steps", _steps(8, 0), window=0)
+    w.write("steps", _steps(8, 1), window=1)
     w.write("hw", {"rank": [0], "gpu_uuid": ["g"], "ts_ns": [1], "metric": ["m"], "value": [1.0]}, window=0)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(StoreError, match=f"{path.name}: unreadable Parquet file"):
-        attempt.read("steps")
+    assert attempt.read("steps").column("step").to_pylist() == [1] * 8
+    assert f"{path.name}: unreadable Parquet file" in _damage(attempt)
     assert attempt.read("hw").num_rows == 1
+    assert attempt.sql("SELECT count(*) AS n FROM steps").column("n")[0].as_py() == 8  # duckdb views skip it too
 
 
 def test_newer_schema_version_is_refused(tmp_path, attempt):
