@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from argus.errors import ConfigError
 
-__all__ = ["ServeConfig", "is_loopback", "ENV_TOKEN", "DEFAULT_PORT"]
+__all__ = ["ServeConfig", "is_loopback", "ENV_TOKEN", "DEFAULT_PORT", "MIN_TOKEN_CHARS"]
 
 DEFAULT_PORT = 8765
 ENV_TOKEN = "ARGUS_SERVE_TOKEN"  # the access token, when not given as --token (keeps it out of `ps`)
+#: Shortest token accepted. 16 characters of even a lowercase-and-digits alphabet are ~82
+#: bits: not guessable over HTTP, while a one-word token falls to a dictionary in seconds.
+MIN_TOKEN_CHARS = 16
+_TOKEN_CHARS = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no space: travels in a header as written
 _LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 
 
@@ -49,6 +54,14 @@ class ServeConfig:
             raise ConfigError("host must not be empty (use 127.0.0.1 for this machine only)")
         if self.token is not None and not self.token.strip():
             raise ConfigError("token must not be empty")
+        if self.token is not None:
+            make = "make one with: python -c 'import secrets; print(secrets.token_urlsafe(24))'"
+            if len(self.token) < MIN_TOKEN_CHARS:
+                raise ConfigError(f"--token (or {ENV_TOKEN}) must be at least {MIN_TOKEN_CHARS} characters, got "
+                                  f"{len(self.token)}: a short token can be guessed; {make}")
+            if not _TOKEN_CHARS.match(self.token):
+                raise ConfigError(f"--token (or {ENV_TOKEN}) may hold only printable ASCII without spaces (it "
+                                  f"travels in an HTTP header); {make}")
         if not 0.5 <= self.poll_s <= 3600:
             raise ConfigError(f"poll_s must be between 0.5 and 3600 seconds, got {self.poll_s!r}")
         if not is_loopback(self.host) and self.token is None and not self.insecure:

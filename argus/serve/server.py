@@ -12,7 +12,14 @@ Security model (see ``docs/report.md``):
   file whose resolved path must lie inside that attempt's ``evidence`` directory, with no
   symbolic link on the way; everything else is a 404;
 * pages carry a Content-Security-Policy that lets only the page's own nonce-tagged script
-  run and connect only to this server; user strings are escaped on the server.
+  run and connect only to this server; user strings are escaped on the server;
+* a connection that has not yet sent an authorised request is *pending*: at most
+  ``MAX_PENDING_CONNECTIONS`` of them, each given ``PENDING_DEADLINE_S`` in all to send one
+  (idle and slowloris connections are cut), and ``MAX_CONNECTIONS`` in all; over a cap a new
+  connection gets an immediate 503 and is closed, while authorised ones keep working; every
+  read and write has a ``SOCKET_TIMEOUT_S`` timeout;
+* only attempts and files reached from the store's root without a symbolic link, and
+  resolving inside it, are listed or served.
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ import re
 import secrets
 import socket
 import stat
+import sys
 import threading
+import time
 from http import HTTPStatus
 from http.cookies import SimpleCookie
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,7 +47,8 @@ from argus.errors import ConfigError
 from argus.report.sources import EVIDENCE_DIR
 from argus.serve import pages
 from argus.serve.config import ServeConfig, is_loopback
-from argus.serve.state import Snapshot, StoreState
+from argus.serve.state import Snapshot, StoreState, reached_without_links
+from argus.text import visible
 
 __all__ = ["ArgusServer", "make_server", "serve", "COOKIE"]
 
@@ -47,6 +57,20 @@ MAX_WAIT_S = 30.0
 _SEGMENT_OK = re.compile(r"^[^/\\\x00-\x1f]+$")
 _EVIDENCE_FILE = re.compile(r"^[0-9A-Za-z_-]+\.pftrace$")
 _JSON_CSP = "default-src 'none'; frame-ancestors 'none'"
+
+#: Connections not yet authorised, at most. A browser opens ~6 per host; the cap stops a local
+#: user (or, beyond loopback, anyone) from holding a thread each with idle sockets.
+MAX_PENDING_CONNECTIONS = 32
+#: Connections in all (one thread each), authorised or not: a few browsers' worth of tabs.
+MAX_CONNECTIONS = 128
+#: Seconds a new connection has to deliver a complete, authorised request, counted from
+#: accept: ample for any client on a LAN, short enough that a slow drip frees its slot soon.
+PENDING_DEADLINE_S = 5.0
+#: Seconds any single read or write may block: an idle keep-alive connection, or a client
+#: that stops reading a response, is dropped after this long.
+SOCKET_TIMEOUT_S = 30.0
+_BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 23\r\n"
+         b"Retry-After: 5\r\nConnection: close\r\n\r\ntoo many connections\r\n\r\n")
 
 
 class _NotFound(Exception):
@@ -80,6 +104,10 @@ class ArgusServer(ThreadingHTTPServer):
         self.address_family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
         self._closed = False
         self._serving = False
+        self._conn_lock = threading.Lock()
+        self._conns: dict[socket.socket, float | None] = {}  # connection → pending deadline; None once authorised
+        self.refused = 0  # connections turned away at a cap
+        self.cut = 0  # pending connections cut at their deadline
         try:
             super().__init__((config.host.strip("[]"), config.port), _Handler)
         except OSError as exc:
@@ -95,6 +123,54 @@ class ArgusServer(ThreadingHTTPServer):
         host = self.config.host
         host = f"[{host.strip('[]')}]" if ":" in host else host
         return f"http://{host}:{self.port}/"
+
+    # -- connection accounting -------------------------------------------------------------
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        """Admit a connection as pending, or answer 503 at once and close it."""
+        with self._conn_lock:
+            pending = sum(1 for d in self._conns.values() if d is not None)
+            if len(self._conns) < MAX_CONNECTIONS and pending < MAX_PENDING_CONNECTIONS:
+                self._conns[request] = time.monotonic() + PENDING_DEADLINE_S
+                return True
+            self.refused += 1
+        try:
+            request.setblocking(False)  # never wait on a client we are refusing
+            request.send(_BUSY)
+        except OSError:
+            pass
+        return False
+
+    def authorised(self, request: Any) -> None:
+        """The connection sent an authorised request: no longer pending."""
+        with self._conn_lock:
+            if request in self._conns:
+                self._conns[request] = None
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._conn_lock:
+            self._conns.pop(request, None)
+        super().shutdown_request(request)
+
+    def service_actions(self) -> None:
+        """Between accepts (at least every poll interval): cut pending connections past their
+        deadline; the handler's blocked read then returns and its thread ends."""
+        now = time.monotonic()
+        with self._conn_lock:
+            late = [c for c, d in self._conns.items() if d is not None and d <= now]
+            for c in late:
+                self._conns[c] = math.inf  # still counted as pending until its thread has gone
+            self.cut += len(late)
+        for c in late:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    @property
+    def connections(self) -> tuple[int, int]:
+        """(pending, all) connections now."""
+        with self._conn_lock:
+            return sum(1 for d in self._conns.values() if d is not None), len(self._conns)
 
     def start(self) -> threading.Thread:
         """Serve from a background thread (tests, embedding); returns the thread."""
@@ -141,6 +217,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "argus-serve"
     sys_version = ""
     protocol_version = "HTTP/1.1"
+    timeout = SOCKET_TIMEOUT_S  # set on the socket by StreamRequestHandler.setup
 
     # -- plumbing ----------------------------------------------------------------------
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
@@ -229,20 +306,32 @@ class _Handler(BaseHTTPRequestHandler):
         self._path = split.path
         query = parse_qs(split.query)
         if not self._host_ok():
+            self.close_connection = True  # a refused connection stays pending: it does not get to linger
             return self._error(403, "unexpected Host header: the UI answers only to a loopback host name")
         ok = self._authorized(query)
         if ok is None:
+            self.server.authorised(self.connection)
             return
         if not ok:
+            self.close_connection = True
             return self._error(401, "missing or wrong token: send 'Authorization: Bearer TOKEN' or open the UI "
                                     "once with ?token=TOKEN", {"WWW-Authenticate": 'Bearer realm="argus"'})
+        self.server.authorised(self.connection)
         try:
             segments = self._segments(split.path)
             self._route(segments, query)
         except _NotFound as exc:
             self._error(404, str(exc) or "not found")
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        except OSError:  # the client went away or stopped reading (timeout): nothing to answer
+            self.close_connection = True
+        except Exception as exc:  # a store a crash left behind, an analysis bug: one line, keep serving
+            self.close_connection = True
+            print(f"argus serve: {visible(self._path)} failed: {visible(f'{type(exc).__name__}: {exc}')}",
+                  file=sys.stderr, flush=True)
+            try:
+                self._error(500, f"internal error: {type(exc).__name__}: {exc}")
+            except OSError:
+                pass
 
     @staticmethod
     def _segments(raw: str) -> list[str]:
@@ -342,7 +431,7 @@ class _Handler(BaseHTTPRequestHandler):
         attempt = self.server.state.find(run_id, attempt_id)
         if attempt is None or host.startswith(".") or not _EVIDENCE_FILE.match(name):
             raise _NotFound("no such evidence file")
-        path = safe_evidence_path(attempt.path, host, name)
+        path = safe_evidence_path(attempt.path, host, name, store_root=self.server.state.root)
         if path is None:
             raise _NotFound("no such evidence file")
         size = path.stat().st_size
@@ -361,9 +450,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(chunk)
 
 
-def safe_evidence_path(attempt_path: Path, host: str, name: str) -> Path | None:
+def safe_evidence_path(attempt_path: Path, host: str, name: str, store_root: Path | None = None) -> Path | None:
     """``<attempt>/evidence/<host>/<name>`` if it is a regular file inside the evidence
-    directory reached without any symbolic link; None otherwise."""
+    directory reached without any symbolic link (from ``store_root`` when given, so a linked
+    attempt or run directory is refused too); None otherwise."""
+    if store_root is not None and not reached_without_links(store_root, attempt_path):
+        return None
     if not host or not name or any(c in s for s in (host, name) for c in ("/", "\\", "\x00")) \
             or host in (".", "..") or name in (".", ".."):
         return None

@@ -10,6 +10,8 @@ files changed — no diagnosis needed for that.
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import threading
 import time
 import traceback
@@ -20,7 +22,28 @@ from typing import Any
 from argus.report import Fingerprint, Gatherer, IncidentView, ReportData, fingerprint, incidents_of
 from argus.store import Attempt, Store
 
-__all__ = ["StoreState", "AttemptState", "Snapshot"]
+__all__ = ["StoreState", "AttemptState", "Snapshot", "reached_without_links"]
+
+
+def reached_without_links(root: Path, path: Path) -> bool:
+    """True if ``path`` lies below ``root`` and no directory or file from ``root`` down to it
+    is a symbolic link: the UI shows and serves only what is in the store itself, never what
+    a link (planted by another user, or left by a copy) points to elsewhere."""
+    try:
+        rel = Path(os.path.abspath(path)).relative_to(os.path.abspath(root))
+    except ValueError:
+        return False
+    here = Path(os.path.abspath(root))
+    try:
+        for part in rel.parts:
+            if part in ("", ".", ".."):
+                return False
+            here = here / part
+            if stat.S_ISLNK(os.lstat(here).st_mode):
+                return False
+        return here.resolve(strict=True).is_relative_to(Path(root).resolve(strict=True))
+    except OSError:
+        return False
 
 
 @dataclass(slots=True)
@@ -155,10 +178,12 @@ class StoreState:
         self._attempts: dict[Path, AttemptState] = {}
 
     def attempts(self) -> list[Attempt]:
+        """The store's attempts, less any reached through a symbolic link."""
         try:
-            return self.store.attempts()
+            found = self.store.attempts()
         except Exception:  # an attempt directory half-created by a writer right now
             return []
+        return [a for a in found if reached_without_links(self.root, a.path)]
 
     def find(self, run_id: str, attempt_id: str) -> Attempt | None:
         """The attempt with this identity — looked up, never built from the URL as a path."""

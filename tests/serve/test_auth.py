@@ -11,7 +11,7 @@ from tests.report.helpers import sim, store_root
 def test_binding_beyond_loopback_needs_a_token_or_insecure(tmp_path, host):
     with pytest.raises(ConfigError, match="--token"):
         ServeConfig(store=tmp_path, host=host)
-    ServeConfig(store=tmp_path, host=host, token="t0ken")
+    ServeConfig(store=tmp_path, host=host, token="t0ken-t0ken-t0ken")
     ServeConfig(store=tmp_path, host=host, insecure=True)
 
 
@@ -25,24 +25,24 @@ def test_loopback_names_and_bad_settings():
 
 
 def test_token_from_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv("ARGUS_SERVE_TOKEN", "from-env")
-    assert ServeConfig.from_env(store=tmp_path, host="0.0.0.0").token == "from-env"
-    assert ServeConfig.from_env(store=tmp_path, token="explicit").token == "explicit"
+    monkeypatch.setenv("ARGUS_SERVE_TOKEN", "from-env-0123456789")
+    assert ServeConfig.from_env(store=tmp_path, host="0.0.0.0").token == "from-env-0123456789"
+    assert ServeConfig.from_env(store=tmp_path, token="explicit-0123456789").token == "explicit-0123456789"
 
 
 def test_every_request_needs_the_token_header_or_the_cookie_a_token_link_sets(simulated, serve):
     attempt, _ = sim(simulated, "healthy")
-    with serve(store_root(attempt), token="s3cret-token") as c:
+    with serve(store_root(attempt), token="s3cret-token-0123") as c:
         code, headers, _ = c.get("/api/runs")
         assert code == 401 and headers["www-authenticate"].startswith("Bearer")
         assert c.get("/api/runs", headers={"Authorization": "Bearer wrong"})[0] == 401
         assert c.get("/evidence/x/0/h/000000001-ab.pftrace")[0] == 401  # checked before anything else
-        assert c.get("/api/runs", headers={"Authorization": "Bearer s3cret-token"})[0] == 200
+        assert c.get("/api/runs", headers={"Authorization": "Bearer s3cret-token-0123"})[0] == 200
         assert c.get("/?token=wrong")[0] == 401
-        code, headers, _ = c.get("/?token=s3cret-token&x=1")
+        code, headers, _ = c.get("/?token=s3cret-token-0123&x=1")
         assert code == 303 and headers["location"] == "/?x=1"  # the token leaves the address bar
         cookie = headers["set-cookie"].split(";")[0]
-        assert "s3cret-token" not in cookie and "HttpOnly" in headers["set-cookie"]
+        assert "s3cret-token-0123" not in cookie and "HttpOnly" in headers["set-cookie"]
         assert c.get("/api/runs", headers={"Cookie": cookie})[0] == 200
         assert c.get("/api/runs", headers={"Cookie": "argus_session=forged"})[0] == 401
 
