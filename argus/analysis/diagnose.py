@@ -1,15 +1,22 @@
 """Progressive diagnosis of one run attempt: L1 over the whole step series, then L2 and L3 on
 every window (not only where L1 fires: a link slow from the first step never spikes), then
 root cause into incidents, deepened by L4 (replay, pipeline, device gaps) and L5 (stacks),
-stored in the store's ``incidents`` table."""
+stored in the store's ``incidents`` table.
+
+Runs on any store a crash can leave: windows are the steps that exist (a gap of any size, or
+a step number near 2⁶³, costs nothing), a window without phases is skipped, files the store
+could not read are named in the document, and a read-only store keeps its diagnosis (only
+storing the incidents is skipped)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from argus.analysis.coverage import Coverage, coverage_of
@@ -23,10 +30,16 @@ from argus.analysis.links import detect_link_shifts
 from argus.analysis.l3_kernels import L3Config, collective_calls, detect_kernels
 from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents
 from argus.analysis.signals import HwSignals, load_hw_signals
-from argus.errors import ConfigError
+from argus.errors import ConfigError, StoreError
 from argus.store import Attempt
 
 __all__ = ["DiagnoseConfig", "Diagnosis", "diagnose"]
+
+log = logging.getLogger("argus.analysis")
+#: Longest analysis window, in steps, taken from the store's kernel-summary windows. Real
+#: windows are 5–100 steps; a hostile summary claiming steps 0..2⁶³ must not turn one window
+#: into a loop over its span (windows hold only steps that exist, this bounds their length).
+MAX_WINDOW_STEPS = 10_000
 
 
 @dataclass(kw_only=True)
@@ -55,10 +68,31 @@ class Diagnosis:
     hw: HwSignals
     timings_s: dict[str, float] = field(default_factory=dict)
     coverage: Coverage | None = None
+    store_note: str = ""  # why the incidents were not stored (read-only store …), else empty
+    skipped_windows: list[tuple[int, int]] = field(default_factory=list)  # windows without phases
+
+    @property
+    def missing(self) -> list[str]:
+        """One line per thing the store lacked or could not give: damaged files, windows a crash
+        left uncommitted, windows without phases."""
+        a = self.attempt
+        out = [d.reason for d in a.damage]
+        pending = sum(a.uncommitted.values())
+        if pending:
+            out.append(f"{pending} file(s) of windows never committed (a writer stopped mid-window, or is still "
+                       "writing) were left out")
+        if self.skipped_windows:
+            spans = ", ".join(f"{lo}–{hi}" for lo, hi in self.skipped_windows[:5])
+            more = "…" if len(self.skipped_windows) > 5 else ""
+            out.append(f"{len(self.skipped_windows)} window(s) have steps but no phases, so no rank was compared "
+                       f"there: steps {spans}{more}")
+        return out
 
     def document(self) -> dict[str, Any]:
         a = self.attempt
         return incidents_document(a.identity.run_id, a.identity.attempt_id, a.layout.world_size, self.incidents, {
+            "missing": self.missing,
+            "incidents_stored": not self.store_note,
             "layout": str(a.layout), "steps": [int(self.l1.steps.min()), int(self.l1.steps.max())]
             if len(self.l1.steps) else [],
             "baseline_step_s": None if not np.isfinite(self.l1.baseline_s) else round(self.l1.baseline_s, 6),
@@ -75,21 +109,43 @@ def _checkpoint_steps(attempt: Attempt, world: int) -> set[int]:
 
 
 def _windows(attempt: Attempt, steps: np.ndarray, window_steps: int | None) -> list[tuple[int, int]]:
+    """Aligned windows of ``window_steps`` that hold at least one of ``steps``: a gap (what a
+    ``kill -9`` of a processor leaves) or a huge step number adds no empty windows."""
     if len(steps) == 0:
         return []
     if window_steps is None:
         rows = attempt.sql("SELECT DISTINCT start_step, end_step FROM kernel_summaries").to_pylist()
-        lengths = [r["end_step"] - r["start_step"] + 1 for r in rows]
-        window_steps = max([5, *lengths])
-    lo, hi = int(steps.min()), int(steps.max())
-    first = lo - lo % window_steps
-    return [(a, min(a + window_steps - 1, hi)) for a in range(first, hi + 1, window_steps)]
+        lengths = [r["end_step"] - r["start_step"] + 1 for r in rows
+                   if r["start_step"] is not None and r["end_step"] is not None]
+        window_steps = min(max([5, *lengths]), MAX_WINDOW_STEPS)
+    hi = int(np.max(steps))
+    firsts = np.unique(np.asarray(steps, np.int64) // window_steps) * window_steps
+    return [(int(a), min(int(a) + window_steps - 1, hi)) for a in firsts]
 
 
 def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,
              on_window: Callable[[int, int], None] | None = None) -> Diagnosis:
-    """L1–L3 and root cause over ``attempt``; ``on_window(done, total)`` reports progress."""
+    """L1–L3 and root cause over ``attempt``; ``on_window(done, total)`` reports progress.
+
+    A file whose data pages turn out corrupt while reading (its footer was fine) is found,
+    set aside as damage, and the diagnosis runs again without it; if no such file explains
+    the failure, it is a :class:`StoreError` naming the attempt."""
+    import duckdb
+
     config = config or DiagnoseConfig()
+    for _ in range(3):
+        known = len(attempt.damage)
+        try:
+            return _diagnose(attempt, config, on_window)
+        except (duckdb.Error, pa.ArrowException, OSError) as exc:
+            if not attempt.scan_data() and len(attempt.damage) == known:
+                raise StoreError(f"{attempt.path}: cannot read the attempt ({type(exc).__name__}: {exc})"[:500]) \
+                    from None
+    raise StoreError(f"{attempt.path}: damaged files keep failing the diagnosis: "
+                     + "; ".join(d.reason for d in attempt.damage[:3]))
+
+
+def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int, int], None] | None) -> Diagnosis:
     t0 = time.perf_counter()
     layout, topology = attempt.layout, attempt.topology()
     sf = load_steps(attempt)
@@ -113,17 +169,24 @@ def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,
         spans = [(lo, hi) for lo, hi in spans if lo >= config.steps[0] and hi <= config.steps[1]]
     t_l2 = t_l3 = 0.0
     host_totals = load_host_totals(attempt, layout.world_size)
+    special_steps = np.array([s_ for s_ in sf.steps.tolist() if not l1.is_normal_step(s_)], np.int64)
+    skipped: list[tuple[int, int]] = []
     for i, (lo, hi) in enumerate(spans):
         t = time.perf_counter()  # L3 first: its slower-kernel ranks are wait-free candidates for L2
+        totals = load_phase_totals(attempt, lo, hi)
+        if len(totals.rank) == 0:  # steps without phases (a table lost, a window cut short): nothing to compare
+            skipped.append((lo, hi))
+            if on_window is not None:
+                on_window(i + 1, len(spans))
+            continue
         summ = attempt.read("kernel_summaries", filter=(pc.field("start_step") >= lo) & (pc.field("start_step") <= hi)
                             & (pc.field("end_step") <= hi))
-        special = sum(1 for s_ in range(lo, hi + 1) if not l1.is_normal_step(s_))
+        special = int(((special_steps >= lo) & (special_steps <= hi)).sum())
         usable = summ.num_rows and special <= 0.25 * (hi - lo + 1)  # warm-up mixes regimes into every kernel
         l3 = detect_kernels(summ, layout, topology.hosts, i, lo, hi, calls, config.l3) if usable else None
         del summ
         t_l3 += time.perf_counter() - t
         t = time.perf_counter()
-        totals = load_phase_totals(attempt, lo, hi)
         subset = None
         if layout.world_size > config.exact_ranks:
             slow = sorted({o.rank for o in (l3.outliers if l3 else []) if (o.slower or o.more_work)
@@ -164,8 +227,19 @@ def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,
     deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen)
     incidents.sort(key=lambda i: (-i.severity_rank, -(i.slowdown_pct or 0.0), i.start_step))
     timings["l4_l5"] = time.perf_counter() - t
-    if config.store_incidents and incidents:
+    note = _store_incidents(attempt, incidents) if config.store_incidents and incidents else ""
+    timings["total"] = time.perf_counter() - t0
+    return Diagnosis(attempt, l1, windows, incidents, hw, timings, coverage_of(attempt), note, skipped)
+
+
+def _store_incidents(attempt: Attempt, incidents: list[Incident]) -> str:
+    """Append the incidents to the store; on a store we may not write (read-only mount, full
+    disk) the diagnosis stands and the returned note says why they were not stored."""
+    try:
         n = len(attempt.files("incidents"))
         attempt.writer("diagnose").write("incidents", incidents_table(incidents), window=n)
-    timings["total"] = time.perf_counter() - t0
-    return Diagnosis(attempt, l1, windows, incidents, hw, timings, coverage_of(attempt))
+    except (OSError, StoreError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        log.warning("incidents not stored in %s: %s", attempt.path, reason)
+        return f"incidents not stored in {attempt.path / 'incidents'}: {reason}"
+    return ""

@@ -52,8 +52,12 @@ def run(args: argparse.Namespace) -> int:
         diagnosis = diagnose(attempt, config, on_window=lambda done, total: advance())
     if args.json:
         print(json.dumps(diagnosis.document(), indent=2, default=str))
-        return 0
-    print_diagnosis(diagnosis, evidence=args.evidence)
+    else:
+        print_diagnosis(diagnosis, evidence=args.evidence)
+    # what the store lacked (damaged files, uncommitted windows) and, on a read-only store,
+    # that only storing the incidents was skipped: the diagnosis above stands
+    for line in [*diagnosis.missing, *([diagnosis.store_note] if diagnosis.store_note else [])]:
+        stderr_console().print(f"[yellow]{term(line)}[/yellow]", markup=True, highlight=False)
     return 0
 
 
