@@ -10,13 +10,25 @@ from pathlib import Path
 
 from argus.errors import ConfigError
 
-__all__ = ["ServeConfig", "is_loopback", "ENV_TOKEN", "DEFAULT_PORT", "MIN_TOKEN_CHARS"]
+__all__ = ["ServeConfig", "is_loopback", "ENV_TOKEN", "DEFAULT_PORT", "MIN_TOKEN_CHARS", "MAX_PENDING_CONNECTIONS",
+           "MAX_CONNECTIONS", "PENDING_DEADLINE_S", "SOCKET_TIMEOUT_S"]
 
 DEFAULT_PORT = 8765
 ENV_TOKEN = "ARGUS_SERVE_TOKEN"  # the access token, when not given as --token (keeps it out of `ps`)
 #: Shortest token accepted. 16 characters of even a lowercase-and-digits alphabet are ~82
 #: bits: not guessable over HTTP, while a one-word token falls to a dictionary in seconds.
 MIN_TOKEN_CHARS = 16
+#: Connections not yet authorised, at most. A browser opens ~6 per host; the cap stops a local
+#: user (or, beyond loopback, anyone) from holding a thread each with idle sockets.
+MAX_PENDING_CONNECTIONS = 32
+#: Connections in all (one thread each), authorised or not: a few browsers' worth of tabs.
+MAX_CONNECTIONS = 128
+#: Seconds a new connection has to deliver a complete, authorised request, counted from
+#: accept: ample for any client on a LAN, short enough that a slow drip frees its slot soon.
+PENDING_DEADLINE_S = 5.0
+#: Seconds any single read or write may block: an idle keep-alive connection, or a client
+#: that stops reading a response, is dropped after this long.
+SOCKET_TIMEOUT_S = 30.0
 _TOKEN_CHARS = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no space: travels in a header as written
 _LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
 
@@ -36,7 +48,8 @@ def is_loopback(host: str) -> bool:
 class ServeConfig:
     """``host`` defaults to loopback. Any other address serves the store's data to the
     network, so it needs a ``token`` (every request then carries it) or an explicit
-    ``insecure``. ``poll_s`` is how often pages ask the server whether the store changed."""
+    ``insecure``. ``poll_s`` is how often pages ask the server whether the store changed.
+    The connection limits are described at their defaults (``MAX_PENDING_CONNECTIONS`` …)."""
 
     store: Path
     host: str = "127.0.0.1"
@@ -45,6 +58,10 @@ class ServeConfig:
     insecure: bool = False
     poll_s: float = 3.0
     quiet: bool = True  # no per-request log lines
+    max_pending: int = MAX_PENDING_CONNECTIONS
+    max_connections: int = MAX_CONNECTIONS
+    pending_deadline_s: float = PENDING_DEADLINE_S
+    socket_timeout_s: float = SOCKET_TIMEOUT_S
 
     def __post_init__(self) -> None:
         self.store = Path(self.store)
@@ -62,6 +79,12 @@ class ServeConfig:
             if not _TOKEN_CHARS.match(self.token):
                 raise ConfigError(f"--token (or {ENV_TOKEN}) may hold only printable ASCII without spaces (it "
                                   f"travels in an HTTP header); {make}")
+        if not 1 <= self.max_pending <= self.max_connections:
+            raise ConfigError(f"max_pending must be between 1 and max_connections ({self.max_connections}), "
+                              f"got {self.max_pending!r}")
+        if not 0.05 <= self.pending_deadline_s <= 600 or not 0.05 <= self.socket_timeout_s <= 3600:
+            raise ConfigError("pending_deadline_s must be in 0.05..600 s and socket_timeout_s in 0.05..3600 s, got "
+                              f"{self.pending_deadline_s!r} and {self.socket_timeout_s!r}")
         if not 0.5 <= self.poll_s <= 3600:
             raise ConfigError(f"poll_s must be between 0.5 and 3600 seconds, got {self.poll_s!r}")
         if not is_loopback(self.host) and self.token is None and not self.insecure:

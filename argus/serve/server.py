@@ -14,10 +14,10 @@ Security model (see ``docs/report.md``):
 * pages carry a Content-Security-Policy that lets only the page's own nonce-tagged script
   run and connect only to this server; user strings are escaped on the server;
 * a connection that has not yet sent an authorised request is *pending*: at most
-  ``MAX_PENDING_CONNECTIONS`` of them, each given ``PENDING_DEADLINE_S`` in all to send one
-  (idle and slowloris connections are cut), and ``MAX_CONNECTIONS`` in all; over a cap a new
-  connection gets an immediate 503 and is closed, while authorised ones keep working; every
-  read and write has a ``SOCKET_TIMEOUT_S`` timeout;
+  ``max_pending`` of them, each given ``pending_deadline_s`` in all to send one (idle and
+  slowloris connections are cut), and ``max_connections`` in all (see ``ServeConfig``); over a
+  cap a new connection gets an immediate 503 and is closed, while authorised ones keep
+  working; every read and write has a ``socket_timeout_s`` timeout;
 * only attempts and files reached from the store's root without a symbolic link, and
   resolving inside it, are listed or served.
 """
@@ -58,17 +58,6 @@ _SEGMENT_OK = re.compile(r"^[^/\\\x00-\x1f]+$")
 _EVIDENCE_FILE = re.compile(r"^[0-9A-Za-z_-]+\.pftrace$")
 _JSON_CSP = "default-src 'none'; frame-ancestors 'none'"
 
-#: Connections not yet authorised, at most. A browser opens ~6 per host; the cap stops a local
-#: user (or, beyond loopback, anyone) from holding a thread each with idle sockets.
-MAX_PENDING_CONNECTIONS = 32
-#: Connections in all (one thread each), authorised or not: a few browsers' worth of tabs.
-MAX_CONNECTIONS = 128
-#: Seconds a new connection has to deliver a complete, authorised request, counted from
-#: accept: ample for any client on a LAN, short enough that a slow drip frees its slot soon.
-PENDING_DEADLINE_S = 5.0
-#: Seconds any single read or write may block: an idle keep-alive connection, or a client
-#: that stops reading a response, is dropped after this long.
-SOCKET_TIMEOUT_S = 30.0
 _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 23\r\n"
          b"Retry-After: 5\r\nConnection: close\r\n\r\ntoo many connections\r\n\r\n")
 
@@ -129,8 +118,8 @@ class ArgusServer(ThreadingHTTPServer):
         """Admit a connection as pending, or answer 503 at once and close it."""
         with self._conn_lock:
             pending = sum(1 for d in self._conns.values() if d is not None)
-            if len(self._conns) < MAX_CONNECTIONS and pending < MAX_PENDING_CONNECTIONS:
-                self._conns[request] = time.monotonic() + PENDING_DEADLINE_S
+            if len(self._conns) < self.config.max_connections and pending < self.config.max_pending:
+                self._conns[request] = time.monotonic() + self.config.pending_deadline_s
                 return True
             self.refused += 1
         try:
@@ -217,9 +206,12 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "argus-serve"
     sys_version = ""
     protocol_version = "HTTP/1.1"
-    timeout = SOCKET_TIMEOUT_S  # set on the socket by StreamRequestHandler.setup
 
     # -- plumbing ----------------------------------------------------------------------
+    def setup(self) -> None:
+        self.timeout = self.server.config.socket_timeout_s  # StreamRequestHandler.setup sets it on the socket
+        super().setup()
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
         if not self.server.config.quiet:
             super().log_message(format, *args)

@@ -65,3 +65,15 @@ def test_the_ui_is_read_only(simulated, serve):
         r = conn.getresponse()
         assert r.status == 405 and r.getheader("Allow") == "GET, HEAD"
         conn.close()
+
+
+@pytest.mark.parametrize("token", ["x", "s3cret", "fifteen-chars-x", "sixteen chars ok", "sixteen-chars-\u00e9k"])
+def test_short_or_unprintable_tokens_are_refused_with_a_clear_error(tmp_path, capsys, token):
+    from argus.cli.main import main
+
+    with pytest.raises(ConfigError, match="--token"):
+        ServeConfig(store=tmp_path, token=token)
+    assert main(["serve", str(tmp_path), "--port", "0", "--token", token]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("argus: error: --token") and "Traceback" not in err and err.count("\n") == 1
+    ServeConfig(store=tmp_path, token="sixteen-chars-ok")
