@@ -15,7 +15,11 @@ import pyarrow as pa
 from argus.store import TABLES, conform
 
 __all__ = ["Incident", "IncidentClass", "State", "Severity", "Action", "CLASSES", "STATES", "SEVERITIES", "ACTIONS", "WARNING_PCT", "CRITICAL_PCT", "grade",
+
            "incidents_table", "incidents_document"]
+
+#: Host name the topology reader gives a rank no host reported (``Topology.from_table``).
+UNKNOWN_HOST = "unknown"
 
 class IncidentClass(StrEnum):
     """Root-cause classes (DESIGN.md §7). Members are their strings: JSON, Parquet and
@@ -94,6 +98,11 @@ class Incident:
         # a misspelt class, state, severity or action fails here, where it is made
         object.__setattr__(self, "klass", IncidentClass(self.klass))
         self.state, self.severity, self.action = State(self.state), Severity(self.severity), Action(self.action)
+        if self.action == Action.CORDON_NODE and not any(h and h != UNKNOWN_HOST for h in self.hosts):
+            # no topology row for the culprits: naming no host, we cannot send anyone to cordon one
+            self.action = Action.RAISE_TRACE_FIDELITY
+            self.summary += (" — their host is unknown (the store has no topology rows for these ranks), so no "
+                             "host action is recommended")
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Severity and state are bounded by the impact, by construction: an incident is never
