@@ -7,6 +7,7 @@ from pathlib import Path
 
 from argus.cli.progress import progress_bar, stderr_console
 from argus.text import term
+from argus.text import term
 
 __all__ = ["register"]
 
@@ -42,4 +43,6 @@ def run(args: argparse.Namespace) -> int:
     stderr_console().print(
         f"report [bold]{term(out)}[/bold]: {result.bytes / 1e6:.2f} MB, {result.incidents} incident(s); "
         f"diagnosis {diagnosis.timings_s.get('total', 0.0):.1f} s, report {result.render_s:.1f} s")
+    for line in diagnosis.missing:  # what the store lacked: damaged files, uncommitted windows, windows without phases
+        stderr_console().print(f"[yellow]{term(line)}[/yellow]", markup=True, highlight=False)
     return 0

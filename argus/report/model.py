@@ -117,7 +117,8 @@ class ReportData:
     def step_range(self) -> tuple[int, int] | None:
         if not len(self.series.steps):
             return None
-        return int(self.series.steps[0]), int(self.series.steps[-1] + self.series.steps_per_point - 1)
+        # Python ints: numpy int64 arithmetic wraps on a step number near 2**63
+        return int(self.series.steps[0]), int(self.series.steps[-1]) + int(self.series.steps_per_point) - 1
 
     def summary_json(self) -> dict[str, Any]:
         """The cheap part, for the web UI's JSON API."""
