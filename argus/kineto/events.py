@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from argus.kineto.limits import MAX_INT32, MAX_NAME_CHARS, MAX_WORLD_SIZE, Rejects, as_world_size
 from argus.kineto.names import phase_name
 
 __all__ = ["StepArrays", "PhaseArrays", "KernelArrays", "Collected", "StepIndex", "ns", "build_steps",
@@ -76,8 +77,10 @@ class Collected:
         self.steps: list[tuple[int, float, float, bool]] = []
         # (name, ts, dur, external id, tid, on_gpu, argus metadata or None)
         self.ann: list[tuple[str, float, float, int, Any, bool, dict | None]] = []
-        # record_param_comms: (ts, dur, tid, args)
+        # record_param_comms: (ts, dur, tid, the args that name its group)
         self.rpc: list[tuple[float, float, Any, dict]] = []
+        self.strings: dict[str, str] = {}  # annotation names and group strings, one copy each
+        self.rejects = Rejects()  # events left out for a bad value
 
     def time_range(self) -> tuple[float, float] | None:
         """First start and last end (µs) over the events kept, or None when there are none."""
@@ -174,12 +177,16 @@ def build_kernels(c: Collected, base_ns: int, index: StepIndex, dropped: dict[st
 
 
 def _parse_ranks(value: Any) -> tuple[int, ...] | None:
+    """A list of ranks (or its JSON text): ints in ``[0, MAX_WORLD_SIZE)``, at most that many."""
     if isinstance(value, str):
+        if len(value) > 16 * MAX_WORLD_SIZE:  # longer than the list of every possible rank
+            return None
         try:
             value = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
-    if isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value):
+    if (isinstance(value, (list, tuple)) and len(value) <= MAX_WORLD_SIZE
+            and all(type(v) is int and 0 <= v < MAX_WORLD_SIZE for v in value)):
         return tuple(sorted(value))
     return None
 
@@ -188,13 +195,13 @@ def process_groups(dist: dict) -> dict[str, tuple[int, ...]]:
     """``distributedInfo.pg_config`` → pg name → member ranks (``[]`` with the world's size = all)."""
     cfg = dist.get("pg_config")
     entries = cfg.values() if isinstance(cfg, dict) else cfg if isinstance(cfg, list) else []
-    world = dist.get("world_size")
+    world = as_world_size(dist.get("world_size"))
     out: dict[str, tuple[int, ...]] = {}
     for e in entries:
         if not isinstance(e, dict):
             continue
         ranks = _parse_ranks(e.get("ranks"))
-        if not ranks and isinstance(world, int) and e.get("pg_size") == world:
+        if not ranks and world is not None and type(e.get("pg_size")) is int and e.get("pg_size") == world:
             ranks = tuple(range(world))
         if ranks:
             out[str(e.get("pg_name", len(out)))] = ranks
@@ -207,10 +214,11 @@ def _rpc_ranks(args: dict, pgs: dict[str, tuple[int, ...]]) -> tuple[int, ...] |
     if ranks:
         return ranks
     name = args.get("Process Group Name")
-    if name is not None and str(name) in pgs:
+    if type(name) in (str, int) and str(name) in pgs:
         return pgs[str(name)]
     start, stride, size = args.get("Global rank start"), args.get("Global rank stride"), args.get("Group size")
-    if all(isinstance(v, int) for v in (start, stride, size)) and stride > 0 and size > 0:
+    if (type(start) is int and type(stride) is int and type(size) is int and start >= 0 and stride > 0 and size > 0
+            and start + stride * (size - 1) < MAX_WORLD_SIZE):
         return tuple(range(start, start + stride * size, stride))
     return None
 
@@ -259,13 +267,13 @@ def build_phases(c: Collected, base_ns: int, index: StepIndex, pgs: dict[str, tu
         a = ann[i]
         info = phase_name(a[0])
         meta = a[6] or (ann[twin[i]][6] if twin[i] >= 0 else None) or _EMPTY
-        names.append(str(meta.get("name", info.name)))
-        cat = str(meta.get("category", info.category))
+        names.append(_text(meta.get("name"), info.name))
+        cat = _text(meta.get("category"), info.category)
         cats.append(cat)
-        kinds.append(str(meta.get("group_kind", info.group_kind)))
+        kinds.append(_text(meta.get("group_kind"), info.group_kind))
         mb = meta.get("microbatch", info.microbatch)
-        mbs.append(mb if isinstance(mb, int) else -1)
-        unfinished.append(bool(meta.get("unfinished")))
+        mbs.append(mb if type(mb) is int and 0 <= mb <= MAX_INT32 else -1)
+        unfinished.append(meta.get("unfinished") is True)
         if cat != "comm" or kinds[-1] or "group_kind" in meta:
             continue
         anchor = ann[anchor_idx[i]]
@@ -280,6 +288,11 @@ def build_phases(c: Collected, base_ns: int, index: StepIndex, pgs: dict[str, tu
         group_kind=np.array(kinds, dtype=object), group_ref=group_ref,
         microbatch=np.array(mbs, np.int32), step=step[rows].astype(np.int64), start_ns=start[rows],
         dur_ns=np.where(np.array(unfinished, bool), -1, dur[rows]))
+
+
+def _text(value: Any, default: str) -> str:
+    """A string field of Argus' own metadata; anything else (or an absurdly long one) → ``default``."""
+    return value if type(value) is str and len(value) <= MAX_NAME_CHARS else default
 
 
 def _collective_ranks(ann: tuple, rpc: list[tuple], rpc_starts: list[float],

@@ -12,13 +12,16 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from argus.kineto.limits import MAX_STEP, MAX_WORLD_SIZE
+
 __all__ = ["PhaseName", "phase_name", "profiler_step", "rank_from_filename", "COMM_PREFIXES"]
 
 #: Annotation prefixes PyTorch gives collectives (``nccl:all_reduce``, ``gloo:broadcast``…).
 COMM_PREFIXES = ("nccl:", "gloo:", "mpi:", "ucc:", "xccl:")
 
 _PROFILER_STEP = re.compile(r"^ProfilerStep\s*#\s*(\d+)$")
-_WRAPPED = re.compile(r"^##\s*(.*?)\s*##$", re.S)
+#: More digits than any step or rank can have: longer runs are refused before ``int()`` parses them.
+_MAX_DIGITS = 19
 _MICROBATCH = re.compile(r"(?:^|[-_.\s])(?:mb|microbatch)[-_]?(\d+)(?=$|[-_.\s])", re.I)
 # Collective / point-to-point words as whole tokens: ``tp-allreduce``, ``dp-reduce-scatter``,
 # ``pp-send``, ``barrier``, ``## alltoall_fwd_single ##`` — but not ``sendmail`` or ``KJTAllToAllSplits``.
@@ -39,13 +42,22 @@ class PhaseName:
     microbatch: int  # from ``…-mb7`` / ``microbatch_7``, else -1
 
 
-@lru_cache(maxsize=65536)
+#: Names up to this many characters are cached (names repeat every step); longer ones, rare and
+#: possibly hostile, are parsed each time so the cache stays under 64 MB.
+_CACHED_NAME_CHARS = 1024
+
+
 def phase_name(raw: str) -> PhaseName:
     """Phase fields of an annotation name (cached: names repeat every step)."""
+    return _cached_phase_name(raw) if len(raw) <= _CACHED_NAME_CHARS else _phase_name(raw)
+
+
+def _phase_name(raw: str) -> PhaseName:
     text = str(raw).strip()
-    m = _WRAPPED.match(text)
-    if m and m.group(1):
-        text = m.group(1)
+    # ``## forward ##`` → ``forward``. Not a regex: ``^##\s*(.*?)\s*##$`` backtracks in the cube
+    # of the length on ``##`` + spaces (18 s for 4,000 characters).
+    if len(text) >= 4 and text.startswith("##") and text.endswith("##") and text[2:-2].strip():
+        text = text[2:-2].strip()
     low = text.lower()
     comm = low.startswith(COMM_PREFIXES) or _COMM_WORD.search(low) is not None
     group = ""
@@ -53,17 +65,32 @@ def phase_name(raw: str) -> PhaseName:
         g = _GROUP_PREFIX.match(low)
         group = g.group(1) if g else ""
     mb = _MICROBATCH.search(text)
-    return PhaseName(text, "comm" if comm else "compute", group, int(mb.group(1)) if mb else -1)
+    digits = mb.group(1).lstrip("0") or "0" if mb else ""
+    microbatch = int(digits) if digits and len(digits) <= 9 else -1  # int32, and int() refuses 4,300+ digits
+    return PhaseName(text, "comm" if comm else "compute", group, microbatch)
+
+
+_cached_phase_name = lru_cache(maxsize=65536)(_phase_name)
 
 
 def profiler_step(name: str) -> int | None:
-    """``ProfilerStep#12`` → 12; anything else → None."""
+    """``ProfilerStep#12`` → 12; not a step name → None; a step number above
+    :data:`~argus.kineto.limits.MAX_STEP` → -1 (the caller counts it and leaves the step out)."""
     m = _PROFILER_STEP.match(name)
-    return int(m.group(1)) if m else None
+    if not m:
+        return None
+    digits = m.group(1).lstrip("0") or "0"
+    if len(digits) > _MAX_DIGITS or int(digits) > MAX_STEP:
+        return -1
+    return int(digits)
 
 
 def rank_from_filename(filename: str) -> int | None:
     """``rank3.json``, ``trace_rank-3.json.gz``, ``rank_3.pt.trace.json`` → 3 (the last match wins,
-    so a directory-like prefix such as ``rank0_runs/…`` in a flattened name does not)."""
+    so a directory-like prefix such as ``rank0_runs/…`` in a flattened name does not); a number
+    that cannot be a rank (≥ :data:`~argus.kineto.limits.MAX_WORLD_SIZE`) → None."""
     found = _RANK_IN_NAME.findall(filename)
-    return int(found[-1]) if found else None
+    if not found:
+        return None
+    digits = found[-1].lstrip("0") or "0"
+    return int(digits) if len(digits) <= _MAX_DIGITS and int(digits) < MAX_WORLD_SIZE else None

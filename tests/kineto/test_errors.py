@@ -50,7 +50,7 @@ def test_broken_files_are_reported_and_the_good_ranks_imported(mixed_dir, tmp_pa
     (b'{"schemaVersion": 1}', "no traceEvents array"),
     (b'{"traceEvents": []}', "traceEvents array is empty"),
     (b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "soon", "dur": 1, '
-     b'"args": {"stream": 7}}]}', "malformed trace event"),
+     b'"args": {"stream": 7}}]}', "no usable trace events: 1 kernel event: ts not a number"),
 ])
 def test_read_errors_name_the_file_and_the_problem(tmp_path, content, problem):
     path = tmp_path / "rank0.json"
