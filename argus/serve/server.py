@@ -84,6 +84,7 @@ class ArgusServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # listen backlog: a burst of connections is queued and answered (503 over the cap)
 
     def __init__(self, config: ServeConfig):
         self.config = config
