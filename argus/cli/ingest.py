@@ -9,6 +9,7 @@ import time
 from typing import Callable
 
 from argus.cli.progress import progress_bar, stderr_console, stdout_console
+from argus.text import term
 
 __all__ = ["register"]
 
@@ -53,6 +54,13 @@ class _ByteProgress:
             self._shown = mb
 
 
+def _size(path: object) -> int:
+    try:
+        return os.path.getsize(path)  # type: ignore[arg-type]
+    except OSError:  # a dangling link: the reader reports it
+        return 0
+
+
 def run_ingest_kineto(args: argparse.Namespace) -> int:
     from argus.kineto import find_trace_files, import_traces, read_traces
     from argus.store import Store
@@ -61,7 +69,7 @@ def run_ingest_kineto(args: argparse.Namespace) -> int:
     parse_layout(args.layout, order=args.order)  # a typo fails now, not after minutes of parsing
     files = find_trace_files(args.paths)
     Store.create(args.out)  # so does an --out that is not a store
-    total = sum(os.path.getsize(f) for f in files)
+    total = sum(_size(f) for f in files)
     t0 = time.perf_counter()
     with progress_bar(f"reading {len(files)} trace file{'s' * (len(files) != 1)}", max(1, total // _MB)) as adv:
         traces, failures = read_traces(files, jobs=args.jobs, on_bytes=_ByteProgress(adv))
@@ -76,7 +84,8 @@ def run_ingest_kineto(args: argparse.Namespace) -> int:
             "store": str(result.store), "run_id": result.run_id, "attempt_id": result.attempt_id,
             "layout": result.layout, "world_size": result.world_size, "ranks": result.ranks, "rows": result.rows,
             "parse_s": round(parse_s, 3), "write_s": round(result.write_s, 3),
-            "files": [f.__dict__ for f in result.files],
+            "files": [f.__dict__ for f in result.files], "events_left_out": sum(
+                n["events"] for f in result.files for n in f.rejected.values()),
             "failures": [{"path": f.path, "problem": str(f)} for f in result.failures]}, indent=2))
     else:
         from rich.table import Table
@@ -88,7 +97,7 @@ def run_ingest_kineto(args: argparse.Namespace) -> int:
             table.add_column(col, justify="left" if col == "file" else "right")
         for f in result.files:
             rate = f.bytes_read / f.parse_s / 1e6 if f.parse_s > 0 else 0.0
-            table.add_row(str(f.rank), os.path.basename(f.path), str(f.steps), f"{f.phases:,}", f"{f.kernels:,}",
+            table.add_row(str(f.rank), term(os.path.basename(f.path)), str(f.steps), f"{f.phases:,}", f"{f.kernels:,}",
                           f"{f.bytes_read / 1e6:.1f}", f"{rate:.0f}")
         out.print(table)
         out.print(f"{len(result.files)} rank{'s' * (len(result.files) != 1)} of {result.world_size}; "
@@ -96,11 +105,13 @@ def run_ingest_kineto(args: argparse.Namespace) -> int:
                   + f"; parsed in {parse_s:.2f} s, written in {result.write_s:.2f} s")
         for f in result.files:
             for note in f.notes:
-                err.print(f"[yellow]note[/yellow] {f.path}: {note}")
+                err.print(f"[yellow]note[/yellow] {term(f.path)}: {term(note)}")
             for what, n in f.dropped.items():
-                err.print(f"[yellow]note[/yellow] {f.path}: {n:,} {what} outside every ProfilerStep were left out")
+                err.print(f"[yellow]note[/yellow] {term(f.path)}: {n:,} {what} outside every ProfilerStep were left out")
+            for line in f.rejected_lines:
+                err.print(f"[yellow]left out[/yellow] {term(f.path)}: {term(line)}")
     for failure in result.failures:
-        err.print(f"[red]failed[/red] {failure}")
+        err.print(f"[red]failed[/red] {term(failure)}")
     if result.failures:
         err.print(f"[red]{len(result.failures)} of {len(files)} files not imported[/red]")
         return 1

@@ -32,11 +32,10 @@ MAX_STRING_BYTES = 1 << 20
 #: Nesting level of one trace event: the file's object (1) → ``traceEvents`` (2) → the event (3).
 _EVENT_DEPTH = 3
 _BOM = b"\xef\xbb\xbf"
-_QUOTE, _BACKSLASH = 0x22, 0x5C
-_OPEN = np.zeros(256, np.int8)
-_OPEN[[0x5B, 0x7B]] = 1  # [ {
-_CLOSE = np.zeros(256, np.int8)
-_CLOSE[[0x5D, 0x7D]] = 1  # ] }
+# Byte classes, for one ``bytes.translate`` per chunk: open, close, quote, backslash; 0 for the rest.
+_O, _C, _Q, _B = 1, 2, 3, 4
+_CLASSES = bytes(_O if b in b"[{" else _C if b in b"]}" else _Q if b == 0x22 else _B if b == 0x5C else 0
+                 for b in range(256))
 
 
 class JsonLimitError(ValueError):
@@ -80,30 +79,24 @@ class JsonGuard:
         return f"at byte {at:,}"
 
     def _check(self, data: bytes) -> None:
-        a = np.frombuffer(data, np.uint8)
-        n = a.size
-        quote = a == _QUOTE
-        backslash = a == _BACKSLASH
-        if self._backslashes or backslash.any():  # a quote after an odd run of backslashes is escaped
-            idx = np.arange(n, dtype=np.int64)
-            last_plain = np.maximum.accumulate(np.where(backslash, -1, idx))
-            run = np.where(last_plain >= 0, idx - last_plain, idx + 1 + self._backslashes)  # run ending at i
-            before = np.empty(n, np.int64)
-            before[0] = self._backslashes
-            before[1:] = run[:-1]
-            quote &= (before % 2) == 0
-            self._backslashes = int(run[-1]) if backslash[-1] else 0
-        quotes = np.flatnonzero(quote)
-        # Parity of the quotes before each byte (plus the carried state) says whether it is in a string.
-        inside = (np.cumsum(quote) - quote + self._in_string) % 2 == 1
-        opens = (_OPEN[a] == 1) & ~inside
-        closes = (_CLOSE[a] == 1) & ~inside
-        delta = opens.astype(np.int32) - closes.astype(np.int32)
-        depth = self._depth + np.cumsum(delta, dtype=np.int64)
-        event_opens = np.flatnonzero(opens & (depth == _EVENT_DEPTH))
+        # One C pass classifies every byte; the rest works on the few structural ones.
+        cls_all = np.frombuffer(data.translate(_CLASSES), np.uint8)
+        pos = np.flatnonzero(cls_all)
+        cls = cls_all[pos]
+        is_quote = cls == _Q
+        if self._backslashes or (cls == _B).any():
+            is_quote &= self._unescaped(cls_all, pos)
+        # Parity of the quotes before each token (plus the carried state): is it inside a string?
+        before = np.cumsum(is_quote) - is_quote
+        inside = (before + self._in_string) % 2 == 1
+        structural = ((cls == _O) | (cls == _C)) & ~inside
+        spos = pos[structural]
+        depth = self._depth + np.cumsum(np.where(cls[structural] == _O, 1, -1))
+        opens = cls[structural] == _O
+        event_opens = spos[opens & (depth == _EVENT_DEPTH)]
         too_deep = np.flatnonzero(depth > self._max_depth)
         if too_deep.size:
-            i = int(too_deep[0])
+            i = int(spos[too_deep[0]])
             earlier = event_opens[event_opens <= i]
             if earlier.size:
                 self._event_start = self.offset + int(earlier[-1])
@@ -111,8 +104,21 @@ class JsonGuard:
                                  "(Kineto traces nest about 6 deep)")
         if event_opens.size:
             self._event_start = self.offset + int(event_opens[-1])
-        self._depth = int(depth[-1])
-        self._check_strings(quotes, n)
+        if depth.size:
+            self._depth = int(depth[-1])
+        self._check_strings(pos[is_quote], len(data))
+
+    def _unescaped(self, cls_all: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """For each token, whether it is not preceded by an odd run of backslashes (only quotes
+        care). Dense over the chunk, but only chunks holding a backslash pay for it."""
+        n = cls_all.size
+        backslash = cls_all == _B
+        idx = np.arange(n, dtype=np.int64)
+        last_plain = np.maximum.accumulate(np.where(backslash, -1, idx))
+        run = np.where(last_plain >= 0, idx - last_plain, idx + 1 + self._backslashes)  # run ending at i
+        run_before = np.concatenate(([self._backslashes], run[:-1]))
+        self._backslashes = int(run[-1]) if backslash[-1] else 0
+        return np.asarray(run_before[pos] % 2 == 0)
 
     def _check_strings(self, quotes: np.ndarray, n: int) -> None:
         """Lengths of the strings closed in this chunk, and of the one left open at its end."""

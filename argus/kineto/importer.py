@@ -13,12 +13,13 @@ because a step's window gathers all ranks.
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NoReturn, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +29,9 @@ from argus.kineto.format import KIND_CODES, KIND_NAMES
 from argus.kineto.reader import RankTrace, read_trace
 from argus.store import Store
 from argus.topology import Layout, RunIdentity, Topology, new_run_id, parse_layout
+
+if TYPE_CHECKING:
+    from argus.store import Attempt
 
 __all__ = ["Failure", "FileReport", "ImportResult", "find_trace_files", "read_traces", "import_traces",
            "import_kineto", "WRITER_ID", "group_kind_of"]
@@ -66,6 +70,8 @@ class FileReport:
     parse_s: float
     dropped: dict[str, int]
     notes: list[str]
+    rejected: dict[str, dict[str, int]] = field(default_factory=dict)  # see ``limits.Rejects.to_json``
+    rejected_lines: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -99,19 +105,24 @@ def find_trace_files(paths: Iterable[str | Path]) -> list[Path]:
     out: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
+            # Not only regular files: a FIFO, device or dangling link named like a trace is reported
+            # by the reader as such rather than passed over in silence.
             found = sorted(f for f in p.iterdir()
-                           if f.is_file() and f.name.endswith(_SUFFIXES) and not f.name.startswith("."))
+                           if f.name.endswith(_SUFFIXES) and not f.name.startswith(".") and not f.is_dir())
             if not found:
                 raise IngestError(f"{p}: no .json or .json.gz trace files in this directory")
             out.extend(found)
-        elif p.exists():
+        elif p.exists() or p.is_symlink():
             out.append(p)
         else:
             raise IngestError(f"{p}: no such file or directory")
     seen: set[Path] = set()
     unique = []
     for f in out:
-        key = f.resolve()
+        try:
+            key = f.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: the reader reports it
+            key = f.absolute()
         if key not in seen:
             seen.add(key)
             unique.append(f)
@@ -125,20 +136,27 @@ def _read_one(path: str) -> RankTrace | Failure:
         return Failure(path, str(exc))
 
 
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
 def read_traces(files: Sequence[str | Path], jobs: int | None = None,
                 on_bytes: Callable[[int], None] | None = None) -> tuple[list[RankTrace], list[Failure]]:
     """Parse every file; failures are collected, not raised. ``jobs`` > 1 parses in that many
     processes (default: automatic — parallel only for several files totalling ≥ 32 MB).
     ``on_bytes(n)`` reports progress in bytes of the files on disk."""
-    files = [str(f) for f in files]
-    sizes = {f: (os.path.getsize(f) if os.path.exists(f) else 0) for f in files}
+    names = [str(f) for f in files]
+    sizes = {f: _size(f) for f in names}
     if jobs is None:
         big = sum(sizes.values()) >= _PARALLEL_MIN_BYTES
         jobs = min(len(files), os.cpu_count() or 1, 8) if big else 1
     traces: list[RankTrace] = []
     failures: list[Failure] = []
     if jobs <= 1 or len(files) <= 1:
-        for f in files:
+        for f in names:
             try:
                 traces.append(read_trace(f, on_bytes=on_bytes))
             except IngestError as exc:
@@ -146,9 +164,12 @@ def read_traces(files: Sequence[str | Path], jobs: int | None = None,
     else:
         # spawn, not fork: the caller may run threads (progress display), which fork would copy mid-state.
         with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(_read_one, f): f for f in files}
+            futures = {pool.submit(_read_one, f): f for f in names}
             for fut in as_completed(futures):
-                res = fut.result()
+                try:
+                    res = fut.result()
+                except Exception as exc:  # the worker died (killed for memory?): that file fails, not the import
+                    res = Failure(futures[fut], f"{futures[fut]}: the parsing process failed ({type(exc).__name__}: {exc})")
                 (failures if isinstance(res, Failure) else traces).append(res)  # type: ignore[arg-type]
                 if on_bytes is not None:
                     on_bytes(sizes[futures[fut]])
@@ -228,7 +249,11 @@ def _by_step(table: pa.Table, steps: np.ndarray) -> dict[int, pa.Table]:
     return {int(s): table.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i])) for i, s in enumerate(uniq)}
 
 
-def _rank_tables(t: RankTrace, layout: Layout) -> tuple[dict[int, pa.Table], dict[int, pa.Table], dict[int, pa.Table]]:
+#: One rank's steps, phases and kernels, each split by step.
+_RankTables = tuple[dict[int, pa.Table], dict[int, pa.Table], dict[int, pa.Table]]
+
+
+def _rank_tables(t: RankTrace, layout: Layout) -> _RankTables:
     assert t.rank is not None
     rank = t.rank
     s = t.steps
@@ -268,8 +293,6 @@ def import_traces(traces: list[RankTrace], out: str | Path, layout: str | Mappin
     become failures. An empty ``layout`` is pure data parallelism over the traces'
     ``distributedInfo.world_size`` (else over the highest rank present). Two traces of one rank, or a layout that cannot hold
     the ranks, are errors (nothing is written). ``on_window(step)`` reports progress."""
-    from argus.store import WindowData, WindowWriter
-
     t0 = time.perf_counter()
     failures = list(failures)
     ranked: list[RankTrace] = []
@@ -287,20 +310,64 @@ def import_traces(traces: list[RankTrace], out: str | Path, layout: str | Mappin
         by_rank[t.rank] = t
         ranked.append(t)
     if not ranked:
-        detail = "; ".join(str(f) for f in failures) or "no trace files given"
-        raise IngestError(f"nothing imported: {detail}")
+        _nothing_imported(failures)
     lay = _resolve_layout(layout, order, ranked)
     topology = _topology(lay, gpus_per_host, ranked)
+    # Every rank's tables are built before the attempt exists: a rank whose values still cannot
+    # be stored fails alone, and an import that keeps no rank leaves no (empty) attempt behind.
+    per_rank: list[_RankTables] = []
+    good: list[RankTrace] = []
+    for t in ranked:
+        try:
+            per_rank.append(_rank_tables(t, lay))
+            good.append(t)
+        except Exception as exc:  # noqa: BLE001 - whatever a file's values cause, it is that file's failure
+            failures.append(Failure(t.path, f"{t.path}: cannot store the trace's values ({type(exc).__name__}: {exc})"))
+    if not good:
+        _nothing_imported(failures)
+    failures.sort(key=lambda f: f.path)
     store = Store.create(out)
     identity = RunIdentity(run_id or new_run_id("kineto"))
+    run_dir = store.attempt_path(identity).parent
+    new_run_dir = not run_dir.exists()
     attempt = store.create_attempt(identity, topology, source="kineto", extra={
-        "imported_ranks": len(ranked), "traced_world_size": max((t.world_size or 0) for t in ranked) or None})
-    writer = WindowWriter(attempt, WRITER_ID, raw_kernels=True)
-
-    per_rank = [_rank_tables(t, lay) for t in ranked]
-    all_steps = sorted(set().union(*(set(s) | set(p) | set(k) for s, p, k in per_rank)))
+        "imported_ranks": len(good), "traced_world_size": max((t.world_size or 0) for t in good) or None})
     result = ImportResult(store=Path(out), run_id=identity.run_id, attempt_id=identity.attempt_id,
                           layout=str(lay), world_size=lay.world_size, failures=failures)
+    try:
+        _write_windows(attempt, per_rank, result, on_window)
+    except BaseException as exc:
+        # This import created the attempt (create_attempt refuses an existing one): a half-written
+        # attempt would later read as a healthy run with missing steps, so it goes.
+        shutil.rmtree(attempt.path, ignore_errors=True)
+        if new_run_dir and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+        if not isinstance(exc, Exception):
+            raise
+        raise IngestError(f"writing {attempt.path} failed ({type(exc).__name__}: {exc}); "
+                          "the partly written attempt was removed") from exc
+    result.files = [FileReport(path=t.path, rank=int(t.rank), rank_source=t.rank_source,  # type: ignore[arg-type]
+                               steps=len(t.steps.step), phases=len(t.phases), kernels=len(t.kernels),
+                               events=t.events, bytes_read=t.bytes_read, file_bytes=t.file_bytes,
+                               parse_s=t.parse_s, dropped=dict(t.dropped), notes=list(t.notes),
+                               rejected=t.rejected.to_json(), rejected_lines=t.rejected.lines())
+                    for t in sorted(good, key=lambda t: t.rank or 0)]
+    result.write_s = time.perf_counter() - t0
+    return result
+
+
+def _nothing_imported(failures: Sequence[Failure]) -> NoReturn:
+    detail = "; ".join(str(f) for f in failures) or "no trace files given"
+    raise IngestError(f"nothing imported: {detail}")
+
+
+def _write_windows(attempt: Attempt, per_rank: list[_RankTables], result: ImportResult,
+                   on_window: Callable[[int], None] | None) -> None:
+    """One window per profiler step, through the live processor's writer."""
+    from argus.store import WindowData, WindowWriter
+
+    writer = WindowWriter(attempt, WRITER_ID, raw_kernels=True)
+    all_steps = sorted(set().union(*(set(s) | set(p) | set(k) for s, p, k in per_rank)))
     for step in all_steps:
         data = WindowData(
             window=step, start_step=step, end_step=step,
@@ -314,13 +381,6 @@ def import_traces(traces: list[RankTrace], out: str | Path, layout: str | Mappin
         if on_window is not None:
             on_window(step)
     result.bytes_written = writer.writer.bytes_written
-    result.files = [FileReport(path=t.path, rank=int(t.rank), rank_source=t.rank_source,  # type: ignore[arg-type]
-                               steps=len(t.steps.step), phases=len(t.phases), kernels=len(t.kernels),
-                               events=t.events, bytes_read=t.bytes_read, file_bytes=t.file_bytes,
-                               parse_s=t.parse_s, dropped=dict(t.dropped), notes=list(t.notes))
-                    for t in sorted(ranked, key=lambda t: t.rank or 0)]
-    result.write_s = time.perf_counter() - t0
-    return result
 
 
 def import_kineto(paths: Iterable[str | Path] | str | Path, out: str | Path, layout: str | Mapping[str, int] = "", *,
