@@ -7,6 +7,8 @@ import logging
 import os
 import socket
 
+from argus.processor.limits import MAX_PENDING_FRAME_BYTES
+
 __all__ = ["register"]
 
 
@@ -20,6 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window-steps", type=int, default=5, help="steps per window (default 5)")
     p.add_argument("--window-timeout", type=float, default=30.0, help="close a window after this many seconds")
     p.add_argument("--max-buffered-events", type=int, default=20_000_000, help="memory cap; beyond it batches are dropped")
+    p.add_argument("--max-pending-frame-mb", type=float, default=MAX_PENDING_FRAME_BYTES / (1 << 20),
+                   help="memory cap on unfinished frames over all connections; the client that passes it is "
+                        f"dropped (default {MAX_PENDING_FRAME_BYTES >> 20})")
+    p.add_argument("--max-connections", type=int, help="connections served at once; more are closed and counted "
+                                                       "(default: half of RLIMIT_NOFILE, at most 1024)")
     p.add_argument("--raw-kernels", action="store_true", help="also store raw kernel events (small jobs)")
     p.add_argument("--no-evidence", action="store_true", help="do not write Perfetto evidence files")
     p.add_argument("--evidence-interval", type=float, default=10.0,
@@ -82,7 +89,9 @@ def run(args: argparse.Namespace) -> int:
                              evidence_interval_s=args.evidence_interval, durable=not args.no_fsync,
                              stacks=not args.no_stacks, stack_hz=args.stack_hz, suspect_stack_hz=args.suspect_stack_hz,
                              hw_interval_s=args.hw_interval, remote_write=remote,
-                             hang=HangConfig(min_s=args.hang_min_s, step_factor=args.hang_step_factor))
+                             hang=HangConfig(min_s=args.hang_min_s, step_factor=args.hang_step_factor),
+                             max_pending_frame_bytes=int(args.max_pending_frame_mb * (1 << 20)),
+                             **({"max_connections": args.max_connections} if args.max_connections else {}))
     mirror = None
     if args.mirror:  # a thread of its own: an unreachable bucket never slows the processor
         from argus.objstore import Mirror, open_objstore

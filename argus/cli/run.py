@@ -58,6 +58,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 NO_RANK_WARN_S = 300.0  # say so once if the job runs this long without a rank connecting
+#: After the job, the processor flushes its open windows and exits. While it flushes it
+#: rewrites its status file every 0.5 s with the windows written and left (``daemon._heartbeat``);
+#: when those have not moved for this long (or the file is not rewritten: the processor is
+#: hung or stopped), it is killed. A window is written in milliseconds; 5 s is many of them.
+PROCESSOR_STALL_S = 5.0
+#: However much progress it makes, the flush is cut here (a job's last windows, not a backlog).
+PROCESSOR_FLUSH_MAX_S = 120.0
 
 
 def _ranks_seen(store: str, host: str) -> int | None:
@@ -69,6 +76,63 @@ def _ranks_seen(store: str, host: str) -> int | None:
         return int(doc.get("ranks_seen", 0))
     except (OSError, ValueError, TypeError):
         return None
+
+
+def _flush_progress(store: str, host: str) -> tuple[object, float]:
+    """What changes while the stopping processor makes progress, and until when it is busy
+    in a bounded wait of its own (wall clock; 0 when none)."""
+    import json
+
+    try:
+        doc = json.loads((Path(store) / "processors" / f"{host}.json").read_text())
+        stopping = doc.get("stopping") or {}
+        return ((doc.get("windows_written"), doc.get("write_errors"), stopping.get("windows_left")),
+                float(stopping.get("busy_until") or 0.0))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None, 0.0
+
+
+def _stop_processor(processor: subprocess.Popen, store: str, host: str, stall_s: float = PROCESSOR_STALL_S,
+                    max_s: float = PROCESSOR_FLUSH_MAX_S) -> tuple[int | None, bool]:
+    """SIGTERM, wait while its flush makes progress, else SIGKILL: ``(exit status, killed)``."""
+    processor.send_signal(signal.SIGTERM)  # it flushes every open window, then exits
+    started = last_move = time.monotonic()
+    seen, _ = _flush_progress(store, host)
+    while processor.poll() is None:
+        now = time.monotonic()
+        mark, busy_until = _flush_progress(store, host)
+        if mark != seen:
+            seen, last_move = mark, now
+        stalled = now - last_move > stall_s and time.time() > busy_until
+        if stalled or now - started > max_s:
+            processor.kill()
+            try:
+                return processor.wait(timeout=10), True
+            except subprocess.TimeoutExpired:  # unkillable (D state): do not hold the job's exit code
+                return None, True
+        time.sleep(0.1)
+    return processor.returncode, False
+
+
+def _exit_text(status: int | None) -> str:
+    if status is None:
+        return "did not exit even after SIGKILL"
+    if status < 0:
+        try:
+            return f"was ended by {signal.Signals(-status).name}"
+        except ValueError:
+            return f"was ended by signal {-status}"
+    return f"exited with status {status}"
+
+
+def _open_log(path: Path) -> int:
+    """The processor's log in the private runtime directory: never through a planted link
+    (``O_NOFOLLOW``), never someone else's file (``O_EXCL`` after removing ours), mode 0600."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
 def _wait_socket(path: Path, proc: subprocess.Popen, timeout_s: float = 30.0) -> bool:
@@ -115,9 +179,11 @@ def run(args: argparse.Namespace) -> int:
             if value is not None:
                 pargs += [flag, str(value)]
         log_path = sock.with_suffix(".log")  # read when it fails; a pipe nobody drains could block it
-        log_file = open(log_path, "w")
-        processor = subprocess.Popen(pargs, stdout=subprocess.DEVNULL, stderr=log_file, text=True)
-        log_file.close()
+        log_fd = _open_log(log_path)
+        try:
+            processor = subprocess.Popen(pargs, stdout=subprocess.DEVNULL, stderr=log_fd, text=True)
+        finally:
+            os.close(log_fd)
         if not _wait_socket(sock, processor):
             err = log_path.read_text() if processor.poll() is not None else "timed out"
             print(f"argus run: the processor could not start ({err.strip().splitlines()[-1] if err.strip() else '?'}); "
@@ -151,16 +217,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        if processor is not None:
-            processor.send_signal(signal.SIGTERM)  # it flushes every open window, then exits
-            try:
-                processor.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                processor.kill()
+        status, killed = _stop_processor(processor, args.store, args.host) if processor is not None else (0, False)
     if processor is not None:
-        if processor.returncode not in (0, -signal.SIGTERM):
-            print(f"argus run: the processor exited with {processor.returncode}; its log is {log_path}",
-                  file=sys.stderr)
+        if killed:
+            print(f"argus run: the processor made no progress flushing for {PROCESSOR_STALL_S:.0f} s after the "
+                  f"command ended; killed it ({_exit_text(status)}); its log is {log_path}", file=sys.stderr)
+        elif status not in (0, -signal.SIGTERM):
+            print(f"argus run: the processor {_exit_text(status)}; its log is {log_path}", file=sys.stderr)
         else:
             log_path.unlink(missing_ok=True)
         if not _ranks_seen(args.store, args.host):

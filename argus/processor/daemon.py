@@ -16,6 +16,7 @@ most the open windows: every closed window is on disk before it is acknowledged.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ import resource
 import selectors
 import signal
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,14 +39,20 @@ from argus.processor.assembler import RankInfo, WindowAssembler
 from argus.processor.cpu_time import CpuTimeSampler
 from argus.processor.hangs import HangConfig, HangWatch, RankView
 from argus.processor.hardware import HardwareSampler
+from argus.processor.limits import (ACCEPT_BACKOFF_S, ATTEMPT_RETRY_S, HELLO_TIMEOUT_S, MAX_NAME_CHARS,
+                                    MAX_NAME_TABLE_BYTES, MAX_PENDING_FRAME_BYTES, DropReason, HelloRefused,
+                                    default_max_connections, drop_reason)
 from argus.processor.samplers import Output, Samplers
 from argus.processor.stacks import StackSampler, find_py_spy, parse_dump, run_dump
 from argus.store import WindowData, WindowWriter
 from argus.store import Attempt, Store
 from argus.store.files import write_bytes_atomic
 from argus.topology import RunIdentity, Topology, parse_layout
-from argus.wire import (DROP_TABLES, KINDS, TABLES_BY_MSG, FrameReader, Msg, RingReader, decode_array, decode_json,
-                        default_socket_path, encode_json)
+from argus.wire import (DROP_TABLES, KINDS, TABLES_BY_MSG, FrameReader, Msg, RingReader, check_private_dir,
+                        decode_array, decode_json, default_socket_path, encode_json, runtime_dir)
+from argus.wire.client import peer_uid
+from argus.wire.hello import Hello, parse_hello
+from argus.wire.ring import OVERFLOW_NAME
 
 __all__ = ["ProcessorConfig", "Processor"]
 
@@ -75,6 +83,8 @@ class ProcessorConfig:
     remote_write: list[Any] = field(default_factory=list)  # argus.tsdb.RemoteWriteConfig per TSDB
     remote_write_flush_s: float = 10.0  # at shutdown, time the sinks get to send what is queued
     hang: HangConfig = field(default_factory=HangConfig)  # live hang detection (processor/hangs.py)
+    max_pending_frame_bytes: int = MAX_PENDING_FRAME_BYTES  # unfinished frames, all connections (limits.py)
+    max_connections: int = field(default_factory=default_max_connections)  # beyond it: accepted, closed, counted
 
     def __post_init__(self) -> None:
         self.store, self.socket_path = Path(self.store), Path(self.socket_path)
@@ -91,6 +101,8 @@ class ProcessorConfig:
             raise ConfigError(f"hw_interval_s must be positive, not {self.hw_interval_s}")
         if self.remote_write_flush_s < 0:
             raise ConfigError(f"remote_write_flush_s must not be negative, not {self.remote_write_flush_s}")
+        if self.max_pending_frame_bytes < 1 or self.max_connections < 1:
+            raise ConfigError("max_pending_frame_bytes and max_connections must be positive")
 
 
 _CPU_OP = KINDS.index("cpu_op")
@@ -114,6 +126,10 @@ class _Conn:
     ring: RingReader | None = None  # the rank's shared-memory ring (from its HELLO)
     pid: int | None = None
     cpu_timed: bool = False  # its CPU ops are converted to CPU time (cpu_time.py)
+    since: float = field(default_factory=time.monotonic)  # when it connected (HELLO_TIMEOUT_S)
+    held: int = 0  # bytes of its unfinished frame counted in Processor._pending_bytes
+    name_bytes: int = 0  # characters of names it added (MAX_NAME_TABLE_BYTES)
+    overflow_index: int = 0  # index of OVERFLOW_NAME in info.names once the table is full
 
 
 @dataclass
@@ -143,7 +159,17 @@ class Processor:
         self.stats: dict[str, Any] = {"started": time.time(), "pid": os.getpid(), "host": config.host,
                                       "socket": str(config.socket_path), "connections": 0, "ranks_seen": 0,
                                       "frames": 0, "events": 0, "garbage_frames": 0, "disconnects": 0,
-                                      "windows_written": 0, "acked": [], "write_errors": 0}
+                                      "windows_written": 0, "acked": [], "write_errors": 0,
+                                      "dropped_clients": {}, "accept_errors": 0, "refused_attempts": {}}
+        self._pending_bytes = 0  # bytes of unfinished frames over all connections
+        self._accept_paused_until = 0.0  # fd exhaustion: the listener rests until then
+        self._refused: dict[tuple[str, str], tuple[float, str]] = {}  # attempt → (retry at, why)
+        self._next_sweep = 0.0
+        # the writer wakes the loop when a window is on disk, so its ACK leaves at once
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._last_status = 0.0
         self._listener: socket.socket | None = None
         samplers = [HardwareSampler(interval_s=config.hw_interval_s)]
@@ -174,7 +200,7 @@ class Processor:
 
     def _listen(self) -> None:
         path = self.config.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _private_parent(path)
         if path.exists():
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -190,6 +216,7 @@ class Processor:
         tmp.unlink(missing_ok=True)
         try:
             lst.bind(str(tmp))  # bound and listening before the path appears: whoever sees it can connect
+            os.chmod(tmp, 0o600)
             lst.listen(256)
             os.replace(tmp, path)
         except OSError:  # e.g. the temporary name is past the 108-byte limit: bind in place
@@ -197,6 +224,7 @@ class Processor:
             lst.close()
             lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             lst.bind(str(path))
+            os.chmod(path, 0o600)
             lst.listen(256)
         lst.setblocking(False)
         self._listener = lst
@@ -227,8 +255,11 @@ class Processor:
         for key, st in self._attempts.items():
             for idx in st.assembler.ready({}, final=True):
                 self._enqueue(key, idx, block=True)
-        self._work.put(None)
-        self._writer.join()
+        self._put_stopping(None)
+        while self._writer.is_alive():
+            self._writer.join(timeout=0.5)
+            self._heartbeat()
+        self._heartbeat(busy_s=self.config.remote_write_flush_s if self._sinks else 0.0)
         self._close_sinks()
         self._handle_done()
         for conn in list(self._conns.values()):
@@ -242,13 +273,22 @@ class Processor:
                 pass
         self._reap_rings()
         self._cpu_time.stop()
+        self.stats.pop("stopping", None)
         self._write_status(force=True)
+        self._sel.unregister(self._wake_r)
+        self._wake_r.close()
+        self._wake_w.close()
         log.info("processor stopped: %d windows written", self.stats["windows_written"])
 
     # -- socket loop ---------------------------------------------------------------------
     def _poll(self, timeout: float) -> None:
         for key, _ in self._sel.select(timeout):
-            if key.data is None:
+            if key.data == "wake":
+                try:
+                    self._wake_r.recv(4096)
+                except OSError:
+                    pass
+            elif key.data is None:
                 self._accept()
             else:
                 self._read(key.data)
@@ -258,13 +298,52 @@ class Processor:
         while True:
             try:
                 sock, _ = self._listener.accept()
-            except BlockingIOError:
+            except (BlockingIOError, InterruptedError):
                 return
+            except OSError as exc:  # EMFILE/ENFILE/ENOBUFS/ENOMEM: rest, keep serving the connected
+                self.stats["accept_errors"] += 1
+                if self.stats["accept_errors"] in (1, 10, 100, 1000):
+                    log.warning("cannot accept a connection (%s); pausing %.1f s", errno.errorcode.get(
+                        exc.errno or 0, exc), ACCEPT_BACKOFF_S)
+                self._sel.unregister(self._listener)
+                self._accept_paused_until = time.monotonic() + ACCEPT_BACKOFF_S
+                return
+            self.stats["connections"] += 1
+            try:
+                uid = peer_uid(sock)
+            except OSError:
+                uid = None
+            if uid is not None and os.getuid() != 0 and uid != os.getuid():
+                self._count_drop(DropReason.FOREIGN_PEER)
+                sock.close()
+                continue
+            if len(self._conns) >= self.config.max_connections:
+                self._count_drop(DropReason.TOO_MANY_CONNECTIONS)
+                sock.close()
+                continue
             sock.setblocking(False)
             conn = _Conn(sock)
             self._conns[sock.fileno()] = conn
             self._sel.register(sock, selectors.EVENT_READ, conn)
-            self.stats["connections"] += 1
+
+    def _resume_accept(self) -> None:
+        if self._accept_paused_until and time.monotonic() >= self._accept_paused_until and self._listener:
+            self._accept_paused_until = 0.0
+            self._sel.register(self._listener, selectors.EVENT_READ, None)
+
+    def _count_drop(self, reason: DropReason) -> None:
+        drops = self.stats["dropped_clients"]
+        drops[str(reason)] = drops.get(str(reason), 0) + 1
+
+    def _sweep(self) -> None:
+        """Close connections that never said HELLO within ``HELLO_TIMEOUT_S``."""
+        now = time.monotonic()
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + 1.0
+        for conn in [c for c in self._conns.values() if c.info is None and now - c.since > HELLO_TIMEOUT_S]:
+            self._count_drop(DropReason.HELLO_TIMEOUT)
+            self._close(conn, reason=None)
 
     def _read(self, conn: _Conn) -> None:
         try:
@@ -278,6 +357,20 @@ class Processor:
             return
         conn.rx.feed(chunk)
         self._drain(conn)
+        if conn.sock.fileno() < 0:
+            return
+        self._pending_bytes += conn.rx.pending_bytes - conn.held
+        conn.held = conn.rx.pending_bytes
+        if self._pending_bytes > self.config.max_pending_frame_bytes:
+            log.warning("%s holds %d bytes of an unfinished frame with %d held in all (limit %d); dropping it",
+                        self._who(conn), conn.held, self._pending_bytes, self.config.max_pending_frame_bytes)
+            self._count_drop(DropReason.FRAME_BUDGET)
+            self._note_drop(conn, "frames", 0, 1, "frame_budget")
+            self._close(conn, reason=None)
+
+    @staticmethod
+    def _who(conn: _Conn) -> str:
+        return f"rank {conn.info.rank}" if conn.info else "an unidentified client"
 
     def _drain(self, conn: _Conn) -> None:
         """Handle every complete frame in the connection's buffer."""
@@ -287,34 +380,45 @@ class Processor:
                     return
                 self.stats["frames"] += 1
                 self._dispatch(conn, msg, payload)
-        except (ProtocolError, KeyError, ValueError, TypeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - whatever a client causes drops that client only
+            reason = drop_reason(exc)
             self.stats["garbage_frames"] += 1
-            who = f"rank {conn.info.rank}" if conn.info else "an unidentified client"
-            log.warning("malformed frame from %s (%s); dropping the connection", who, exc)
-            self._note_drop(conn, "frames", 0, 1, "malformed")
+            self._count_drop(reason)
+            if reason == DropReason.INTERNAL:
+                log.exception("frame from %s failed (%r); dropping the connection", self._who(conn), exc)
+            else:
+                log.warning("%s from %s (%s); dropping the connection", reason, self._who(conn), exc)
+            try:
+                self._note_drop(conn, "frames", 0, 1, "malformed")
+            except Exception:  # noqa: BLE001
+                pass
             conn.rx.clear()
             self._close(conn, reason=None)
 
     def _dispatch(self, conn: _Conn, msg: Msg, payload: bytes) -> None:
         if msg == Msg.HELLO:
-            self._hello(conn, decode_json(payload))
+            try:
+                hello = parse_hello(decode_json(payload))
+            except ProtocolError as exc:
+                raise HelloRefused(str(exc)) from None
+            self._hello(conn, hello)
             return
         if conn.info is None:
             raise ProtocolError(f"{msg.name} before HELLO")
         if msg == Msg.NAMES:
-            doc = decode_json(payload)
-            for k, (i, _) in enumerate(doc):
-                if int(i) != len(conn.id_map) + k:
-                    raise ProtocolError(f"name id {i} out of sequence (expected {len(conn.id_map) + k})")
-            self._add_names(conn, [str(name) for _, name in doc])
+            self._add_names(conn, _parse_names(decode_json(payload), len(conn.id_map)))
         elif msg in TABLES_BY_MSG:
             self._records(conn, msg, decode_array(msg, payload))
         elif msg == Msg.DROPS:
             for row in decode_array(msg, payload):
                 table = DROP_TABLES[min(int(row["table"]), len(DROP_TABLES) - 1)]
-                self._note_drop(conn, table, int(row["events"]), int(row["batches"]), "producer_buffer_full")
+                self._note_drop(conn, table, max(int(row["events"]), 0), max(int(row["batches"]), 0),
+                                "producer_buffer_full")
         elif msg == Msg.FLUSH:
-            seq = int(decode_json(payload)["seq"])
+            doc = decode_json(payload)
+            seq = doc.get("seq") if isinstance(doc, dict) else None
+            if type(seq) is not int or not 0 <= seq < 1 << 63:
+                raise ProtocolError(f"FLUSH seq must be a non-negative 64-bit integer, not {seq!r:.40}")
             st = self._attempts[conn.attempt_key]  # type: ignore[index]
             pending = {(conn.attempt_key, w) for w in st.assembler.force_all()}  # type: ignore[misc]
             conn.flushes.append((seq, pending))
@@ -328,6 +432,16 @@ class Processor:
         """The client's next name ids (in order) → indices of the rank's name table."""
         assert conn.info is not None
         for name in names:
+            conn.name_bytes += len(name)
+            if conn.name_bytes > MAX_NAME_TABLE_BYTES:  # past the cap: the overflow name, as in the ring
+                if conn.name_bytes - len(name) <= MAX_NAME_TABLE_BYTES:
+                    log.warning("%s: name table past %d bytes; further names read %r", self._who(conn),
+                                MAX_NAME_TABLE_BYTES, OVERFLOW_NAME)
+                    conn.info.names.append(OVERFLOW_NAME)
+                    conn.overflow_index = len(conn.info.names) - 1
+                conn.id_map.append(conn.overflow_index)
+                conn._id_array = None
+                continue
             index = len(conn.info.names)
             if conn.identity == len(conn.id_map) == index:
                 conn.identity += 1
@@ -359,7 +473,7 @@ class Processor:
     def _open_ring(self, conn: _Conn, path: Any, pid: Any) -> None:
         try:
             conn.ring = RingReader(str(path), expect_pid=int(pid) if pid is not None else None)
-        except (OSError, ProtocolError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - the rank's socket records still flow
             self.stats["ring_errors"] = self.stats.get("ring_errors", 0) + 1
             log.warning("rank %s: cannot read its ring %s (%s); its records are lost",
                         conn.info.rank if conn.info else "?", path, exc)
@@ -378,9 +492,10 @@ class Processor:
                 self._records(conn, msg, records)
             for msg, n in ring.new_drops().items():
                 self._note_drop(conn, TABLES_BY_MSG[msg], n, 0, "producer_buffer_full")
-        except (ProtocolError, ValueError, KeyError, TypeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a ring is the rank's file: it never ends the processor
             self.stats["garbage_frames"] += 1
-            log.warning("rank %d: bad ring contents (%s); no longer reading it", conn.info.rank, exc)
+            self.stats["ring_errors"] = self.stats.get("ring_errors", 0) + 1
+            log.warning("rank %d: bad ring contents (%r); no longer reading it", conn.info.rank, exc)
             ring.close()
             conn.ring = None
 
@@ -397,8 +512,12 @@ class Processor:
         self._note_producer_cpu(conn)
         conn.ring = None
         assert conn.info is not None and conn.attempt_key is not None
-        if not ring.closed_by_writer:
-            last, names, id_map = ring.inflight.read(), list(conn.info.names), list(conn.id_map)
+        try:
+            last = ring.inflight.read()
+        except ProtocolError:
+            last = None
+        if not ring.closed_by_writer and last is not None:
+            names, id_map = list(conn.info.names), list(conn.id_map)
             self._departed[(conn.attempt_key, conn.info.rank)] = RankView(
                 conn.attempt_key, conn.info.rank, conn.pid, lambda: last,
                 lambda i: names[id_map[i]] if 0 <= i < len(id_map) else "", alive=False)
@@ -450,7 +569,13 @@ class Processor:
         for k in [k for k in self._departed if k[0] not in jobs]:
             del self._departed[k]  # the job is over on this host
         views += [v for k, v in self._departed.items() if k not in live]
-        for key, cols in self._hangs.check(views).items():
+        try:
+            found = self._hangs.check(views)
+        except Exception as exc:  # noqa: BLE001 - e.g. a ring truncated under us: skip this check
+            self.stats["hang_check_errors"] = self.stats.get("hang_check_errors", 0) + 1
+            log.warning("hang check failed (%r)", exc)
+            return
+        for key, cols in found.items():
             st = self._attempts.get(key)
             if st is None:
                 continue
@@ -475,43 +600,65 @@ class Processor:
                         conn._id_array = np.asarray(conn.id_map, dtype=np.int32)
                     records[fld] = conn._id_array[ids]
 
-    def _hello(self, conn: _Conn, doc: dict[str, Any]) -> None:
+    def _hello(self, conn: _Conn, hello: Hello) -> None:
+        """Admit a rank: every field was validated (``parse_hello``) and the layout is checked
+        against the attempt before anything is allocated for it or written to disk."""
         if conn.info is not None:
             raise ProtocolError("second HELLO on one connection")
-        rank, world = int(doc["rank"]), int(doc["world_size"])
-        layout = parse_layout(doc.get("layout") or "", world_size=world, order=doc.get("order"))
-        if not 0 <= rank < world:
-            raise ProtocolError(f"rank {rank} outside a world of {world}")
-        key = (str(doc.get("run_id") or "run"), str(doc.get("attempt_id") or "0"))
+        rank, world = hello.rank, hello.world_size
+        try:
+            layout = parse_layout(hello.layout, world_size=world, order=hello.order)
+        except ArgusError as exc:
+            raise HelloRefused(f"rank {rank}: {exc}") from None
+        key = (hello.run_id, hello.attempt_id)
         st = self._attempts.get(key)
         if st is None:
-            attempt = self.store.open_or_create_attempt(RunIdentity(*key), layout, source="processor")
-            st = _AttemptState(attempt=attempt,
-                               assembler=WindowAssembler(self.config.window_steps, self.config.window_timeout_s,
-                                                         self.config.max_buffered_events, host=self.config.host),
-                               writer=WindowWriter(attempt, self.config.host, raw_kernels=self.config.raw_kernels,
-                                                   durable=self.config.durable),
-                               topology=Topology(layout=layout, hosts=np.full(world, "unknown", dtype=object),
-                                                 local_ranks=np.full(world, -1),
-                                                 gpu_uuids=np.full(world, "", dtype=object)))
-            self._attempts[key] = st
+            st = self._open_attempt(key, layout)
         elif st.attempt.layout != layout:
-            raise ProtocolError(f"rank {rank} reports layout {layout}, the attempt has {st.attempt.layout}")
-        host = str(doc.get("host") or self.config.host)
-        st.topology.hosts[rank] = host
-        st.topology.local_ranks[rank] = int(doc.get("local_rank", -1))
-        st.topology.gpu_uuids[rank] = str(doc.get("gpu_uuid") or "")
+            raise HelloRefused(f"rank {rank} reports layout {layout}, the attempt has {st.attempt.layout}")
+        st.topology.hosts[rank] = hello.host or self.config.host
+        st.topology.local_ranks[rank] = hello.local_rank
+        st.topology.gpu_uuids[rank] = hello.gpu_uuid
         st.new_ranks.append(rank)
-        conn.info = RankInfo(rank=rank, gpu_uuid=str(doc.get("gpu_uuid") or ""))
+        conn.info = RankInfo(rank=rank, gpu_uuid=hello.gpu_uuid)
         conn.attempt_key = key
-        conn.pid = int(doc["pid"]) if isinstance(doc.get("pid"), int) else None
-        if doc.get("ring"):
-            self._open_ring(conn, doc["ring"], conn.pid)
-        if doc.get("kernels") == "cpu_ops" and conn.pid is not None and isinstance(doc.get("tid"), int):
-            conn.cpu_timed = self._cpu_time.add(conn.token, conn.pid, doc["tid"], int(doc.get("clock_offset_ns", 0)))
-        self._samplers.rank_joined(conn.token, conn.info, key, doc)
+        conn.pid = hello.pid
+        if hello.ring:
+            self._open_ring(conn, hello.ring, conn.pid)
+        if hello.kernels == "cpu_ops" and conn.pid is not None and hello.tid is not None:
+            conn.cpu_timed = self._cpu_time.add(conn.token, conn.pid, hello.tid, hello.clock_offset_ns)
+        self._samplers.rank_joined(conn.token, conn.info, key, hello.to_doc())
         self.stats["ranks_seen"] += 1
-        log.info("rank %d of %s/%s connected (pid %s)", rank, key[0], key[1], doc.get("pid"))
+        log.info("rank %d of %s/%s connected (pid %s)", rank, key[0], key[1], hello.pid)
+
+    def _open_attempt(self, key: tuple[str, str], layout: Any) -> _AttemptState:
+        """The run's attempt (opened or created); a corrupt, foreign or differing
+        ``attempt.json`` refuses the run (logged once per ``ATTEMPT_RETRY_S``), never the daemon."""
+        now = time.monotonic()
+        refused = self._refused.get(key)
+        if refused is not None and now < refused[0]:
+            raise HelloRefused(refused[1], DropReason.ATTEMPT_REFUSED)
+        try:
+            attempt = self.store.open_or_create_attempt(RunIdentity(*key), layout, source="processor")
+        except Exception as exc:  # noqa: BLE001 - whatever the file holds, only this run is refused
+            why = f"run {key[0]}/{key[1]} refused: its attempt in {self.config.store} cannot be used ({exc})"
+            self._refused[key] = (now + ATTEMPT_RETRY_S, why)
+            self.stats["refused_attempts"][f"{key[0]}/{key[1]}"] = str(exc)[:500]
+            log.error("%s", why)
+            raise HelloRefused(why, DropReason.ATTEMPT_REFUSED) from None
+        self._refused.pop(key, None)
+        self.stats["refused_attempts"].pop(f"{key[0]}/{key[1]}", None)
+        world = layout.world_size
+        st = _AttemptState(attempt=attempt,
+                           assembler=WindowAssembler(self.config.window_steps, self.config.window_timeout_s,
+                                                     self.config.max_buffered_events, host=self.config.host),
+                           writer=WindowWriter(attempt, self.config.host, raw_kernels=self.config.raw_kernels,
+                                               durable=self.config.durable),
+                           topology=Topology(layout=layout, hosts=np.full(world, "unknown", dtype=object),
+                                             local_ranks=np.full(world, -1),
+                                             gpu_uuids=np.full(world, "", dtype=object)))
+        self._attempts[key] = st
+        return st
 
     def _close(self, conn: _Conn, reason: str | None) -> None:
         if conn.info is not None and conn.attempt_key in self._attempts:
@@ -530,12 +677,14 @@ class Processor:
                 self._note_drop(conn, "frames", 0, 1, "disconnected")
             if conn.info is not None:
                 log.warning("rank %d disconnected", conn.info.rank)
+        self._pending_bytes -= conn.held
+        conn.held = 0
         conn.rx.clear()
         conn.sock.close()
 
     def _note_drop(self, conn: _Conn, table: str, events: int, batches: int, reason: str) -> None:
-        key = conn.attempt_key or next(iter(self._attempts), None)
-        if key is None:
+        key = conn.attempt_key  # a client that never said HELLO is counted here, not in another run
+        if key is None or key not in self._attempts:
             self.stats.setdefault("drops_before_hello", 0)
             self.stats["drops_before_hello"] += max(events, batches)
             return
@@ -570,6 +719,8 @@ class Processor:
 
     # -- windows -------------------------------------------------------------------------
     def _cycle(self) -> None:
+        self._resume_accept()
+        self._sweep()
         for conn in list(self._conns.values()):
             if conn.ring is not None:
                 self._drain_ring(conn)
@@ -597,8 +748,30 @@ class Processor:
         if st.new_ranks:
             topo_rows = st.topology.rows(sorted(set(st.new_ranks)))
             st.new_ranks.clear()
-        self._work.put((key, data, ranks, topo_rows))  # only this thread puts: there is room
+        if block:
+            self._put_stopping((key, data, ranks, topo_rows))
+        else:
+            self._work.put((key, data, ranks, topo_rows))  # only this thread puts: there is room
         return True
+
+    def _put_stopping(self, item: Any) -> None:
+        """Queue for the writer while shutting down, writing the heartbeat while it is full."""
+        while True:
+            try:
+                self._work.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                self._heartbeat()
+
+    def _heartbeat(self, busy_s: float = 0.0) -> None:
+        """The status file while flushing at shutdown: ``argus run`` reads its progress
+        (windows written, windows left) to tell a slow flush from a stuck processor;
+        ``busy_until`` covers a bounded wait in which no window moves (TSDB sinks)."""
+        self._handle_done()
+        self.stats["stopping"] = {"windows_left": self._work.qsize() + sum(
+            len(st.assembler.windows) for st in self._attempts.values()),
+            "busy_until": time.time() + busy_s}
+        self._write_status(force=True)
 
     def _write_loop(self) -> None:
         while True:
@@ -615,10 +788,18 @@ class Processor:
                 if self.config.evidence and self._evidence_due(st, data):
                     self._write_evidence(st, data)
                 self._done.put((key, data.window, data.start_step, data.end_step, ranks, stats.rows))
+                self._wake()
             except Exception as exc:  # keep serving: a failed window is logged and counted
                 self.stats["write_errors"] += 1
                 log.exception("writing window %d failed: %s", data.window, exc)
                 self._done.put((key, data.window, data.start_step, data.end_step, set(), None))
+                self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # full (the loop is behind anyway) or closed at shutdown
+            pass
 
     def _remote_write(self, key: tuple[str, str], st: _AttemptState, data: WindowData, ranks: set[int],
                       stats: Any) -> None:
@@ -739,7 +920,10 @@ class Processor:
     def _note_producer_cpu(self, conn: _Conn) -> None:
         """The CPU the rank's producer threads report in its in-flight block (for benchmarks)."""
         if conn.ring is not None and conn.info is not None:
-            cpu = conn.ring.inflight.read().argus_cpu_ns
+            try:
+                cpu = conn.ring.inflight.read().argus_cpu_ns
+            except ProtocolError:  # the ring shrank: the next drain pass drops it
+                return
             self.stats.setdefault("producer_cpu_s", {})[str(conn.info.rank)] = round(cpu / 1e9, 4)
 
     def _write_status(self, force: bool = False) -> None:
@@ -755,6 +939,7 @@ class Processor:
         doc = dict(self.stats, updated=time.time(), open_windows={
             f"{k[0]}/{k[1]}": sorted(st.assembler.windows) for k, st in self._attempts.items()},
             buffered_events=sum(st.assembler.buffered_events for st in self._attempts.values()),
+            pending_frame_bytes=self._pending_bytes, open_connections=len(self._conns),
             samplers=self._samplers.status(), config={k: str(v) for k, v in asdict(self.config).items()})
         if self._sinks:
             doc["remote_write"] = [sink.stats() for sink in self._sinks]
@@ -763,6 +948,43 @@ class Processor:
             write_bytes_atomic(path, json.dumps(doc, indent=1).encode(), durable=False)
         except OSError as exc:
             log.warning("cannot write status file %s: %s", path, exc)
+
+
+def _parse_names(doc: Any, next_id: int) -> list[str]:
+    """The names of a NAMES document ``[[id, "name"], ...]``, ids consecutive from ``next_id``."""
+    if not isinstance(doc, list):
+        raise ProtocolError(f"NAMES must be a list of [id, name] pairs, not {type(doc).__name__}")
+    names = []
+    for k, item in enumerate(doc):
+        if not isinstance(item, list) or len(item) != 2:
+            raise ProtocolError(f"NAMES entry {k} is not an [id, name] pair")
+        i, name = item
+        if type(i) is not int or i != next_id + k:
+            raise ProtocolError(f"name id {i!r:.40} out of sequence (expected {next_id + k})")
+        if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
+            raise ProtocolError(f"name {i} is not a string of at most {MAX_NAME_CHARS} characters")
+        names.append(name)
+    return names
+
+
+def _private_parent(path: Path) -> None:
+    """Create the socket's directory private (0700). The default runtime directory is checked
+    for owner and mode (``check_private_dir``); any other existing directory must not let other
+    users replace the socket (not writable by them, or sticky like /tmp)."""
+    import stat
+
+    parent = path.parent
+    if parent == Path(tempfile.gettempdir()) / f"argus-{os.getuid()}":
+        runtime_dir()  # created private, and checked for owner and mode
+        return
+    if not parent.exists():
+        parent.mkdir(parents=True, mode=0o700)
+        check_private_dir(parent)
+        return
+    st = os.stat(parent)
+    if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+        raise ConfigError(f"{parent} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}) without the "
+                          "sticky bit: another user could replace the socket; choose a private directory")
 
 
 def _alive(pid: int) -> bool:

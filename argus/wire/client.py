@@ -9,7 +9,9 @@ owns reconnection and drop-counting policy.
 from __future__ import annotations
 
 import json
+import os
 import socket
+import struct
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -18,9 +20,25 @@ import numpy as np
 
 from argus.errors import ProtocolError
 from argus.wire.frames import FrameReader
-from argus.wire.protocol import Msg, encode_array, encode_json
+from argus.wire.protocol import MAX_JSON_PAYLOAD, Msg, encode_array, encode_json
 
-__all__ = ["ProcessorClient", "Interner"]
+__all__ = ["ProcessorClient", "Interner", "MAX_NAME_CHARS", "peer_uid"]
+
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+#: A name longer than this is cut (C++ template kernel names run to a few KiB); the processor
+#: refuses longer ones.
+MAX_NAME_CHARS = 4096
+
+
+def peer_uid(sock: socket.socket) -> int | None:
+    """The uid of the process at the other end of a unix socket (``SO_PEERCRED``; None where the
+    platform has none)."""
+    opt = getattr(socket, "SO_PEERCRED", None)
+    if opt is None:
+        return None
+    _pid, uid, _gid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, opt, _PEERCRED.size))
+    return uid
+
 
 
 class Interner:
@@ -71,6 +89,9 @@ class ProcessorClient:
                 s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 s.settimeout(self.timeout_s)
                 s.connect(self.socket_path)
+                uid = peer_uid(s)
+                if uid is not None and uid not in (os.getuid(), 0):  # never tell another user our HELLO
+                    raise ConnectionRefusedError(f"{self.socket_path} is served by uid {uid}, not by this user")
                 self.sock = s
                 self._rx = FrameReader()
                 self.peer_closed = False
@@ -108,8 +129,17 @@ class ProcessorClient:
 
     def _send_names(self) -> None:
         new = self.names.take_unsent()
-        if new:
-            self._send(encode_json(Msg.NAMES, new))
+        chunk: list[tuple[int, str]] = []
+        size = 0
+        for i, name in new:  # frames under MAX_JSON_PAYLOAD (a 4096-char name escapes to ≤ 24 KiB)
+            entry = (i, name[:MAX_NAME_CHARS])
+            chunk.append(entry)
+            size += len(json.dumps(entry)) + 1
+            if size > MAX_JSON_PAYLOAD // 2:
+                self._send(encode_json(Msg.NAMES, chunk))
+                chunk, size = [], 0
+        if chunk:
+            self._send(encode_json(Msg.NAMES, chunk))
 
     def send(self, msg: Msg, records: np.ndarray) -> None:
         """Send one batch of packed records (``protocol.DTYPES[msg]``), names first."""
@@ -146,6 +176,7 @@ class ProcessorClient:
                 self._parse_acks()
                 if wait_s and not self.acks and time.monotonic() < deadline:
                     continue
+                break  # what arrived is read: do not sit out the rest of wait_s
             if chunk is None or not wait_s or time.monotonic() >= deadline:
                 break
         return self.acks

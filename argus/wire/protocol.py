@@ -33,7 +33,8 @@ import numpy as np
 
 from argus.errors import ProtocolError
 
-__all__ = ["MAGIC", "VERSION", "HEADER", "MAX_PAYLOAD", "Msg", "DTYPES", "CATEGORIES", "GROUP_KINDS", "KINDS",
+__all__ = ["MAGIC", "VERSION", "HEADER", "MAX_PAYLOAD", "MAX_JSON_PAYLOAD", "JSON_MSGS", "Msg", "DTYPES", "CATEGORIES",
+           "GROUP_KINDS", "KINDS",
            "TABLES_BY_MSG", "encode_frame", "encode_json", "encode_array", "decode_header", "decode_json",
            "decode_array"]
 
@@ -41,6 +42,10 @@ MAGIC = b"ARGS"
 VERSION = 2  # 2: PHASES carry wait_ns
 HEADER = struct.Struct("<4sHHI")
 MAX_PAYLOAD = 64 << 20
+#: JSON frames (HELLO, NAMES, FLUSH, BYE, ACK, CONTROL) are small documents; a 64 MiB one of
+#: ``[],[],…`` would decode to ~1 GB of Python lists, so they are capped far lower (the client
+#: splits NAMES to fit). 1 MiB decodes to at most ~30 MB of objects.
+MAX_JSON_PAYLOAD = 1 << 20
 
 
 class Msg(IntEnum):
@@ -56,6 +61,10 @@ class Msg(IntEnum):
     BYE = 10
     ACK = 20  # server → client, JSON {"window": w, "start_step": a, "end_step": b} or {"seq": n}
     CONTROL = 21  # server → client, JSON request, e.g. {"stacks": {"inprocess_hz": 10.0}}
+
+
+#: Messages whose payload is JSON (``MAX_JSON_PAYLOAD``); the others are packed arrays.
+JSON_MSGS = frozenset({Msg.HELLO, Msg.NAMES, Msg.FLUSH, Msg.BYE, Msg.ACK, Msg.CONTROL})
 
 
 DTYPES: dict[Msg, np.dtype] = {
@@ -106,16 +115,25 @@ def decode_header(buf: bytes | memoryview) -> tuple[Msg, int]:
     if length > MAX_PAYLOAD:
         raise ProtocolError(f"frame of {length} bytes exceeds the {MAX_PAYLOAD}-byte limit")
     try:
-        return Msg(msg), length
+        kind = Msg(msg)
     except ValueError:
         raise ProtocolError(f"unknown message type {msg}") from None
+    if kind in JSON_MSGS and length > MAX_JSON_PAYLOAD:
+        raise ProtocolError(f"{kind.name} frame of {length} bytes exceeds the {MAX_JSON_PAYLOAD}-byte JSON limit")
+    return kind, length
 
 
 def decode_json(payload: bytes | memoryview) -> Any:
+    """The document; :class:`ProtocolError` for bad UTF-8 or JSON, too much nesting (a 100k-deep
+    ``[[[…`` exhausts the parser's recursion) or a payload over ``MAX_JSON_PAYLOAD``."""
+    if len(payload) > MAX_JSON_PAYLOAD:
+        raise ProtocolError(f"JSON payload of {len(payload)} bytes exceeds the {MAX_JSON_PAYLOAD}-byte limit")
     try:
         return json.loads(bytes(payload))
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"undecodable JSON payload ({exc})") from None
+    except RecursionError:
+        raise ProtocolError("JSON payload nested too deeply") from None
 
 
 def decode_array(msg: Msg, payload: bytes | memoryview) -> np.ndarray:

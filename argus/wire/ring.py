@@ -76,6 +76,13 @@ STATE_CLOSED = 1
 #: What a producer's ring carries, in directory order, and default capacities (records).
 RING_TABLES: dict[Msg, int] = {Msg.STEPS: 8192, Msg.PHASES: 65536, Msg.KERNELS: 131072, Msg.STACKS: 16384}
 DEFAULT_NAMES_BYTES = 1 << 20
+#: Largest ring file a reader maps. The default ring is ~10 MiB (``ring_bytes()``); a file
+#: that claims more is refused, so a garbage or hostile header cannot make one drain copy
+#: gigabytes into the processor.
+MAX_RING_BYTES = 256 << 20
+#: Names one :meth:`RingReader.new_names` call returns at most: a header that claims millions
+#: of zero-length names is read a bounded slice per drain pass, not in one loop.
+MAX_NAMES_PER_PASS = 65536
 
 
 def _align(n: int, to: int = 64) -> int:
@@ -314,22 +321,25 @@ class RingReader:
 
     def __init__(self, path: Path | str, expect_pid: int | None = None):
         self.path = Path(path)
-        fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)  # a FIFO never blocks
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise ProtocolError(f"{self.path} is not a regular file")
             if st.st_uid not in (os.getuid(), 0):
                 raise ProtocolError(f"{self.path} belongs to uid {st.st_uid}: not reading another user's ring")
-            if st.st_size < HEADER_BYTES:
-                raise ProtocolError(f"{self.path} is too small to be a ring ({st.st_size} bytes)")
+            if not HEADER_BYTES <= st.st_size <= MAX_RING_BYTES:
+                raise ProtocolError(f"{self.path} cannot be a ring ({st.st_size} bytes; at most {MAX_RING_BYTES})")
             self._mm = mmap.mmap(fd, st.st_size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        self._fd, self._size = fd, st.st_size  # kept open: the size is checked before each pass
         try:
             self._parse(st.st_size, expect_pid)
         except BaseException:
             self._mm.close()
+            os.close(fd)
             raise
         self._names_read = 0
         self._names_count = 0
@@ -354,7 +364,7 @@ class RingReader:
             raise ProtocolError(f"{self.path}: names or in-flight area outside the file")
         self.pid, self.created_ns = pid, created
         self._names_off, self._names_bytes = names_off, names_bytes
-        self.inflight = InflightReader(self._mm, inflight_off)
+        self.inflight = _CheckedInflight(self._mm, inflight_off, self.check_size)
         self._tables: list[_Table] = []
         for i in range(n):
             msg, rec, cap, data, ctr, _ = _DIR.unpack_from(self._mm, _HEAD.size + i * _DIR.size)
@@ -369,18 +379,34 @@ class RingReader:
             t.tail = _U64.unpack_from(self._mm, ctr + 8)[0]
             self._tables.append(t)
 
+    def check_size(self) -> None:
+        """:class:`ProtocolError` if the file shrank since it was mapped: touching a page past
+        its end would kill the processor with SIGBUS, so a truncated ring is never read again."""
+        try:
+            size = os.fstat(self._fd).st_size
+        except (OSError, ValueError) as exc:
+            raise ProtocolError(f"{self.path}: cannot check the ring's size ({exc})") from None
+        if size < self._size:
+            raise ProtocolError(f"{self.path} shrank from {self._size} to {size} bytes; no longer reading it")
+
     @property
     def closed_by_writer(self) -> bool:
+        try:
+            self.check_size()
+        except ProtocolError:
+            return False
         return _U32.unpack_from(self._mm, 44)[0] == STATE_CLOSED
 
     def new_names(self) -> list[str]:
         """Names published since the last call, in id order."""
+        self.check_size()
         used, count = _U64X2.unpack_from(self._mm, self._names_off)
         out: list[str] = []
         pos = self._names_read
         limit = min(used, self._names_bytes - NAMES_HEADER)
         base = self._names_off + NAMES_HEADER
-        while self._names_count + len(out) < count and pos + _U32.size <= limit:
+        while (self._names_count + len(out) < count and pos + _U32.size <= limit
+               and len(out) < MAX_NAMES_PER_PASS):
             (length,) = _U32.unpack_from(self._mm, base + pos)
             if pos + _U32.size + length > limit:
                 break
@@ -394,6 +420,7 @@ class RingReader:
     def drain(self, settled: bool = True) -> dict[Msg, np.ndarray]:
         """Copy out every record not yet consumed and release its space. With ``settled`` only
         records published before the previous call (see the module docstring)."""
+        self.check_size()
         out = {}
         mm = self._mm
         for t in self._tables:
@@ -418,6 +445,7 @@ class RingReader:
 
     def new_drops(self) -> dict[Msg, int]:
         """Records the writer refused (full ring) since the last call, per table."""
+        self.check_size()
         out = {}
         for t in self._tables:
             total = _U64.unpack_from(self._mm, t.ctr + 16)[0]
@@ -431,5 +459,20 @@ class RingReader:
             self._mm.close()
         except (ValueError, OSError, BufferError):
             pass
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         if unlink:
             self.path.unlink(missing_ok=True)
+
+
+class _CheckedInflight(InflightReader):
+    """The ring's in-flight block, read only while the file still covers it."""
+
+    def __init__(self, mm: Any, offset: int, check: Callable[[], None]):
+        super().__init__(mm, offset)
+        self._check = check
+
+    def read(self, tries: int = 50) -> Any:
+        self._check()
+        return super().read(tries)
