@@ -62,8 +62,13 @@ class JsonGuard:
         data = self._fh.read(n)
         if self._first and data:
             self._first = False
+            while len(data) < len(_BOM) and _BOM.startswith(data):  # a short first read: is it a BOM?
+                more = self._fh.read(n)
+                if not more:
+                    break
+                data += more
             if data.startswith(_BOM):
-                data = data[len(_BOM):]
+                data = data[len(_BOM):] or self._fh.read(n)  # an empty read would mean the end
         if data:
             self._check(data)
             self.offset += len(data)
