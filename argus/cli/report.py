@@ -7,7 +7,6 @@ from pathlib import Path
 
 from argus.cli.progress import progress_bar, stderr_console
 from argus.text import term
-from argus.text import term
 
 __all__ = ["register"]
 
