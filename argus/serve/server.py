@@ -54,7 +54,12 @@ __all__ = ["ArgusServer", "make_server", "serve", "COOKIE"]
 
 COOKIE = "argus_session"
 MAX_WAIT_S = 30.0
-_SEGMENT_OK = re.compile(r"^[^/\\\x00-\x1f]+$")
+# A path segment names a run or attempt (looked up by identity, never joined as a path), so it
+# may hold any character a run id can, control characters included; never a separator or NUL.
+_SEGMENT_OK = re.compile(r"^[^/\\\x00]+$")
+# An evidence host directory, which does become part of a path and a header: printable only.
+_HOST_OK = re.compile(r"^[^/\\\x00-\x1f\x7f]+$")
+_HEADER_UNSAFE = re.compile(r"[^0-9A-Za-z._-]")
 _EVIDENCE_FILE = re.compile(r"^[0-9A-Za-z_-]+\.pftrace$")
 _JSON_CSP = "default-src 'none'; frame-ancestors 'none'"
 
@@ -422,7 +427,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _evidence(self, run_id: str, attempt_id: str, host: str, name: str) -> None:
         attempt = self.server.state.find(run_id, attempt_id)
-        if attempt is None or host.startswith(".") or not _EVIDENCE_FILE.match(name):
+        if attempt is None or host.startswith(".") or not _HOST_OK.match(host) or not _EVIDENCE_FILE.match(name):
             raise _NotFound("no such evidence file")
         path = safe_evidence_path(attempt.path, host, name, store_root=self.server.state.root)
         if path is None:
@@ -431,7 +436,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(size))
-        self.send_header("Content-Disposition", f'attachment; filename="{host}-{name}"')
+        filename = _HEADER_UNSAFE.sub("_", f"{host}-{name}")  # a host name must not write a header of its own
+        self.send_header("Content-Disposition", f'attachment; filename="{filename}"')
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Content-Security-Policy", _JSON_CSP)
         self.send_header("Cache-Control", "no-store")

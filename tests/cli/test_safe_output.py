@@ -27,7 +27,8 @@ RUN_ID = "run-\x1b[2J[red]\u202e<b>"  # a directory name: no "/"
 #: What must never be in a terminal's output or a page: the raw characters the payloads carry.
 RAW = ("\x1b", "\x07", "\x00", "\x7f", "\x9b", "\u202e", "\u2028")
 # name columns that diagnosis and the report show
-NAME_COLUMNS = {"phases": ["name"], "topology": ["host"], "stacks": ["frames", "thread"], "kernel_summaries": ["kernel"]}
+NAME_COLUMNS = {"phases": ["name"], "topology": ["host"], "stacks": ["frames", "thread"],
+                "kernel_summaries": ["kernel"]}
 
 
 def make_hostile_store(dst: Path, payloads: tuple[str, ...] = PAYLOADS, run_id: str = RUN_ID) -> Path:

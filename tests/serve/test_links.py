@@ -32,7 +32,8 @@ def test_a_linked_run_directory_is_not_listed_or_served(linked, serve):
         assert c.get(f"/evidence/{run}/{att}/node-0004/{trace.name}")[0] == 404
         assert c.get(f"/api/run/{run}/{att}")[0] == 404
         assert c.get(f"/run/{run}/{att}")[0] == 404
-        assert c.get(f"/run/{inside.identity.run_id}/{inside.identity.attempt_id}")[0] == 200
+        here = f"/run/{inside.identity.run_id}/{inside.identity.attempt_id}"
+        assert c.get(f"{here}?wait=60")[0] == 200  # waits for the diagnosis: no thread left running at exit
 
 
 def test_a_linked_attempt_directory_is_refused_for_evidence_even_when_asked_directly(linked, tmp_path):
@@ -56,3 +57,21 @@ def test_reached_without_links_checks_every_step_down(tmp_path):
     assert not reached_without_links(root, root / "a" / ".." / ".." / "other")
     assert not reached_without_links(root, tmp_path / "other")
     assert not reached_without_links(root, root / "missing")
+
+
+def test_an_evidence_host_name_cannot_write_a_header(simulated, serve, tmp_path):
+    from urllib.parse import quote
+
+    attempt = copy_store(sim(simulated, "compute_straggler")[0], tmp_path / "S")
+    trace = write_evidence(attempt, "node-0004", window=1)
+    run, att = attempt.identity.run_id, attempt.identity.attempt_id
+    injected, odd = "h\r\nSet-Cookie: argus_session=x", 'nöde "1"; x=y'
+    for host in (injected, odd):
+        (attempt.path / "evidence" / host).mkdir()
+        (attempt.path / "evidence" / host / trace.name).write_bytes(trace.read_bytes())
+    with serve(store_root(attempt)) as c:
+        code, headers, _ = c.get(f"/evidence/{run}/{att}/{quote(injected)}/{trace.name}")
+        assert code == 404 and "set-cookie" not in headers
+        code, headers, body = c.get(f"/evidence/{run}/{att}/{quote(odd)}/{trace.name}")
+        assert code == 200 and body == trace.read_bytes()
+        assert headers["content-disposition"] == f'attachment; filename="n_de__1___x_y-{trace.name}"'
