@@ -21,7 +21,7 @@ from argus.kineto.limits import MAX_INT32, MAX_NAME_CHARS, MAX_WORLD_SIZE, Rejec
 from argus.kineto.names import phase_name
 
 __all__ = ["StepArrays", "PhaseArrays", "KernelArrays", "Collected", "StepIndex", "ns", "build_steps",
-           "build_kernels", "build_phases", "process_groups"]
+           "build_kernels", "build_phases", "process_groups", "RPC_GROUP_KEYS"]
 
 _EMPTY: dict[str, Any] = {}
 _BIG = np.iinfo(np.int64).max
@@ -196,16 +196,55 @@ def process_groups(dist: dict) -> dict[str, tuple[int, ...]]:
     cfg = dist.get("pg_config")
     entries = cfg.values() if isinstance(cfg, dict) else cfg if isinstance(cfg, list) else []
     world = as_world_size(dist.get("world_size"))
+    everyone = tuple(range(world)) if world is not None else ()  # one tuple, however many groups say "all"
     out: dict[str, tuple[int, ...]] = {}
     for e in entries:
         if not isinstance(e, dict):
             continue
         ranks = _parse_ranks(e.get("ranks"))
         if not ranks and world is not None and type(e.get("pg_size")) is int and e.get("pg_size") == world:
-            ranks = tuple(range(world))
+            ranks = everyone
         if ranks:
             out[str(e.get("pg_name", len(out)))] = ranks
     return out
+
+
+class _GroupCache:
+    """Member tuples by what described them, and group refs by tuple identity: a group of up
+    to a million ranks is parsed and hashed once, not once per collective."""
+
+    def __init__(self, pgs: dict[str, tuple[int, ...]], groups: list[tuple[int, ...]]):
+        self.pgs = pgs
+        self.groups = groups
+        self._ranks: dict[Any, tuple[int, ...] | None] = {}
+        self._refs: dict[int, int] = {}
+        self._by_value = {g: i for i, g in enumerate(groups)}
+
+    def ranks(self, args: dict) -> tuple[int, ...] | None:
+        key = tuple(args.get(k) for k in RPC_GROUP_KEYS)
+        try:
+            return self._ranks[key]
+        except KeyError:
+            pass
+        except TypeError:  # an unhashable value: no group from it
+            return None
+        found = self._ranks[key] = _rpc_ranks(args, self.pgs)
+        return found
+
+    def ref(self, ranks: tuple[int, ...]) -> int:
+        ref = self._refs.get(id(ranks))
+        if ref is None:
+            ref = self._by_value.get(ranks)
+            if ref is None:
+                ref = self._by_value[ranks] = len(self.groups)
+                self.groups.append(ranks)
+            self._refs[id(ranks)] = ref  # the tuple stays alive in ``_ranks`` or ``pgs``
+        return ref
+
+
+#: The ``record_param_comms`` args that say which ranks a collective ran among (all the reader keeps).
+RPC_GROUP_KEYS = ("Process Group Ranks", "Process Group Name", "Global rank start", "Global rank stride",
+                  "Group size")
 
 
 def _rpc_ranks(args: dict, pgs: dict[str, tuple[int, ...]]) -> tuple[int, ...] | None:
@@ -261,7 +300,7 @@ def build_phases(c: Collected, base_ns: int, index: StepIndex, pgs: dict[str, tu
     group_ref = np.full(len(rows), -1, np.int32)
     rpc_sorted = sorted(c.rpc, key=lambda r: r[0])
     rpc_starts = [r[0] for r in rpc_sorted]
-    group_ids: dict[tuple[int, ...], int] = {g: i for i, g in enumerate(groups)}
+    cache = _GroupCache(pgs, groups)
     single_pg = next(iter(pgs.values())) if len(pgs) == 1 else None
     for out_i, i in enumerate(rows):
         a = ann[i]
@@ -277,12 +316,9 @@ def build_phases(c: Collected, base_ns: int, index: StepIndex, pgs: dict[str, tu
         if cat != "comm" or kinds[-1] or "group_kind" in meta:
             continue
         anchor = ann[anchor_idx[i]]
-        ranks = _collective_ranks(anchor, rpc_sorted, rpc_starts, pgs) or single_pg
+        ranks = _collective_ranks(anchor, rpc_sorted, rpc_starts, cache) or single_pg
         if ranks:
-            if ranks not in group_ids:
-                group_ids[ranks] = len(groups)
-                groups.append(ranks)
-            group_ref[out_i] = group_ids[ranks]
+            group_ref[out_i] = cache.ref(ranks)
     return PhaseArrays(
         name=np.array(names, dtype=object), category=np.array(cats, dtype=object),
         group_kind=np.array(kinds, dtype=object), group_ref=group_ref,
@@ -296,7 +332,7 @@ def _text(value: Any, default: str) -> str:
 
 
 def _collective_ranks(ann: tuple, rpc: list[tuple], rpc_starts: list[float],
-                      pgs: dict[str, tuple[int, ...]]) -> tuple[int, ...] | None:
+                      cache: _GroupCache) -> tuple[int, ...] | None:
     """The ``record_param_comms`` op around (or inside) a collective's annotation, on its thread."""
     ts, dur, tid = ann[1], ann[2], ann[4]
     i = bisect.bisect_right(rpc_starts, ts) - 1
@@ -307,7 +343,7 @@ def _collective_ranks(ann: tuple, rpc: list[tuple], rpc_starts: list[float],
         candidates.append(rpc[i + 1])  # child
     for r in candidates:
         if r[2] == tid:
-            ranks = _rpc_ranks(r[3], pgs)
+            ranks = cache.ranks(r[3])
             if ranks:
                 return ranks
     return None

@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 
 from argus.errors import IngestError
 from argus.kineto.events import (
+    RPC_GROUP_KEYS,
     Collected,
     KernelArrays,
     PhaseArrays,
@@ -253,7 +254,17 @@ _KIND = {Cat.KERNEL: "kernel", Cat.MEMCPY: "memcpy", Cat.MEMSET: "memset", Cat.R
 _TS_BAD = f"ts|not a number in [0, {MAX_TS_US:.0e}] µs: dropped"
 _DUR_BAD = f"dur|negative, not a number or over {MAX_DUR_US:.0e} µs: dropped"
 _NAME_BAD = f"name|not a string or over {MAX_NAME_CHARS:,} characters: dropped"
-_RPC_KEYS = ("Process Group Ranks", "Process Group Name", "Global rank start", "Global rank stride", "Group size")
+
+
+def _kept_cpu_op(ev: dict) -> bool:
+    """The CPU ops the importer uses: profiler steps, ``record_param_comms`` (a collective's
+    group) and Argus' own CPU-only stand-ins for kernels."""
+    name = ev.get("name")
+    if type(name) is str and (name == "record_param_comms" or name.startswith("ProfilerStep")):
+        return True
+    args = ev.get("args")
+    meta = args.get(ARGUS_ARG) if type(args) is dict else None
+    return isinstance(meta, dict) and "stream" in meta
 
 
 def _scan(events: Iterable[Any], c: Collected) -> None:
@@ -275,6 +286,8 @@ def _scan(events: Iterable[Any], c: Collected) -> None:
         cat = ev.get("cat")
         code = (cats.get(cat, 0) if type(cat) is str else 0) if cat is not None else _infer_category(ev)
         if not code:
+            continue
+        if code == Cat.CPU_OP and not _kept_cpu_op(ev):  # most ops: not used, so not checked or counted
             continue
         raw_ts = ev.get("ts")
         if raw_ts is None:
@@ -341,7 +354,7 @@ def _scan(events: Iterable[Any], c: Collected) -> None:
             if code == Cat.CPU_OP:
                 if name == "record_param_comms":  # keep only what names the group, strings shared
                     kept = {k: strings.setdefault(v, v) if type(v) is str else v
-                            for k in _RPC_KEYS if (v := args.get(k)) is not None}
+                            for k in RPC_GROUP_KEYS if (v := args.get(k)) is not None}
                     c.rpc.append((ts, dur, ev.get("tid"), kept))
                 else:
                     meta = args.get(ARGUS_ARG)

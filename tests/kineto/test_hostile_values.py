@@ -167,3 +167,12 @@ def test_bad_values_beside_good_ranks_lose_only_themselves(tmp_path, capsys):
     kernels = attempt.read("kernels").to_pylist()
     assert min(k["dur_ns"] for k in kernels) >= 0
     assert [k["stream"] for k in kernels if k["rank"] == 5] == [7]
+
+
+def test_many_process_groups_of_the_whole_world_share_one_member_list():
+    from argus.kineto.events import process_groups
+    from argus.kineto.limits import MAX_WORLD_SIZE
+
+    dist = {"world_size": MAX_WORLD_SIZE, "pg_config": [{"pg_name": str(i), "pg_size": MAX_WORLD_SIZE} for i in range(500)]}
+    groups = process_groups(dist)  # 500 separate tuples of 2**20 ranks would be 4 GB
+    assert len(groups) == 500 and len({id(g) for g in groups.values()}) == 1
