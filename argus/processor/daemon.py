@@ -419,8 +419,10 @@ class Processor:
             seq = doc.get("seq") if isinstance(doc, dict) else None
             if type(seq) is not int or not 0 <= seq < 1 << 63:
                 raise ProtocolError(f"FLUSH seq must be a non-negative 64-bit integer, not {seq!r:.40}")
-            st = self._attempts[conn.attempt_key]  # type: ignore[index]
-            pending = {(conn.attempt_key, w) for w in st.assembler.force_all()}  # type: ignore[misc]
+            key = conn.attempt_key
+            assert key is not None  # set with conn.info
+            st = self._attempts[key]
+            pending = {(key, w) for w in st.assembler.force_all()}
             conn.flushes.append((seq, pending))
             self._maybe_ack_flushes(conn)
         elif msg == Msg.BYE:

@@ -40,7 +40,6 @@ def peer_uid(sock: socket.socket) -> int | None:
     return uid
 
 
-
 class Interner:
     """Assigns small integer ids to strings; remembers which ids the server already knows."""
 

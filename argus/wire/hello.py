@@ -22,12 +22,15 @@ __all__ = ["MAX_WORLD_SIZE", "MAX_ID_CHARS", "MAX_TEXT_CHARS", "Hello", "parse_h
 #: Largest world the processor accepts. Per-attempt topology arrays are sized by it (three
 #: 8-byte columns: 6 MiB at this size); the largest jobs today are ~10**5 ranks.
 MAX_WORLD_SIZE = 1 << 18
-#: Run and attempt ids name store directories: short, and from a charset safe in a path.
+#: Run and attempt ids name store directories (``runs/<run>/<attempt>``): short (a file name
+#: is at most 255 bytes), and as ``RunIdentity`` requires, no ``/`` or ``\``, no leading ``.``;
+#: also no control characters (they would reach terminals and logs).
 MAX_ID_CHARS = 128
-_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:@+=-]*")
+_ID = re.compile(r"[^./\\\x00-\x1f\x7f-\x9f][^/\\\x00-\x1f\x7f-\x9f]*")
 #: Host, GPU UUID, layout, order, kernel channel and ring path: free text, bounded (a path is
 #: at most PATH_MAX = 4096 bytes on Linux).
 MAX_TEXT_CHARS = 4096
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
 
@@ -49,7 +52,7 @@ def _text(doc: dict[str, Any], key: str, default: str = "") -> str:
         return default
     if not isinstance(value, str):
         raise ProtocolError(f"HELLO {key!r} must be a string, not {_show(value)}")
-    if len(value) > MAX_TEXT_CHARS or any(ord(c) < 32 or ord(c) == 127 for c in value):
+    if len(value) > MAX_TEXT_CHARS or _CONTROL.search(value):
         raise ProtocolError(f"HELLO {key!r} is longer than {MAX_TEXT_CHARS} characters or has control characters")
     return value
 
@@ -63,8 +66,8 @@ def _ident(doc: dict[str, Any], key: str, default: str) -> str:
     if not isinstance(value, str):
         raise ProtocolError(f"HELLO {key!r} must be a string, not {_show(value)}")
     if len(value) > MAX_ID_CHARS or not _ID.fullmatch(value):
-        raise ProtocolError(f"HELLO {key} {_show(value)} must be 1-{MAX_ID_CHARS} characters of letters, digits "
-                            "and ._:@+=- (not starting with '.')")
+        raise ProtocolError(f"HELLO {key} {_show(value)} must be 1-{MAX_ID_CHARS} characters without '/', '\\' "
+                            "or control characters, not starting with '.'")
     return value
 
 

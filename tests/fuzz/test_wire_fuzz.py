@@ -30,7 +30,7 @@ from typing import Callable
 import numpy as np
 
 from argus.wire import Msg, ProcessorClient
-from argus.wire.protocol import DTYPES, HEADER, MAGIC, VERSION, encode_array, encode_frame, encode_json
+from argus.wire.protocol import DTYPES, HEADER, MAGIC, VERSION, encode_array, encode_json
 from argus.wire.ring import RingWriter
 
 #: The processor's peak resident memory after the whole corpus. Python + numpy + pyarrow +

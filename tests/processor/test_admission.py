@@ -1,0 +1,113 @@
+"""Who the processor lets in: its socket's permissions, a connection cap, a refused run."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from argus.errors import ConfigError
+from argus.processor import Processor, ProcessorConfig
+from argus.wire import Msg, ProcessorClient
+from argus.wire.protocol import DTYPES
+
+
+def _wait_for(predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise TimeoutError("condition not reached")
+
+
+@pytest.fixture()
+def serve(tmp_path):
+    """Start a Processor on a thread; yields a starter returning (processor, socket path)."""
+    started: list[tuple[Processor, threading.Thread]] = []
+
+    def start(sock: Path | None = None, **config) -> tuple[Processor, Path]:
+        sock = sock or Path(tempfile.mkdtemp(prefix="argus-a-")) / "p.sock"
+        proc = Processor(ProcessorConfig(store=tmp_path / "store", socket_path=sock, host="node-0", durable=False,
+                                         evidence=False, stacks=False, hw_interval_s=3600, window_steps=1, **config))
+        thread = threading.Thread(target=proc.serve_forever, daemon=True)
+        thread.start()
+        started.append((proc, thread))
+        _wait_for(lambda: sock.exists() or not thread.is_alive())
+        return proc, sock
+
+    yield start
+    for proc, thread in started:
+        proc.stop()
+        thread.join(timeout=30)
+
+
+def _round_trip(sock: Path, n: int) -> None:
+    c = ProcessorClient(sock, {"run_id": "good", "rank": 0, "world_size": 1, "pid": os.getpid()}).connect()
+    rec = np.zeros(1, DTYPES[Msg.STEPS])
+    rec["step"], rec["end_ns"] = n, 10
+    c.send(Msg.STEPS, rec)
+    c.flush(n)
+    assert c.wait_for_ack(lambda a: a.get("seq") == n, timeout_s=20) == {"seq": n}
+    c.close()
+
+
+def test_the_socket_is_private_to_its_user(serve):
+    _, sock = serve()
+    assert stat.S_IMODE(os.lstat(sock).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(sock.parent).st_mode) & 0o077 == 0
+
+
+def test_a_socket_directory_others_can_write_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)  # no sticky bit: anyone could swap the socket
+    proc = Processor(ProcessorConfig(store=tmp_path / "store", socket_path=shared / "p.sock", host="node-0",
+                                     stacks=False))
+    with pytest.raises(ConfigError, match="writable by every user"):
+        proc._listen()
+
+
+def test_connections_past_the_cap_are_closed_and_counted_and_the_rest_served(serve):
+    proc, sock = serve(max_connections=3)
+    idle = []
+    for _ in range(3):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(sock))
+        idle.append(s)
+    _wait_for(lambda: len(proc._conns) == 3)
+    extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    extra.settimeout(10)
+    extra.connect(str(sock))
+    assert extra.recv(10) == b""  # closed by the processor
+    assert proc.stats["dropped_clients"] == {"too_many_connections": 1}
+    idle.pop().close()
+    _wait_for(lambda: len(proc._conns) == 2)
+    _round_trip(sock, 1)
+    for s in idle:
+        s.close()
+
+
+def test_a_run_whose_attempt_json_is_corrupt_is_refused_and_others_served(serve, tmp_path):
+    from argus.store import Store
+
+    Store.create(tmp_path / "store")
+    bad = tmp_path / "store" / "runs" / "broken" / "0"
+    bad.mkdir(parents=True)
+    (bad / "attempt.json").write_text("{not json")
+    proc, sock = serve()
+    for _ in range(2):  # the second is refused from the cached refusal, without a traceback
+        c = ProcessorClient(sock, {"run_id": "broken", "rank": 0, "world_size": 1}).connect()
+        assert c.poll_acks(wait_s=5) == [] and c.peer_closed
+        c.close(bye=False)
+    _round_trip(sock, 1)
+    assert proc.stats["dropped_clients"] == {"attempt_refused": 2}
+    assert "broken/0" in proc.stats["refused_attempts"]
+    assert (bad / "attempt.json").read_text() == "{not json"
