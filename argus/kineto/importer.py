@@ -4,7 +4,10 @@ Three stages, each usable alone: find the files, read them (in parallel processe
 are many big ones — parsing is CPU-bound), then place the ranks in a topology and write one
 window per profiler step through :class:`~argus.store.WindowWriter`, the path the
 live processor uses, so an imported store looks like a recorded one (kernel summaries
-included). A file that cannot be read is reported and skipped; the other ranks still land.
+included). A file that cannot be read, or whose file-level values (rank, base time) are
+wrong, is reported and skipped; events with bad values are left out and counted per file
+(:mod:`argus.kineto.limits`); the other ranks still land, and an import that keeps no rank
+leaves no attempt behind.
 
 Memory: every parsed rank is held until the write (≈40 bytes per kernel event, plus phases),
 because a step's window gathers all ranks.

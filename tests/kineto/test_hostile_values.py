@@ -176,3 +176,11 @@ def test_many_process_groups_of_the_whole_world_share_one_member_list():
     dist = {"world_size": MAX_WORLD_SIZE, "pg_config": [{"pg_name": str(i), "pg_size": MAX_WORLD_SIZE} for i in range(500)]}
     groups = process_groups(dist)  # 500 separate tuples of 2**20 ranks would be 4 GB
     assert len(groups) == 500 and len({id(g) for g in groups.values()}) == 1
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode")
+def test_an_unreadable_file_fails_alone(tmp_path):
+    path = _write(tmp_path / "rank3.json", [])
+    path.chmod(0)
+    with pytest.raises(IngestError, match="cannot read the file"):
+        read_trace(path)
