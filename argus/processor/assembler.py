@@ -24,6 +24,29 @@ from argus.store import conform
 __all__ = ["WindowAssembler", "RankInfo"]
 
 _DATA = (Msg.STEPS, Msg.PHASES, Msg.KERNELS, Msg.STACKS, Msg.HW)
+#: Largest step number taken (~10**12; a job runs 10**7 steps at most). A record past it is
+#: dropped and counted: one at 2**63-1 would open a window no reader could enumerate to.
+MAX_STEP = 1 << 40
+#: Windows open at once per attempt. Ranks keep a few open (their last steps, the writer's
+#: queue); one batch spread over millions of steps would otherwise make millions of windows.
+MAX_OPEN_WINDOWS = 1024
+
+
+def invalid_records(msg: Msg, records: np.ndarray) -> np.ndarray:
+    """Mask of records no producer writes: steps past ``MAX_STEP`` (or a negative one on a
+    STEPS record), negative durations or waits, an end before its start."""
+    bad = np.zeros(len(records), bool)
+    names = records.dtype.names or ()
+    if "step" in names:
+        bad |= records["step"] > MAX_STEP
+        if msg == Msg.STEPS:
+            bad |= records["step"] < 0
+    for col in ("dur_ns", "wait_ns", "count"):
+        if col in names:
+            bad |= records[col] < 0
+    if "end_ns" in names:
+        bad |= (records["end_ns"] >= 0) & (records["end_ns"] < records["start_ns"])
+    return bad
 
 
 @dataclass
@@ -77,19 +100,37 @@ class WindowAssembler:
             return
         table = {Msg.STEPS: "steps", Msg.PHASES: "phases", Msg.KERNELS: "kernels", Msg.STACKS: "stacks",
                  Msg.HW: "hw"}[msg]
+        bad = invalid_records(msg, records)
+        if bad.any():
+            self.note_drop(-1, info.rank, table, int(bad.sum()), 0, "invalid_values")
+            records = records[~bad]
+            n = len(records)
+            if n == 0:
+                return
         steps = self._steps_of(info, msg, records)
+        windows = steps // self.window_steps
+        uniq = np.unique(windows)
+        new = uniq[~np.isin(uniq, np.fromiter(self.windows, np.int64, len(self.windows)))]
+        room = max(MAX_OPEN_WINDOWS - len(self.windows), 0)
+        if len(new) > room:  # the lowest new windows open; records for the rest are dropped
+            refused = np.isin(windows, new[room:])
+            self.note_drop(-1, info.rank, table, int(refused.sum()), 1, "too_many_windows")
+            keep = ~refused
+            records, steps, windows = records[keep], steps[keep], windows[keep]
+            n = len(records)
+            if n == 0:
+                return
+            uniq = np.unique(windows)
         if msg != Msg.HW and (records["step"] < 0).any():
             records = records.copy()
             records["step"] = steps  # store the step each kernel was placed in
         if self.buffered_events + n > self.max_events:
-            for w, count in zip(*np.unique(steps // self.window_steps, return_counts=True)):
+            for w, count in zip(*np.unique(windows, return_counts=True)):
                 self.note_drop(int(w), info.rank, table, int(count), 1, "memory_cap")
             return
         if msg == Msg.STEPS:
             self._track_steps(info, records)
         self.received_events += n
-        windows = steps // self.window_steps
-        uniq = np.unique(windows)
         for w in uniq:
             part = records if len(uniq) == 1 else records[windows == w]
             win = self.windows.get(int(w))

@@ -68,6 +68,13 @@ def _steps(step: int) -> np.ndarray:
     return rec
 
 
+def _spread(n: int) -> np.ndarray:
+    rec = np.zeros(n, DTYPES[Msg.STEPS])
+    rec["step"] = np.arange(n) * 1000 + 10_000_000
+    rec["end_ns"] = 1
+    return rec
+
+
 MIXED = _hello(run_id="mixed", rank=0, world_size=1)  # a valid HELLO, then garbage: a real attempt
 
 
@@ -140,6 +147,12 @@ def _cases() -> list[tuple[str, bytes]]:
         ("DROPS huge and negative", MIXED + encode_array(Msg.DROPS, np.array(
             [(255, -(1 << 62), 1 << 62)], DTYPES[Msg.DROPS]))),
         ("BYE then garbage", MIXED + encode_json(Msg.BYE, {}) + b"garbage" * 10),
+        ("STEPS step=2**63-1", MIXED + encode_array(Msg.STEPS, np.array([((1 << 63) - 1, 1, 2)], DTYPES[Msg.STEPS]))),
+        ("STEPS step=-5", MIXED + encode_array(Msg.STEPS, _steps(-5))),
+        ("STEPS end before start", MIXED + encode_array(Msg.STEPS, np.array([(7, 100, 50)], DTYPES[Msg.STEPS]))),
+        ("STEPS over 200k distinct steps", MIXED + encode_array(Msg.STEPS, _spread(200_000))),
+        ("KERNELS negative durations", MIXED + encode_json(Msg.NAMES, [[0, "k"]]) + encode_array(
+            Msg.KERNELS, np.array([(1, 10, -(1 << 40), 0, 0, 0, 0)], DTYPES[Msg.KERNELS]))),
     ]
     rng = random.Random(1234)
     valid = [_hello(run_id="evil-mut"), encode_json(Msg.FLUSH, {"seq": 3}), encode_json(Msg.NAMES, [[0, "k"]])]
@@ -351,6 +364,10 @@ def run_corpus(root: Path, report: Callable[[str, str], None]) -> Harness:
     check("12 unfinished 64 MiB frames held open")
     for s in held:
         s.close()
+    # the windows of the hostile batches are written before the flood takes every descriptor
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and any((_status(h.store).get("open_windows") or {"?": [0]}).values()):
+        time.sleep(0.2)
     # a flood past the descriptor limit (accept fails with EMFILE), held while a real client tries
     flood = []
     for _ in range(FLOOD):
@@ -395,6 +412,19 @@ def test_the_processor_serves_a_real_client_after_every_hostile_one():
         assert runs == ["corrupt", "disk-layout", "good", "mixed", "mixed2"], runs
         assert (h.store / "runs" / "corrupt" / "0" / "attempt.json").read_text() == '{"run_id": "corrupt", "layo'
         assert "Traceback" not in h.log.read_text()
+        from argus.processor.assembler import MAX_OPEN_WINDOWS, MAX_STEP
+        from argus.store import Store
+
+        mixed = Store.open(h.store).attempt("mixed")
+        steps = mixed.read("steps", columns=["step", "start_ns", "end_ns"]).to_pydict()
+        assert steps["step"] and 0 <= min(steps["step"]) and max(steps["step"]) <= MAX_STEP
+        assert all(e >= s for s, e in zip(steps["start_ns"], steps["end_ns"]))
+        spread = {x for x in steps["step"] if x >= 10_000_000}  # the 200k-step batch: its first windows only
+        assert 0 < len(spread) <= MAX_OPEN_WINDOWS, len(spread)
+        drops = mixed.read("drops").to_pydict()
+        reasons = set(drops["reason"])
+        assert {"invalid_values", "too_many_windows"} <= reasons, reasons
+        assert min(mixed.read("kernels", columns=["dur_ns"]).to_pydict()["dur_ns"] or [0]) >= 0
     finally:
         code = h.stop()
     assert code == 0, h.log.read_text()[-3000:]
