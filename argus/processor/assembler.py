@@ -34,16 +34,18 @@ MAX_OPEN_WINDOWS = 1024
 
 def invalid_records(msg: Msg, records: np.ndarray) -> np.ndarray:
     """Mask of records no producer writes: steps past ``MAX_STEP`` (or a negative one on a
-    STEPS record), negative durations or waits, an end before its start."""
+    STEPS record), negative durations or counts, a wait below -1, an end before its start."""
     bad = np.zeros(len(records), bool)
     names = records.dtype.names or ()
     if "step" in names:
         bad |= records["step"] > MAX_STEP
         if msg == Msg.STEPS:
             bad |= records["step"] < 0
-    for col in ("dur_ns", "wait_ns", "count"):
+    for col in ("dur_ns", "count"):  # (wait_ns -1 means "not measured")
         if col in names:
             bad |= records[col] < 0
+    if "wait_ns" in names:
+        bad |= records["wait_ns"] < -1
     if "end_ns" in names:
         bad |= (records["end_ns"] >= 0) & (records["end_ns"] < records["start_ns"])
     return bad
