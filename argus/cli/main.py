@@ -41,7 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ArgusError as exc:
-        print(f"argus: error: {exc}", file=sys.stderr)
+        # Messages quote paths and names from traces: shown as text, line breaks kept.
+        from argus.text import visible
+
+        print("argus: error: " + "\n".join(visible(line) for line in str(exc).split("\n")), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("argus: interrupted", file=sys.stderr)
