@@ -85,6 +85,7 @@ class ProcessorConfig:
     hang: HangConfig = field(default_factory=HangConfig)  # live hang detection (processor/hangs.py)
     max_pending_frame_bytes: int = MAX_PENDING_FRAME_BYTES  # unfinished frames, all connections (limits.py)
     max_connections: int = field(default_factory=default_max_connections)  # beyond it: accepted, closed, counted
+    hello_timeout_s: float = HELLO_TIMEOUT_S  # a connection without a HELLO by then is closed (limits.py)
 
     def __post_init__(self) -> None:
         self.store, self.socket_path = Path(self.store), Path(self.socket_path)
@@ -101,8 +102,8 @@ class ProcessorConfig:
             raise ConfigError(f"hw_interval_s must be positive, not {self.hw_interval_s}")
         if self.remote_write_flush_s < 0:
             raise ConfigError(f"remote_write_flush_s must not be negative, not {self.remote_write_flush_s}")
-        if self.max_pending_frame_bytes < 1 or self.max_connections < 1:
-            raise ConfigError("max_pending_frame_bytes and max_connections must be positive")
+        if self.max_pending_frame_bytes < 1 or self.max_connections < 1 or self.hello_timeout_s <= 0:
+            raise ConfigError("max_pending_frame_bytes, max_connections and hello_timeout_s must be positive")
 
 
 _CPU_OP = KINDS.index("cpu_op")
@@ -336,12 +337,12 @@ class Processor:
         drops[str(reason)] = drops.get(str(reason), 0) + 1
 
     def _sweep(self) -> None:
-        """Close connections that never said HELLO within ``HELLO_TIMEOUT_S``."""
+        """Close connections that never said HELLO within ``hello_timeout_s``."""
         now = time.monotonic()
         if now < self._next_sweep:
             return
-        self._next_sweep = now + 1.0
-        for conn in [c for c in self._conns.values() if c.info is None and now - c.since > HELLO_TIMEOUT_S]:
+        self._next_sweep = now + min(1.0, self.config.hello_timeout_s / 2)
+        for conn in [c for c in self._conns.values() if c.info is None and now - c.since > self.config.hello_timeout_s]:
             self._count_drop(DropReason.HELLO_TIMEOUT)
             self._close(conn, reason=None)
 

@@ -111,3 +111,39 @@ def test_a_run_whose_attempt_json_is_corrupt_is_refused_and_others_served(serve,
     assert proc.stats["dropped_clients"] == {"attempt_refused": 2}
     assert "broken/0" in proc.stats["refused_attempts"]
     assert (bad / "attempt.json").read_text() == "{not json"
+
+
+def test_a_connection_that_never_says_hello_is_closed_after_the_timeout(serve):
+    proc, sock = serve(hello_timeout_s=0.3)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.settimeout(20)
+    silent.connect(str(sock))
+    silent.sendall(b"ARG")  # not even a whole header
+    assert silent.recv(10) == b""
+    assert proc.stats["dropped_clients"] == {"hello_timeout": 1}
+    _round_trip(sock, 1)  # a rank that says HELLO at once is served
+
+
+def test_unfinished_frames_past_the_budget_drop_their_connection_and_release_the_bytes(serve):
+    from argus.wire.protocol import HEADER, MAGIC, VERSION
+
+    budget = 7 << 19  # 3.5 MiB: three held frames of 1 MiB fit, a fourth does not
+    proc, sock = serve(max_pending_frame_bytes=budget)
+    held = []
+    for _ in range(4):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(20)
+        s.connect(str(sock))
+        try:
+            s.sendall(HEADER.pack(MAGIC, VERSION, int(Msg.KERNELS), 64 << 20) + b"\0" * (1 << 20))
+        except BrokenPipeError:  # the one past the budget, closed while it sends
+            pass
+        held.append(s)
+    _wait_for(lambda: proc.stats["dropped_clients"].get("frame_budget", 0) == 1)
+    _wait_for(lambda: proc._pending_bytes == 3 * ((1 << 20) + HEADER.size))  # the other three, whole
+    assert proc.stats["dropped_clients"] == {"frame_budget": 1}
+    for s in held:
+        s.close()
+    _wait_for(lambda: not proc._conns)
+    assert proc._pending_bytes == 0
+    _round_trip(sock, 1)
