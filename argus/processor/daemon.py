@@ -266,7 +266,8 @@ class Processor:
         for conn in list(self._conns.values()):
             self._close(conn, reason=None)
         if self._listener is not None:
-            self._sel.unregister(self._listener)
+            if not self._accept_paused_until:  # while paused (fd exhaustion) it is not registered
+                self._sel.unregister(self._listener)
             self._listener.close()
             try:
                 self.config.socket_path.unlink()
@@ -332,9 +333,12 @@ class Processor:
             self._accept_paused_until = 0.0
             self._sel.register(self._listener, selectors.EVENT_READ, None)
 
-    def _count_drop(self, reason: DropReason) -> None:
+    def _count_drop(self, reason: DropReason) -> bool:
+        """Count a dropped client; True when it is worth a log line (the first ten of a reason,
+        then every power of ten: a flood of hostile clients does not fill the log)."""
         drops = self.stats["dropped_clients"]
-        drops[str(reason)] = drops.get(str(reason), 0) + 1
+        n = drops[str(reason)] = drops.get(str(reason), 0) + 1
+        return n <= 10 or str(n).strip("0") == "1"
 
     def _sweep(self) -> None:
         """Close connections that never said HELLO within ``hello_timeout_s``."""
@@ -363,9 +367,9 @@ class Processor:
         self._pending_bytes += conn.rx.pending_bytes - conn.held
         conn.held = conn.rx.pending_bytes
         if self._pending_bytes > self.config.max_pending_frame_bytes:
-            log.warning("%s holds %d bytes of an unfinished frame with %d held in all (limit %d); dropping it",
-                        self._who(conn), conn.held, self._pending_bytes, self.config.max_pending_frame_bytes)
-            self._count_drop(DropReason.FRAME_BUDGET)
+            if self._count_drop(DropReason.FRAME_BUDGET):
+                log.warning("%s holds %d bytes of an unfinished frame with %d held in all (limit %d); dropping it",
+                            self._who(conn), conn.held, self._pending_bytes, self.config.max_pending_frame_bytes)
             self._note_drop(conn, "frames", 0, 1, "frame_budget")
             self._close(conn, reason=None)
 
@@ -384,11 +388,13 @@ class Processor:
         except Exception as exc:  # noqa: BLE001 - whatever a client causes drops that client only
             reason = drop_reason(exc)
             self.stats["garbage_frames"] += 1
-            self._count_drop(reason)
-            if reason == DropReason.INTERNAL:
+            if not self._count_drop(reason):
+                pass
+            elif reason == DropReason.INTERNAL:
                 log.exception("frame from %s failed (%r); dropping the connection", self._who(conn), exc)
             else:
-                log.warning("%s from %s (%s); dropping the connection", reason, self._who(conn), exc)
+                log.warning("%s from %s (%s); dropping the connection (%d so far)", reason, self._who(conn), exc,
+                            self.stats["dropped_clients"][str(reason)])
             try:
                 self._note_drop(conn, "frames", 0, 1, "malformed")
             except Exception:  # noqa: BLE001
