@@ -307,7 +307,19 @@ class Attempt:
         return con
 
     def sql(self, query: str) -> pa.Table:
-        """Run ``query`` over the attempt's views and return an Arrow table."""
+        """Run ``query`` over the attempt's views and return an Arrow table. A file whose data
+        pages fail to decode is found (:meth:`scan_data`), set aside and the query run again."""
+        import duckdb
+
+        for _ in range(2):
+            con = self.duckdb()
+            try:
+                return con.sql(query).to_arrow_table()
+            except duckdb.IOException as exc:
+                if not self.scan_data():
+                    raise StoreError(f"{self.path}: cannot read the attempt ({exc})"[:500]) from None
+            finally:
+                con.close()
         con = self.duckdb()
         try:
             return con.sql(query).to_arrow_table()
