@@ -4,7 +4,7 @@ The embedded store is append-only — every window is a new immutable file commi
 rename — so synchronising is copying the files the other side lacks: nothing is ever
 rewritten, a half-written file is never visible (local temp files are skipped; an S3 PUT is
 all or nothing), and a push interrupted half-way is finished by the next one. Data files go
-before the metadata that makes an attempt visible (``attempt.json``, the store manifest),
+before the window commit records, and those before the metadata that makes an attempt visible (``attempt.json``, the store manifest),
 so a reader of the bucket never finds an attempt whose files are still on their way.
 
 Evidence retention in the bucket follows the local rule (``argus.evidence.retention``):
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from argus.objstore.backends import LocalObjectStore, ObjectInfo, ObjectStore, ObjectStoreError, open_objstore
+from argus.store.commit import COMMITS_DIR
 from argus.store.files import write_bytes_atomic
 
 __all__ = ["SyncStats", "push", "pull", "enforce_remote_retention", "Mirror", "local_copy", "CACHE_ENV"]
@@ -41,9 +42,18 @@ class SyncStats:
     errors: list[str] = field(default_factory=list)
 
 
+def _rank(key: str) -> int:
+    """0 data, 1 window commit records (``store/commit.py``: a unit is visible once its record
+    is), 2 the metadata that makes an attempt or the store visible."""
+    if key.rsplit("/", 1)[-1] in _METADATA:
+        return 2
+    return 1 if f"/{COMMITS_DIR}/" in f"/{key}" else 0
+
+
 def _order(objs: list[ObjectInfo]) -> list[ObjectInfo]:
-    """Data first, metadata last."""
-    return sorted(objs, key=lambda o: (o.key.rsplit("/", 1)[-1] in _METADATA, o.key))
+    """Data first, then the commit records that make windows visible, metadata last: a
+    reader of the destination never sees a window or an attempt whose files are on their way."""
+    return sorted(objs, key=lambda o: (_rank(o.key), o.key))
 
 
 def _copy(src: ObjectStore, dst: ObjectStore, prefix: str = "") -> SyncStats:
