@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.table import Table
 
 from argus.cli.progress import stdout_console
-from argus.store import Store
+from argus.store import Attempt, Store
 from argus.text import term
 
 __all__ = ["register", "print_store_summary", "sparkline"]
@@ -63,37 +63,34 @@ def print_store_summary(path: str | Path, run_id: str | None = None, attempt_id:
         tables.add_row(term(name), f"{st.files:,}", f"{st.rows:,}", f"{st.bytes / 1e6:.2f}")
     con_out.print(tables)
 
-    con = attempt.duckdb()
-    try:
-        steps = con.sql(
-            "SELECT step, count(*) AS ranks, "
-            "median(CASE WHEN end_ns >= 0 THEN end_ns - start_ns END) / 1e9 AS step_s, "
-            "sum(CASE WHEN end_ns < 0 THEN 1 ELSE 0 END) AS unfinished "
-            "FROM steps GROUP BY step ORDER BY step").fetchall()
-        if steps:
-            times = [float("inf") if unf else (s if s is not None else float("inf")) for _, _, s, unf in steps]
-            finite = sorted(t for t in times if t != float("inf"))
-            med = finite[len(finite) // 2] if finite else float("nan")
-            con_out.print(f"[bold]steps[/bold] {steps[0][0]}..{steps[-1][0]}  median {med:.3f} s  "
-                          f"min {finite[0] if finite else float('nan'):.3f} s  "
-                          f"max {finite[-1] if finite else float('nan'):.3f} s")
-            con_out.print(f"  step time  {sparkline(times)}")
-            hung = [s for s, _, _, unf in steps if unf]
-            if hung:
-                con_out.print(f"  [red]steps that never finished on some ranks: {hung}[/red]")
-        phases = con.sql(
-            "SELECT name, category, count(*) AS n, median(dur_ns) / 1e6 AS med_ms, "
-            "quantile_cont(dur_ns, 0.99) / 1e6 AS p99_ms, sum(dur_ns) / 1e9 AS total_s "
-            "FROM phases WHERE dur_ns >= 0 GROUP BY name, category ORDER BY total_s DESC LIMIT 15").fetchall()
-        if phases:
-            t = Table(title="phases (top 15 by total time)", title_justify="left")
-            for col in ("phase", "category", "rows", "median ms", "p99 ms", "total s"):
-                t.add_column(col, justify="left" if col in ("phase", "category") else "right")
-            for name, cat, n, med, p99, tot in phases:
-                t.add_row(term(name), term(cat), f"{n:,}", f"{med:.3f}", f"{p99:.3f}", f"{tot:,.1f}")
-            con_out.print(t)
-    finally:
-        con.close()
+    # Through Attempt.sql: a file whose data pages are corrupt is set aside, not a traceback.
+    steps = _rows(attempt,
+        "SELECT step, count(*) AS ranks, "
+        "median(CASE WHEN end_ns >= 0 THEN end_ns - start_ns END) / 1e9 AS step_s, "
+        "sum(CASE WHEN end_ns < 0 THEN 1 ELSE 0 END) AS unfinished "
+        "FROM steps GROUP BY step ORDER BY step")
+    if steps:
+        times = [float("inf") if unf else (s if s is not None else float("inf")) for _, _, s, unf in steps]
+        finite = sorted(t for t in times if t != float("inf"))
+        med = finite[len(finite) // 2] if finite else float("nan")
+        con_out.print(f"[bold]steps[/bold] {steps[0][0]}..{steps[-1][0]}  median {med:.3f} s  "
+                      f"min {finite[0] if finite else float('nan'):.3f} s  "
+                      f"max {finite[-1] if finite else float('nan'):.3f} s")
+        con_out.print(f"  step time  {sparkline(times)}")
+        hung = [s for s, _, _, unf in steps if unf]
+        if hung:
+            con_out.print(f"  [red]steps that never finished on some ranks: {hung}[/red]")
+    phases = _rows(attempt,
+        "SELECT name, category, count(*) AS n, median(dur_ns) / 1e6 AS med_ms, "
+        "quantile_cont(dur_ns, 0.99) / 1e6 AS p99_ms, sum(dur_ns) / 1e9 AS total_s "
+        "FROM phases WHERE dur_ns >= 0 GROUP BY name, category ORDER BY total_s DESC LIMIT 15")
+    if phases:
+        t = Table(title="phases (top 15 by total time)", title_justify="left")
+        for col in ("phase", "category", "rows", "median ms", "p99 ms", "total s"):
+            t.add_column(col, justify="left" if col in ("phase", "category") else "right")
+        for name, cat, n, med, p99, tot in phases:
+            t.add_row(term(name), term(cat), f"{n:,}", f"{med:.3f}", f"{p99:.3f}", f"{tot:,.1f}")
+        con_out.print(t)
 
     truth_path = Path(path) / "truth.json"
     if truth_path.exists():
@@ -108,4 +105,11 @@ def print_store_summary(path: str | Path, run_id: str | None = None, attempt_id:
             con_out.print(f"  {term(f['class'])}: ranks [{term(shown)}] on {term(', '.join(f['culprit_hosts'][:4]))}; "
                           f"steps {term(f['window']['start_step'])}–{term(f['window']['end_step'])}; "
                           f"phase {term(f.get('phase') or '-')}; {term(impact)}")
+    for d in attempt.damage:
+        con_out.print(f"[yellow]skipped[/yellow] {term(d.reason)}")
     return 0
+
+
+def _rows(attempt: Attempt, query: str) -> list[tuple]:
+    table = attempt.sql(query)
+    return list(zip(*(c.to_pylist() for c in table.columns))) if table.num_columns else []

@@ -120,3 +120,20 @@ def test_the_window_writer_round_trip_diagnoses_like_the_simulator(store):
     WindowWriter(attempt, "host-x").write(WindowData(20, 20, 20, steps=conform(
         "steps", {"rank": r, "step": np.full(8, 20), "start_ns": r, "end_ns": r + 10**9})))
     assert attempt.read("steps").num_rows == before + 8
+
+
+def test_info_sets_a_file_with_corrupt_pages_aside_and_names_it(store):
+    import subprocess
+    import sys
+
+    attempt, _ = store
+    victim = sorted((attempt.path / "steps" / "sim").iterdir())[2]
+    data = bytearray(victim.read_bytes())
+    for i in range(8, len(data) // 2, 7):
+        data[i] ^= 0x5A
+    victim.write_bytes(bytes(data))
+    out = subprocess.run([sys.executable, "-m", "argus", "info", str(attempt.path.parents[2])], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr and "median" in out.stdout
+    assert "skipped" in out.stdout and victim.name in out.stdout
