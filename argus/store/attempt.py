@@ -43,6 +43,10 @@ __all__ = ["Attempt", "AttemptWriter", "ATTEMPT_META", "Damage"]
 
 ATTEMPT_META = "attempt.json"
 log = logging.getLogger("argus.store")
+#: Tables whose rows belong to one rank of the layout: a row with a rank outside it (an old
+#: import's -1, a foreign file) is left out by :meth:`Attempt.read`, since analysis indexes
+#: per-rank arrays with it. ``drops`` keeps -1 (data from before a rank's handshake).
+RANKED_TABLES = frozenset({"steps", "phases", "kernels", "kernel_summaries", "kernel_sketches", "stacks"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +252,10 @@ class Attempt:
             empty = schema.empty_table()
             return empty.select(columns) if columns else empty
         expr = filter
+        if table in RANKED_TABLES:  # a row of no rank of this layout (-1, past the world) indexes nothing
+            rank = ds.field("rank")
+            valid = (rank >= 0) & (rank < self.layout.world_size)
+            expr = valid if expr is None else (expr & valid)
         if steps is not None:
             if spec.step_column is None:
                 raise StoreError(f"table {table!r} has no step column to filter on")

@@ -137,3 +137,16 @@ def test_info_sets_a_file_with_corrupt_pages_aside_and_names_it(store):
     assert out.returncode == 0, out.stderr
     assert "Traceback" not in out.stderr and "median" in out.stdout
     assert "skipped" in out.stdout and victim.name in out.stdout
+
+
+def test_rows_of_no_rank_of_the_layout_are_left_out(store):
+    attempt, culprits = store
+    bad = np.array([-1, attempt.layout.world_size, 10**6], dtype=np.int32)
+    zeros = np.zeros(3, np.int64)
+    attempt.writer("foreign").write("steps", {"rank": bad, "step": zeros, "start_ns": zeros, "end_ns": zeros + 5},
+                                    window=0)
+    attempt = Store.open(attempt.path.parents[2]).attempt()
+    ranks = attempt.read("steps", columns=["rank"]).column("rank").to_numpy()
+    assert ranks.min() >= 0 and ranks.max() < attempt.layout.world_size
+    d = diagnose(attempt, DiagnoseConfig(store_incidents=False))
+    assert culprits in _culprits(d)
