@@ -93,8 +93,9 @@ def _flush_progress(store: str, host: str) -> tuple[object, float]:
 
 
 def _stop_processor(processor: subprocess.Popen, store: str, host: str, stall_s: float = PROCESSOR_STALL_S,
-                    max_s: float = PROCESSOR_FLUSH_MAX_S) -> tuple[int | None, bool]:
-    """SIGTERM, wait while its flush makes progress, else SIGKILL: ``(exit status, killed)``."""
+                    max_s: float = PROCESSOR_FLUSH_MAX_S) -> tuple[int | None, str]:
+    """SIGTERM, wait while its flush makes progress, else SIGKILL: ``(exit status, why it was
+    killed or "")``."""
     processor.send_signal(signal.SIGTERM)  # it flushes every open window, then exits
     started = last_move = time.monotonic()
     seen, _ = _flush_progress(store, host)
@@ -103,15 +104,19 @@ def _stop_processor(processor: subprocess.Popen, store: str, host: str, stall_s:
         mark, busy_until = _flush_progress(store, host)
         if mark != seen:
             seen, last_move = mark, now
-        stalled = now - last_move > stall_s and time.time() > busy_until
-        if stalled or now - started > max_s:
+        why = ""
+        if now - last_move > stall_s and time.time() > busy_until:
+            why = f"it made no progress flushing for {stall_s:.0f} s"
+        elif now - started > max_s:
+            why = f"it was still flushing {max_s:.0f} s"
+        if why:
             processor.kill()
             try:
-                return processor.wait(timeout=10), True
+                return processor.wait(timeout=10), why
             except subprocess.TimeoutExpired:  # unkillable (D state): do not hold the job's exit code
-                return None, True
+                return None, why
         time.sleep(0.1)
-    return processor.returncode, False
+    return processor.returncode, ""
 
 
 def _exit_text(status: int | None) -> str:
@@ -217,11 +222,12 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
-        status, killed = _stop_processor(processor, args.store, args.host) if processor is not None else (0, False)
+        status, killed = _stop_processor(processor, args.store, args.host) if processor is not None else (0, "")
     if processor is not None:
         if killed:
-            print(f"argus run: the processor made no progress flushing for {PROCESSOR_STALL_S:.0f} s after the "
-                  f"command ended; killed it ({_exit_text(status)}); its log is {log_path}", file=sys.stderr)
+            sock.unlink(missing_ok=True)  # it could not remove its socket
+            print(f"argus run: after the command ended, the processor was killed: {killed} ({_exit_text(status)});"
+                  f" its log is {log_path}", file=sys.stderr)
         elif status not in (0, -signal.SIGTERM):
             print(f"argus run: the processor {_exit_text(status)}; its log is {log_path}", file=sys.stderr)
         else:

@@ -322,6 +322,15 @@ def run_corpus(root: Path, report: Callable[[str, str], None]) -> Harness:
     h = Harness(root)
     _seed_store(h.store)
     h.start()
+    try:
+        _run_cases(h, root, report)
+    except BaseException:
+        h.stop()
+        raise
+    return h
+
+
+def _run_cases(h: Harness, root: Path, report: Callable[[str, str], None]) -> None:
     ring_tmp = root / "rings"
     ring_tmp.mkdir()
 
@@ -383,7 +392,6 @@ def run_corpus(root: Path, report: Callable[[str, str], None]) -> Harness:
     for s in flood:
         s.close()
     check(f"flood of {FLOOD} connections under RLIMIT_NOFILE={NOFILE}")
-    return h
 
 
 def test_the_processor_serves_a_real_client_after_every_hostile_one():
