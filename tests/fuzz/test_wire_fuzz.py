@@ -18,6 +18,7 @@ import json
 import os
 import random
 import resource
+import shutil
 import socket
 import struct
 import subprocess
@@ -436,6 +437,7 @@ def test_the_processor_serves_a_real_client_after_every_hostile_one():
     finally:
         code = h.stop()
     assert code == 0, h.log.read_text()[-3000:]
+    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":  # the corpus against whatever tree is on sys.path: one line per case
