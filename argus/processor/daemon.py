@@ -39,9 +39,9 @@ from argus.processor.assembler import RankInfo, WindowAssembler
 from argus.processor.cpu_time import CpuTimeSampler
 from argus.processor.hangs import HangConfig, HangWatch, RankView
 from argus.processor.hardware import HardwareSampler
-from argus.processor.limits import (ACCEPT_BACKOFF_S, ATTEMPT_RETRY_S, HELLO_TIMEOUT_S, MAX_NAME_CHARS,
-                                    MAX_NAME_TABLE_BYTES, MAX_PENDING_FRAME_BYTES, DropReason, HelloRefused,
-                                    default_max_connections, drop_reason)
+from argus.processor.limits import (ACCEPT_BACKOFF_S, ATTEMPT_IDLE_S, ATTEMPT_RETRY_S, HELLO_TIMEOUT_S,
+                                    MAX_NAME_CHARS, MAX_NAME_TABLE_BYTES, MAX_PENDING_FRAME_BYTES, MAX_REFUSED,
+                                    DropReason, HelloRefused, default_max_connections, drop_reason)
 from argus.processor.samplers import Output, Samplers
 from argus.processor.stacks import StackSampler, find_py_spy, parse_dump, run_dump
 from argus.store import WindowData, WindowWriter
@@ -83,6 +83,7 @@ class ProcessorConfig:
     remote_write: list[Any] = field(default_factory=list)  # argus.tsdb.RemoteWriteConfig per TSDB
     remote_write_flush_s: float = 10.0  # at shutdown, time the sinks get to send what is queued
     hang: HangConfig = field(default_factory=HangConfig)  # live hang detection (processor/hangs.py)
+    attempt_idle_s: float = ATTEMPT_IDLE_S  # an attempt with nothing to serve this long is released
     max_pending_frame_bytes: int = MAX_PENDING_FRAME_BYTES  # unfinished frames, all connections (limits.py)
     max_connections: int = field(default_factory=default_max_connections)  # beyond it: accepted, closed, counted
     hello_timeout_s: float = HELLO_TIMEOUT_S  # a connection without a HELLO by then is closed (limits.py)
@@ -142,6 +143,8 @@ class _AttemptState:
     new_ranks: list[int] = field(default_factory=list)
     evidence_last: float = float("-inf")  # monotonic time of the last evidence file
     evidence_recent: list[float] = field(default_factory=list)  # median step time of recent windows
+    in_flight: int = 0  # windows handed to the writer and not yet done
+    idle_since: float | None = None  # monotonic time it last had nothing: no rank, window or write
 
 
 class Processor:
@@ -744,7 +747,29 @@ class Processor:
                 if not self._enqueue(key, idx, block=False):
                     break
         self._handle_done()
+        self._forget_idle()
         self._write_status()
+
+    def _forget_idle(self) -> None:
+        """Let go of attempts that have had no rank, open window or pending write for
+        ``ATTEMPT_IDLE_S`` (a rank that comes back reopens it from the store), and of expired
+        refusals past ``MAX_REFUSED``: a processor that lives for weeks across many runs, or
+        meets many run ids, holds only what it serves."""
+        now = time.monotonic()
+        busy = {c.attempt_key for c in self._conns.values() if c.attempt_key is not None}
+        for key, st in list(self._attempts.items()):
+            if key in busy or st.assembler.windows or st.in_flight:
+                st.idle_since = None
+            elif st.idle_since is None:
+                st.idle_since = now
+            elif now - st.idle_since >= self.config.attempt_idle_s:
+                del self._attempts[key]
+                self.stats["attempts_forgotten"] = self.stats.get("attempts_forgotten", 0) + 1
+                log.info("attempt %s/%s idle for %.0f s: released", key[0], key[1], now - st.idle_since)
+        if len(self._refused) > MAX_REFUSED:
+            for key in [k for k, (retry_at, _) in self._refused.items() if retry_at <= now]:
+                del self._refused[key]
+                self.stats["refused_attempts"].pop(f"{key[0]}/{key[1]}", None)
 
     def _enqueue(self, key: tuple[str, str], index: int, block: bool) -> bool:
         """Hand a closed window to the writer; when the writer is behind (and not shutting
@@ -757,6 +782,7 @@ class Processor:
         if st.new_ranks:
             topo_rows = st.topology.rows(sorted(set(st.new_ranks)))
             st.new_ranks.clear()
+        st.in_flight += 1
         if block:
             self._put_stopping((key, data, ranks, topo_rows))
         else:
@@ -889,6 +915,9 @@ class Processor:
                 key, window, start, end, ranks, rows = self._done.get_nowait()
             except queue.Empty:
                 return
+            done = self._attempts.get(key)
+            if done is not None:
+                done.in_flight -= 1
             if rows is None:
                 continue
             self.stats["windows_written"] += 1

@@ -13,8 +13,8 @@ from enum import StrEnum
 
 from argus.errors import ArgusError, ProtocolError
 
-__all__ = ["DropReason", "drop_reason", "HELLO_TIMEOUT_S", "ACCEPT_BACKOFF_S", "ATTEMPT_RETRY_S",
-           "MAX_PENDING_FRAME_BYTES", "MAX_NAME_TABLE_BYTES", "MAX_NAME_CHARS", "default_max_connections"]
+__all__ = ["DropReason", "drop_reason", "HELLO_TIMEOUT_S", "ACCEPT_BACKOFF_S", "ATTEMPT_RETRY_S", "ATTEMPT_IDLE_S",
+           "MAX_REFUSED", "MAX_PENDING_FRAME_BYTES", "MAX_NAME_TABLE_BYTES", "MAX_NAME_CHARS", "default_max_connections"]
 
 #: A connection that has not sent its HELLO after this long is closed: a real producer sends
 #: it with the connect, so only a stuck or hostile peer holds a slot (and an fd) this long.
@@ -27,6 +27,14 @@ ACCEPT_BACKOFF_S = 0.5
 #: refused without re-reading it for this long, so a job's ranks reconnecting in a loop cost
 #: one read per interval, and a repaired store is picked up soon.
 ATTEMPT_RETRY_S = 30.0
+#: An attempt with no rank connected, no open window and no pending write is released after
+#: this long (reopened from the store if a rank comes back): long enough for a job's restart
+#: or a rank's reconnect to find its state, short enough that a processor serving many runs
+#: over weeks does not keep every run's topology and assembler.
+ATTEMPT_IDLE_S = 300.0
+#: Refused attempts remembered (for ``ATTEMPT_RETRY_S`` each); past this many, expired
+#: refusals are forgotten, so a stream of distinct bad run ids cannot grow the processor.
+MAX_REFUSED = 1024
 #: Bytes held across all connections for frames not yet complete (each may declare up to
 #: ``MAX_PAYLOAD`` = 64 MiB). Real producers send batches of a few hundred KiB; this holds
 #: four maximal frames at once. The connection whose bytes would pass it is dropped.

@@ -147,3 +147,23 @@ def test_unfinished_frames_past_the_budget_drop_their_connection_and_release_the
     _wait_for(lambda: not proc._conns)
     assert proc._pending_bytes == 0
     _round_trip(sock, 1)
+
+
+def test_an_idle_attempt_is_released_and_reopened_when_a_rank_comes_back(serve):
+    proc, sock = serve(attempt_idle_s=0.3)
+    for run in ("r1", "r2", "r3"):
+        c = ProcessorClient(sock, {"run_id": run, "rank": 0, "world_size": 1, "pid": os.getpid()}).connect()
+        rec = np.zeros(1, DTYPES[Msg.STEPS])
+        rec["step"], rec["end_ns"] = 0, 10
+        c.send(Msg.STEPS, rec)
+        c.flush(1)
+        assert c.wait_for_ack(lambda a: a.get("seq") == 1, timeout_s=20) == {"seq": 1}
+        c.close()
+    _wait_for(lambda: proc.stats.get("attempts_forgotten", 0) == 3)
+    assert not proc._attempts  # nothing held for runs that are over
+    _round_trip(sock, 5)
+    _wait_for(lambda: proc.stats.get("attempts_forgotten", 0) == 4)
+    _round_trip(sock, 6)  # a run that comes back after its release is reopened from the store
+    assert proc.stats["windows_written"] == 5
+    store = proc.store
+    assert sorted(a.identity.run_id for a in store.attempts()) == ["good", "r1", "r2", "r3"]
