@@ -285,7 +285,8 @@ class Gatherer:
             scenario=a.meta.get("scenario"), series=self.step_series(), baseline_s=baseline,
             l1_windows=[w.to_json() for w in l1.windows] if l1 is not None else [], incidents=views,
             attempt_path=str(a.path), diagnosed=diagnosis is not None,
-            diagnosis_s=(getattr(diagnosis, "timings_s", {}) or {}).get("total"), generated_ns=time.time_ns())
+            diagnosis_s=(getattr(diagnosis, "timings_s", {}) or {}).get("total"), generated_ns=time.time_ns(),
+            missing=list(getattr(diagnosis, "missing", None) or [d.reason for d in a.damage]))
 
 
 def gather(attempt: Attempt, diagnosis: Any | None = None) -> ReportData:

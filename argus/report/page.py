@@ -94,7 +94,17 @@ def summary_section(data: ReportData) -> str:
             f"<dt>baseline step time</dt><dd>{esc(base)}</dd>"
             f"<dt>incidents</dt><dd id=\"incident-count\">{n}{' (' + esc(counts) + ')' if counts else ''}</dd>"
             f"<dt>source</dt><dd>{esc(data.source)}</dd>{scenario}<dt>analysis</dt><dd>{esc(diag)}</dd>"
-            "</dl></section>")
+            f"{_missing(data.missing)}</dl></section>")
+
+
+def _missing(lines: list[str], limit: int = 8) -> str:
+    """What the store lacked (damaged files, uncommitted windows, windows without phases): the
+    diagnosis ran on the rest, and the reader should know."""
+    if not lines:
+        return ""
+    items = "".join(f"<li>{esc(line)}</li>" for line in lines[:limit])
+    more = f"<li>… and {len(lines) - limit} more</li>" if len(lines) > limit else ""
+    return f'<dt>not read</dt><dd class="missing"><ul>{items}{more}</ul></dd>'
 
 
 def step_section(data: ReportData, highlight: tuple[int, int] | None = None) -> str:

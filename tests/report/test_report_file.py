@@ -9,6 +9,7 @@ import pytest
 
 from argus.cli.main import main
 from argus.report import build_report
+from argus.store import Store
 from tests.report.helpers import CASES, SCRIPT, add_script_names, copy_store, sim, write_evidence
 
 PERFETTO = "https://ui.perfetto.dev"
@@ -89,3 +90,13 @@ def test_healthy_job_reports_no_incident(simulated, tmp_path):
     res = build_report(attempt, out)
     assert res.incidents == 0 and "No incident" in out.read_text()
     assert Path(out).read_text().count("<svg") >= 1
+
+
+def test_the_report_names_what_the_store_could_not_give(simulated, tmp_path):
+    attempt = copy_store(sim(simulated, "compute_straggler")[0], tmp_path / "S")
+    victim = sorted((attempt.path / "steps").rglob("*.parquet"))[1]
+    victim.write_bytes(victim.read_bytes()[:100])  # torn by a crash
+    out = tmp_path / "r.html"
+    build_report(Store.open(tmp_path / "S").attempt(), out)
+    html = out.read_text()
+    assert "not read</dt>" in html and victim.name in html
