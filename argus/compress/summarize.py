@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from argus.compress.kde import KdeConfig, cluster_bounds
+from argus.compress.refine import RefineConfig, quantile_sorted, refine_clusters
 from argus.compress.names import categorize_kernel, normalize_kernel_name
 from argus.compress.sketch import DEFAULT_SCHEMA, LogSketch, bucket_index
 from argus.store.schema import TABLES
@@ -28,6 +29,7 @@ __all__ = ["Cluster", "CompressConfig", "summarize_durations", "summarize_kernel
 @dataclass(frozen=True, slots=True)
 class CompressConfig:
     kde: KdeConfig = KdeConfig()
+    refine: RefineConfig = RefineConfig()  # split clusters whose rows lose the shape (W₁ bound)
     sketch_schema: int = DEFAULT_SCHEMA
 
 
@@ -66,16 +68,9 @@ def _group_sorted(gid: np.ndarray, dur: np.ndarray, n_groups: int) -> _Grouped:
     return _Grouped(dur[order], starts, sizes, invalid)
 
 
-def _quantile(sorted_vals: np.ndarray, start: np.ndarray, n: np.ndarray, q: float) -> np.ndarray:
-    pos = (n - 1) * q
-    lo = np.floor(pos).astype(np.int64)
-    frac = pos - lo
-    hi = np.minimum(lo + 1, n - 1)
-    return sorted_vals[start + lo] * (1 - frac) + sorted_vals[start + hi] * frac
-
-
 def _clusters(g: _Grouped, config: CompressConfig) -> tuple[np.ndarray, ...]:
-    """Per cluster: group index, cluster index, start, size (into the sorted durations)."""
+    """Per cluster: group index, cluster index, start, size (into the sorted durations): the
+    KDE's modes, then split where the stored rows would lose the shape (``refine.py``)."""
     keep = g.sizes > 0
     starts, sizes = g.starts[keep], g.sizes[keep]
     groups = np.flatnonzero(keep)
@@ -95,7 +90,9 @@ def _clusters(g: _Grouped, config: CompressConfig) -> tuple[np.ndarray, ...]:
     nxt = np.append(rel[1:], 0)
     last = np.append(c_index[1:] == 0, True)
     c_size = np.where(last, g_size, nxt) - rel
-    return c_group, c_index, g_start + rel, c_size
+    if config.refine.max_w1_rel_mean is None:
+        return c_group, c_index, g_start + rel, c_size
+    return refine_clusters(g.dur, g.starts, g.sizes, c_group, g_start + rel, c_size, config.refine)
 
 
 def summarize_durations(durations: np.ndarray, config: CompressConfig = CompressConfig()) -> list[Cluster]:
@@ -105,8 +102,8 @@ def summarize_durations(durations: np.ndarray, config: CompressConfig = Compress
     if g.sizes.sum() == 0:
         return []
     _, _, c_start, c_size = _clusters(g, config)
-    return [Cluster(int(n), float(_quantile(g.dur, np.array([s]), np.array([n]), 0.5)[0]),
-                    float(_quantile(g.dur, np.array([s]), np.array([n]), 0.99)[0]),
+    return [Cluster(int(n), float(quantile_sorted(g.dur, np.array([s]), np.array([n]), 0.5)[0]),
+                    float(quantile_sorted(g.dur, np.array([s]), np.array([n]), 0.99)[0]),
                     float(g.dur[s]), float(g.dur[s + n - 1])) for s, n in zip(c_start, c_size)]
 
 
@@ -163,8 +160,8 @@ def summarize_kernel_arrays(rank: np.ndarray, stream: np.ndarray, name_id: np.nd
         "op": pa.array(op[g_label[c_group]], pa.string()),
         "cluster": pa.array(c_index, pa.int32()),
         "count": c_size.astype(np.int64),
-        "p50_ns": _quantile(g.dur, c_start, c_size, 0.5),
-        "p99_ns": _quantile(g.dur, c_start, c_size, 0.99),
+        "p50_ns": quantile_sorted(g.dur, c_start, c_size, 0.5),
+        "p99_ns": quantile_sorted(g.dur, c_start, c_size, 0.99),
         "min_ns": g.dur[c_start],
         "max_ns": g.dur[c_start + c_size - 1],
     }, schema=TABLES["kernel_summaries"].schema)
