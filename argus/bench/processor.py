@@ -17,12 +17,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from argus.wire import Msg, ProcessorClient
 from argus.wire.protocol import encode_array, encode_json
 
-__all__ = ["run_compression", "run_socket"]
+__all__ = ["run_compression", "run_evidence", "run_socket", "RowMajorWire"]
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -66,9 +67,14 @@ def run_compression(repeat: int = 5) -> dict:
 
 
 def run_socket(mode: str, events: int | None = 5_000_000, rate_per_min_per_rank: float | None = None,
-               duration_s: float | None = None, evidence: bool = True, window_steps: int = 5) -> dict:
+               duration_s: float | None = None, evidence: bool = True, window_steps: int = 5,
+               evidence_interval_s: float = 0.0) -> dict:
     """Stream through a real processor, as fast as possible or paced at
-    ``rate_per_min_per_rank``, until ``events`` are sent or ``duration_s`` has passed."""
+    ``rate_per_min_per_rank``, until ``events`` are sent or ``duration_s`` has passed.
+
+    ``evidence_interval_s`` 0 writes a Perfetto trace of every window (the worst case: every
+    window slow); the daemon's default (10 s) writes one for slow windows and one per interval
+    otherwise. The evidence left in the store gives the bytes per rank-step."""
     engine, steps = _window()
     ranks = sorted(steps[0])
     names = engine.names.names
@@ -76,9 +82,7 @@ def run_socket(mode: str, events: int | None = 5_000_000, rate_per_min_per_rank:
     sock = tmp / "p.sock"
     args = [sys.executable, "-m", "argus", "processor", "--store", str(tmp / "store"), "--socket", str(sock),
             "--host", "bench", "--window-steps", str(window_steps), "--no-fsync"]
-    # evidence on = a Perfetto trace of every window: the worst case (the default writes one
-    # for slow windows and one every 10 s otherwise)
-    args += ["--evidence-interval", "0"] if evidence else ["--no-evidence"]
+    args += ["--evidence-interval", str(evidence_interval_s)] if evidence else ["--no-evidence"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
@@ -131,10 +135,14 @@ def run_socket(mode: str, events: int | None = 5_000_000, rate_per_min_per_rank:
             c.close()
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=120)
+        traces = [p.stat().st_size for p in (tmp / "store").rglob("*.pftrace")]
         third = max(len(rss) // 3, 1)
         mid = rss[third:-third] or rss
         return {
             "bench": "processor", "mode": mode, "ranks": len(ranks), "evidence": evidence,
+            "evidence_interval_s": evidence_interval_s if evidence else None, "evidence_files": len(traces),
+            "evidence_bytes_per_rank_step": round(sum(traces) / len(traces) / (len(ranks) * window_steps))
+            if traces else None,
             "window_steps": window_steps, "events": sent, "steps": step, "wall_s": round(wall, 2),
             "events_per_s": round(sent / wall), "processor_cpu_s": round(cpu, 2),
             "events_per_cpu_s": round(sent / cpu) if cpu else None,
@@ -150,3 +158,118 @@ def run_socket(mode: str, events: int | None = 5_000_000, rate_per_min_per_rank:
             proc.wait()
         shutil.rmtree(tmp, ignore_errors=True)
 
+
+
+def run_evidence(repeat: int = 7) -> dict:
+    """One window's Perfetto trace (8 ranks × 5 steps, pipeline-parallel: ``pp-send`` slices
+    straddle compute), built with the current column encoder and with the row-major one it
+    replaced, interleaved ``repeat`` times; CPU seconds (``time.process_time``), best of each."""
+    from argus.evidence import perfetto
+
+    from argus.sim import Engine, SimConfig
+
+    engine = Engine(SimConfig(ranks=8, steps=7, layout="tp=2,pp=2,ep=2", seed=0))
+    recs = list(engine.run())[2:]
+    phases = pa.concat_tables([r.phases_table() for r in recs])
+    kernels = pa.concat_tables([r.kernels_table() for r in recs])
+    n = phases.num_rows + kernels.num_rows
+    current = perfetto._Wire
+    cpu: dict[str, list[float]] = {"before": [], "after": []}
+    out: dict[str, bytes] = {}
+    try:
+        for _ in range(repeat):
+            for label, wire in (("before", RowMajorWire), ("after", current)):
+                perfetto._Wire = wire  # type: ignore[misc]
+                t0 = time.process_time()
+                out[label] = perfetto.build_perfetto_trace(phases=phases, kernels=kernels, title="bench")
+                cpu[label].append(time.process_time() - t0)
+    finally:
+        perfetto._Wire = current  # type: ignore[misc]
+    best = {k: min(v) for k, v in cpu.items()}
+    return {"bench": "processor", "mode": "evidence", "events": n, "ranks": 8, "steps": len(recs),
+            "trace_bytes": len(out["after"]), "bytes_identical": out["before"] == out["after"],
+            "evidence_bytes_per_rank_step": round(len(out["after"]) / (8 * len(recs))),
+            "before_cpu_ms": round(1e3 * best["before"], 1), "after_cpu_ms": round(1e3 * best["after"], 1),
+            "before_events_per_cpu_s": round(n / best["before"]), "after_events_per_cpu_s": round(n / best["after"]),
+            "speedup": round(best["before"] / best["after"], 2)}
+
+
+_VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], np.uint64)
+
+
+def _row_major_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | int]:
+    v = np.asarray(values)
+    v = v if v.dtype == np.uint64 else v.astype(np.int64).view(np.uint64)
+    lengths = np.searchsorted(_VARINT_LIMITS, v, side="right").astype(np.int64) + 1
+    lo, hi = (int(lengths.min()), int(lengths.max())) if v.size else (1, 1)
+    out = np.empty((v.size, hi), np.uint8)
+    for k in range(hi):
+        byte = (v >> np.uint64(7 * k)) & np.uint64(0x7F)
+        if k < lo - 1:
+            byte |= np.uint64(0x80)
+        elif k < hi - 1:
+            byte |= np.where(k < lengths - 1, np.uint64(0x80), np.uint64(0))
+        out[:, k] = byte
+    return out, (hi if lo == hi else lengths)
+
+
+class RowMajorWire:
+    """The Perfetto column encoder before its byte-major layout (verbatim but for names): the
+    "before" of the evidence mode, and the reference its replacement must match byte for byte."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self._segs: list[tuple[np.ndarray, np.ndarray | int]] = []
+
+    def _append(self, data, lengths, where) -> None:
+        if where is not None:
+            lengths = np.where(where, lengths, 0)
+            if not lengths.any():
+                return
+        elif isinstance(lengths, int) and self._segs and isinstance(self._segs[-1][1], int):
+            prev, width = self._segs.pop()
+            if prev.shape[0] != data.shape[0]:
+                prev, data = (np.broadcast_to(a, (self.n, a.shape[1])) for a in (prev, data))
+            data, lengths = np.concatenate([prev, data], axis=1), width + lengths
+        self._segs.append((data, lengths))
+
+    def raw(self, data: bytes, where=None) -> None:
+        self._append(np.frombuffer(data, np.uint8)[None, :], len(data), where)
+
+    def varint(self, field: int, values, where=None) -> None:
+        self.raw(_tag(field, 0), where)
+        self._append(*_row_major_varints(values if where is None else np.where(where, values, 0)), where)
+
+    def fixed64(self, field: int, values, where=None) -> None:
+        self.raw(_tag(field, 1), where)
+        self._append(np.ascontiguousarray(values, dtype="<u8").view(np.uint8).reshape(-1, 8), 8, where)
+
+    def message(self, field: int, sub: RowMajorWire, where=None) -> None:
+        self.raw(_tag(field, 2), where)
+        self._append(*_row_major_varints(sub.lengths()), where)
+        for data, lengths in sub._segs:
+            self._append(data, lengths, where)
+
+    def lengths(self) -> np.ndarray:
+        total = np.zeros(self.n, np.int64)
+        for _, lengths in self._segs:
+            total += lengths
+        return total
+
+    def tobytes(self) -> bytes:
+        if self.n == 0 or not self._segs:
+            return b""
+        data = np.concatenate([np.broadcast_to(d, (self.n, d.shape[1])) for d, _ in self._segs], axis=1)
+        used = np.concatenate([np.ones((self.n, d.shape[1]), bool) if isinstance(u, int)
+                               else np.arange(d.shape[1]) < u[:, None] for d, u in self._segs], axis=1)
+        return data[used].tobytes()
+
+
+
+def _tag(field: int, wire_type: int) -> bytes:
+    value, out = field << 3 | wire_type, bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)

@@ -90,7 +90,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = bsub.add_parser("processor", help="compression rate, socket throughput, CPU at a paced rate, memory")
     p.add_argument("--modes", default="compression,throughput,paced,long",
-                   help="comma list of: compression, throughput, paced, long")
+                   help="comma list of: compression, evidence (Perfetto encoder, before/after in process), "
+                        "throughput, paced, long")
     p.add_argument("--events", type=float, default=5e6, help="events for the throughput mode")
     p.add_argument("--long-events", type=float, default=1e8, help="events for the long (memory) mode")
     p.add_argument("--long-rate", type=float, default=500_000,
@@ -98,6 +99,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=100_000, help="events per minute per rank for the paced mode")
     p.add_argument("--duration", type=float, default=30.0, help="seconds of the paced mode")
     p.add_argument("--no-evidence", action="store_true", help="processor without Perfetto evidence")
+    p.add_argument("--evidence-interval", type=float, default=0.0,
+                   help="seconds between evidence traces of normal windows (default 0: every window, the "
+                        "worst case; the processor's own default is 10, slow windows always)")
     p.set_defaults(func=_run_processor)
 
     rw = bsub.add_parser("remote-write", help="Prometheus remote-write sink: samples/s and bytes per rank-step "
@@ -128,20 +132,23 @@ def _run_compression(args: argparse.Namespace) -> int:
 
 
 def _run_processor(args: argparse.Namespace) -> int:
-    from argus.bench.processor import run_compression, run_socket
+    from argus.bench.processor import run_compression, run_evidence, run_socket
 
     evidence = not args.no_evidence
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
         if mode == "compression":
             row = run_compression()
+        elif mode == "evidence":
+            row = run_evidence()
         elif mode == "throughput":
-            row = run_socket("throughput", events=int(args.events), evidence=evidence)
+            row = run_socket("throughput", events=int(args.events), evidence=evidence,
+                             evidence_interval_s=args.evidence_interval)
         elif mode == "paced":
             row = run_socket("paced", events=None, rate_per_min_per_rank=args.rate, duration_s=args.duration,
-                             evidence=evidence)
+                             evidence=evidence, evidence_interval_s=args.evidence_interval)
         elif mode == "long":
             row = run_socket("long", events=int(args.long_events), rate_per_min_per_rank=args.long_rate * 60 / 8,
-                             evidence=evidence)
+                             evidence=evidence, evidence_interval_s=args.evidence_interval)
         else:
             from argus.errors import ConfigError
 
