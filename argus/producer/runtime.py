@@ -61,6 +61,7 @@ class Runtime:
         self.optimizer_seen = False
         self.comm_issued = 0  # collectives started on this rank (the tracker counts)
         self._versions: Any = None  # root module → [its first trainable parameter, version at step start]
+        self._roots_seen = 0  # roots ever entered in _versions (it forgets those collected)
         self.hooks: Any = None
         self.kernels: Any = None
         self.stacks: Any = None
@@ -256,6 +257,10 @@ class Runtime:
             return
         if any(self._parameters_updated(root) for root in list(self._versions.keys())):
             self.end_step()
+        elif self._roots_seen and not len(self._versions):
+            # Every model this loop trained is gone (the function that held it returned and the
+            # collector freed it): its last step is over, and the closing barrier ends it.
+            self.end_step()
 
     def _parameters_updated(self, root: Any) -> bool:
         """Has ``root``'s first trainable parameter been updated in place since its last forward
@@ -270,6 +275,7 @@ class Runtime:
             if param is None:
                 return False
             entry = self._versions[root] = [weakref.ref(param), param._version]
+            self._roots_seen += 1
             return False
         param = entry[0]()
         if param is None:

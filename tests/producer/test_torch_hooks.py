@@ -122,3 +122,35 @@ def test_bad_layout_warns_once_and_training_continues(monkeypatch, no_launcher_e
     model = Stage(64, 32, 2, 1, first=True, last=True)
     _train(model, torch.optim.SGD(model.parameters(), lr=0.1), steps=1, microbatches=1)
     api.shutdown()
+
+
+def _manual_loop(steps: int) -> torch.nn.Module:
+    """A loop without an optimizer (all-reduced gradients, SGD by hand), as the e2e ``manual``
+    stack runs it."""
+    model = Stage(64, 32, 2, 1, first=True, last=True)
+    for _ in range(steps):
+        x = torch.randint(0, 64, (2, 16))
+        F.cross_entropy(model(x).view(-1, 64), x.view(-1)).backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+    return model
+
+
+@pytest.mark.parametrize("collected", [False, True], ids=["model-alive", "model-collected"])
+def test_a_loop_without_optimizer_ends_its_last_step_at_the_closing_barrier(traced, tmp_path, collected):
+    import gc
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        model = _manual_loop(steps=3)
+        if collected:  # the function that held the model returned; the collector freed it
+            del model
+            gc.collect()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    assert traced.steps["step"].tolist() == [0, 1, 2]
