@@ -162,8 +162,10 @@ def run_socket(mode: str, events: int | None = 5_000_000, rate_per_min_per_rank:
 
 def run_evidence(repeat: int = 7) -> dict:
     """One window's Perfetto trace (8 ranks × 5 steps, pipeline-parallel: ``pp-send`` slices
-    straddle compute), built with the current column encoder and with the row-major one it
-    replaced, interleaved ``repeat`` times; CPU seconds (``time.process_time``), best of each."""
+    straddle compute), built the current way and the old way — the row-major encoder it
+    replaced and the per-slice lane loop for every group that does not nest — interleaved
+    ``repeat`` times; CPU seconds (``time.process_time``), best of each, and whether the bytes
+    are the same."""
     from argus.evidence import perfetto
 
     from argus.sim import Engine, SimConfig
@@ -173,18 +175,19 @@ def run_evidence(repeat: int = 7) -> dict:
     phases = pa.concat_tables([r.phases_table() for r in recs])
     kernels = pa.concat_tables([r.kernels_table() for r in recs])
     n = phases.num_rows + kernels.num_rows
-    current = perfetto._Wire
+    current = perfetto._Wire, perfetto._two_lane_groups
+    before = RowMajorWire, lambda *a: set()  # the old paths: row-major encoder, a Python step per slice
     cpu: dict[str, list[float]] = {"before": [], "after": []}
     out: dict[str, bytes] = {}
     try:
         for _ in range(repeat):
-            for label, wire in (("before", RowMajorWire), ("after", current)):
-                perfetto._Wire = wire  # type: ignore[misc]
+            for label, (wire, two_lanes) in (("before", before), ("after", current)):
+                perfetto._Wire, perfetto._two_lane_groups = wire, two_lanes  # type: ignore[misc,assignment]
                 t0 = time.process_time()
                 out[label] = perfetto.build_perfetto_trace(phases=phases, kernels=kernels, title="bench")
                 cpu[label].append(time.process_time() - t0)
     finally:
-        perfetto._Wire = current  # type: ignore[misc]
+        perfetto._Wire, perfetto._two_lane_groups = current  # type: ignore[misc]
     best = {k: min(v) for k, v in cpu.items()}
     return {"bench": "processor", "mode": "evidence", "events": n, "ranks": 8, "steps": len(recs),
             "trace_bytes": len(out["after"]), "bytes_identical": out["before"] == out["after"],

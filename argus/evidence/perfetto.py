@@ -250,14 +250,20 @@ def _event_order(ev: _Events) -> np.ndarray:
     return np.lexsort((tie2, tie1, opens, ts))
 
 
-def _nesting_failures(group: np.ndarray, order: np.ndarray, n: int) -> np.ndarray:
-    """Groups whose slices do not nest in the begin/end ``order`` (vectorised bracket check).
+def _nesting_failures(group: np.ndarray, order: np.ndarray, n: int, within: np.ndarray | None = None) -> np.ndarray:
+    """Groups whose slices do not nest in the begin/end ``order`` (vectorised bracket check),
+    looking only at the slices ``within`` (a mask) when given.
 
     Within each group, every slice must close at the depth it opened and be the next event at
     that depth: sorting events stably by (group, depth) must give begin/end pairs of one slice."""
     if n == 0:
         return np.zeros(0, np.int64)
     slice_of = np.where(order < n, order, order - n)
+    if within is not None:
+        keep = within[slice_of]
+        order, slice_of = order[keep], slice_of[keep]
+        if not order.size:
+            return np.zeros(0, np.int64)
     g_order = np.argsort(group[slice_of], kind="stable")
     rows, slices = order[g_order], slice_of[g_order]
     g = group[slices]
@@ -268,7 +274,8 @@ def _nesting_failures(group: np.ndarray, order: np.ndarray, n: int) -> np.ndarra
     base = np.maximum.accumulate(np.where(first, np.arange(rows.size), 0))
     depth = depth - (depth[base] - np.where(opening[base], 1, -1))  # depth within group
     level = np.where(opening, depth, depth + 1)
-    by_level = np.lexsort((np.arange(rows.size), level, g))
+    level = level - level.min()  # ≥ 0, so that one integer key sorts by (group, level), then event
+    by_level = np.argsort(g * (int(level.max()) + 1) + level, kind="stable")
     g2, lv, op, sl = g[by_level], level[by_level], opening[by_level], slices[by_level]
     run_start = np.ones(rows.size, bool)
     run_start[1:] = (g2[1:] != g2[:-1]) | (lv[1:] != lv[:-1])
@@ -352,6 +359,29 @@ def _range_max(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray
     return out
 
 
+def _members_in_begin_order(group: np.ndarray, order: np.ndarray, n: int, groups: np.ndarray) -> list[np.ndarray]:
+    """The slices of each of ``groups``, in begin order, one array per group."""
+    begins = order[order < n]
+    begins = begins[np.isin(group[begins], groups)]
+    begins = begins[np.argsort(group[begins], kind="stable")]  # per group, still in begin order
+    return np.split(begins, np.flatnonzero(np.diff(group[begins])) + 1) if begins.size else []
+
+
+def _two_lane_groups(group: np.ndarray, order: np.ndarray, n: int, to_side: np.ndarray) -> set[int]:
+    """Failing groups that :func:`_lanes` would split into exactly ``phases`` and
+    ``phases (comm)``: those where the collectives ``to_side`` (blocked ones, and any that
+    begin before the group's first main slice) nest among themselves and the rest nest
+    without them. (Then every slice lands on lane 0 of its side — a lane is only added for a
+    partial overlap, which the nesting check finds — so the loop is not needed.) The common
+    case, pipeline ``pp-send``s that straddle compute: one vectorised check instead of one
+    Python step per slice; ``tests/evidence`` checks it against the loop byte for byte."""
+    if not to_side.any():
+        return set()
+    candidates = np.unique(group[to_side])
+    still = set((_nesting_failures(group * 2 + to_side, order, n, within=np.isin(group, candidates)) // 2).tolist())
+    return set(candidates.tolist()) - still
+
+
 def _assign_tracks(ev: _Events, order: np.ndarray, hosts: Mapping[int, str]) -> list[pb.TrackDescriptor]:
     """Sets ``ev.track_uuid`` and returns the descriptors: rank tracks, then their children."""
     n, npz = ev.n, ev.n_phases
@@ -365,15 +395,21 @@ def _assign_tracks(ev: _Events, order: np.ndarray, hosts: Mapping[int, str]) -> 
     group[gorder] = np.cumsum(new) - 1
     lane = np.zeros(n, np.int64)
     side = np.zeros(n, bool)
-    failures = _nesting_failures(group, order, n)
-    begins = order[order < n]
-    begins = begins[np.isin(group[begins], failures)]
-    begins = begins[np.argsort(group[begins], kind="stable")]  # per group, still in begin order
-    bounds = np.flatnonzero(np.diff(group[begins])) + 1
-    for members in np.split(begins, bounds) if begins.size else []:
-        s, e = ev.start[members], ev.end[members]
+    failing = _members_in_begin_order(group, order, n, _nesting_failures(group, order, n))
+    blocked = np.zeros(n, bool)
+    to_side = np.zeros(n, bool)  # where _lanes sends a slice when every lane nests
+    for members in failing:
         comm = ev.comm[members]
-        for m, (is_side, ln) in zip(members.tolist(), _lanes(s, e, comm, _blocked_collectives(s, e, comm))):
+        blocked[members] = _blocked_collectives(ev.start[members], ev.end[members], comm)
+        before_main = np.arange(members.size) < (np.argmin(comm) if not comm.all() else members.size)
+        to_side[members] = blocked[members] | (comm & before_main)  # no main lane yet: the side
+    two_lanes = _two_lane_groups(group, order, n, to_side)
+    for members in failing:
+        if group[members[0]] in two_lanes:
+            side[members] = to_side[members]
+            continue
+        s, e = ev.start[members], ev.end[members]
+        for m, (is_side, ln) in zip(members.tolist(), _lanes(s, e, ev.comm[members], blocked[members])):
             side[m], lane[m] = is_side, ln
     # Tracks: (rank, kernel?, device, stream, side?, lane), sorted: that is the display order.
     tkeys = (lane, side, ev.stream * is_kernel, ev.device * is_kernel, is_kernel, ev.rank)

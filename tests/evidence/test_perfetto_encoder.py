@@ -65,3 +65,36 @@ def test_arbitrary_windows_are_byte_identical(phase_rows, kernel_rows):
     with pytest.MonkeyPatch.context() as mp:
         new, old = _both(mp, phases, kernels)
     assert new == old
+
+
+def _loop_only(monkeypatch: pytest.MonkeyPatch, phases: pa.Table | None, kernels: pa.Table | None) -> bytes:
+    with monkeypatch.context() as m:
+        m.setattr(perfetto, "_two_lane_groups", lambda *a: set())  # every failing group through _lanes
+        return build_perfetto_trace(phases=phases, kernels=kernels)
+
+
+def test_vectorised_two_lane_split_is_taken_for_pipeline_phases_and_matches_the_loop(monkeypatch):
+    phases, kernels = _window()
+    ev = perfetto._Events.from_tables(phases, kernels)
+    order = perfetto._event_order(ev)
+    taken: list[set[int]] = []
+    real = perfetto._two_lane_groups
+    with monkeypatch.context() as m:
+        m.setattr(perfetto, "_two_lane_groups", lambda *a: taken.append(real(*a)) or taken[-1])
+        perfetto._assign_tracks(ev, order, {})
+    assert taken and len(taken[0]) >= 4  # the pipeline ranks' phase groups skip the loop
+    assert build_perfetto_trace(phases=phases, kernels=kernels) == _loop_only(monkeypatch, phases, kernels)
+
+
+overlaps = st.lists(st.tuples(st.integers(0, 1), st.integers(0, 60), st.integers(-1, 40),
+                              st.sampled_from(["compute", "comm", "comm"]), st.integers(0, 2)), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(overlaps)
+def test_two_lane_split_matches_the_per_slice_loop_on_arbitrary_overlaps(rows):
+    """Straddling, nested, touching, zero-length, identical and unfinished collectives and
+    compute: the vectorised split gives the loop's tracks, byte for byte."""
+    phases = table("phases", [phase(r, f"p{i % 5}", s, d, cat=c, mb=m) for i, (r, s, d, c, m) in enumerate(rows)])
+    with pytest.MonkeyPatch.context() as mp:
+        assert build_perfetto_trace(phases=phases, kernels=None) == _loop_only(mp, phases, None)
