@@ -177,7 +177,8 @@ class CollectiveTracker:
 
     def _launch(self, pg: Any, op: str, peer_local: int | None) -> tuple:
         rt = self.rt
-        if rt.on_main_thread():
+        main = rt.on_main_thread()
+        if main:
             rt.collective_starts()
         g = self._group(pg, peer_local)
         name = f"{g.kind or 'world'}-{op}"
@@ -186,7 +187,10 @@ class CollectiveTracker:
         rt.comm_issued += 1
         rt.ring.inflight.issued(g.slot, nid, t0)
         m0 = rt.cuda.mark() if rt.cuda is not None else None  # GPU: the inputs are ready here
-        return (t0, rt.mb_context, rt.step, g, nid, m0)
+        # CPU: the training thread's run-queue delay so far, so that a collective it waits for
+        # itself (``wait()``) can record how much of its interval the thread spent preempted
+        rq0 = rt.sched.runq_ns() if main and m0 is None else -1
+        return (t0, rt.mb_context, rt.step, g, nid, m0, rq0)
 
     def _track(self, work: Any, launch: tuple) -> None:
         if work is None:
@@ -229,24 +233,29 @@ class CollectiveTracker:
     def _gpu_done(self, launch: tuple, t0: int, t1: int) -> None:
         """The collective's GPU interval (resolved on the CUDA-event thread): from the moment its
         inputs were ready on the launching stream (this rank's arrival) to its completion."""
-        _, mb, step, g, nid, _ = launch
+        _, mb, step, g, nid = launch[:5]
         try:
             self.rt.ring.inflight.completed(g.slot, launch[0], t1)
             self.rt.recorder.phase_ids(step, t0, t1 - t0, mb, nid, 1, g.kind_code)
         except Exception:  # noqa: BLE001
             pass
 
-    def _finish(self, key: int) -> None:
+    def _finish(self, key: int, waited: bool = False) -> None:
+        """``waited``: the training thread returns from ``wait()`` on it now, so the end is
+        when that thread ran again, and its run-queue delay since the launch is recorded as
+        the phase's ``wait_ns`` (on a busy host a receive's end is late by that much)."""
         launch = self.pending.pop(key, None)
         if launch is not None:
-            self._finish_launch(launch, now_ns())
+            t1 = now_ns()
+            rq = self.rt.sched.runq_ns() - launch[6] if waited and launch[6] >= 0 else -1
+            self._finish_launch(launch, t1, max(rq, -1))
 
-    def _finish_launch(self, launch: tuple, t1: int) -> None:
-        t0, mb, step, g, nid, _ = launch
+    def _finish_launch(self, launch: tuple, t1: int, wait_ns: int = -1) -> None:
+        t0, mb, step, g, nid = launch[:5]
         try:
             rt = self.rt
             rt.ring.inflight.completed(g.slot, t0, t1)
-            rt.recorder.phase_ids(step, t0, t1 - t0, mb, nid, 1, g.kind_code)
+            rt.recorder.phase_ids(step, t0, t1 - t0, mb, nid, 1, g.kind_code, min(wait_ns, t1 - t0))
         except Exception:  # noqa: BLE001 - a completion callback on the backend's thread must not raise
             pass
 
@@ -268,7 +277,7 @@ class CollectiveTracker:
                 return original(work, *args, **kwargs)
             finally:
                 try:
-                    tracker._finish(id(work))
+                    tracker._finish(id(work), waited=main)
                     if main:
                         rt.add_wait(m0, rt.mark())
                         if name_id is not None:

@@ -85,7 +85,8 @@ TABLES: dict[str, TableSpec] = {
                 ("wait_ns", _I64, "for `compute`/`host`: time inside the phase the producer measured as not this rank's "
                  "work — blocked in synchronous collectives or p2p, waiting at the end of backward for gradient "
                  "all-reduce, preempted by other processes (CPU runs); -1: not measured, busy time is then "
-                 "estimated from the `comm` phases nested in it"),
+                 "estimated from the `comm` phases nested in it. For `comm` phases a CPU rank waited for itself: "
+                 "the waiting thread's run-queue delay inside it (scheduling, not the link); else -1"),
             ),
         ),
         TableSpec(

@@ -77,4 +77,8 @@ def test_tracing_changes_nothing_the_job_computes_or_compiles(stack, nproc, tmp_
     assert processor_status(store)["ranks_seen"] == nproc  # no DataLoader or compile worker claimed a rank
     phases = set(attempt.read("phases", columns=["name"]).column("name").to_pylist())
     assert {"forward-compute", "backward-compute"} <= phases
+    if stack == "pipeline":  # receives the training thread waited for carry its run-queue delay
+        recv = [p for p in attempt.read("phases", columns=["name", "dur_ns", "wait_ns"]).to_pylist()
+                if p["name"].startswith("pp-") and "recv" in p["name"]]
+        assert recv and all(0 <= p["wait_ns"] <= p["dur_ns"] for p in recv), recv[:5]
     assert diagnose(store) == []
