@@ -221,13 +221,37 @@ _TABLE = {Msg.STEPS: "steps", Msg.PHASES: "phases", Msg.KERNELS: "kernels", Msg.
 
 
 def _names(parts: list, field_name: str) -> pa.Array:
-    """Decode interned ids chunk by chunk (each rank has its own name table)."""
-    arrays = []
-    for info, recs, n_names in parts:
-        dictionary = pa.array(info.names[:n_names], pa.string())
-        arrays.append(pa.DictionaryArray.from_arrays(pa.array(recs[field_name], pa.int32()), dictionary)
-                      .cast(pa.string()))
-    return pa.concat_arrays(arrays) if arrays else pa.array([], pa.string())
+    """Decode interned ids (each rank has its own name table) with one ``take``.
+
+    The tables of all chunks are laid end to end in one dictionary, each chunk's ids shifted
+    to its table; a table only grows, so the longest prefix any of its chunks saw serves them
+    all. (A dictionary and a cast per chunk cost ~0.1 ms each: ~40 chunks per table per window.)"""
+    if not parts:
+        return pa.array([], pa.string())
+    longest: dict[int, tuple[RankInfo, int]] = {}
+    for info, _, n_names in parts:
+        if longest.get(id(info), (info, -1))[1] < n_names:
+            longest[id(info)] = (info, n_names)
+    offset, start, names = {}, 0, []
+    for key, (info, n_names) in longest.items():
+        offset[key] = start
+        names.extend(info.names[:n_names])
+        start += n_names
+    codes = _concat([recs[field_name].astype(np.int32) + np.int32(offset[id(info)]) for info, recs, _ in parts])
+    return pa.array(names, pa.string()).take(pa.array(codes))
+
+
+def _concat(arrays: list[np.ndarray]) -> np.ndarray:
+    """``np.concatenate`` for chunks of one dtype, without its per-chunk dtype promotion
+    (~0.2 ms per structured chunk: most of a window's materialisation)."""
+    if len(arrays) == 1 or any(a.dtype != arrays[0].dtype for a in arrays):
+        return np.concatenate(arrays)
+    out = np.empty(sum(len(a) for a in arrays), arrays[0].dtype)
+    i = 0
+    for a in arrays:
+        out[i:i + len(a)] = a
+        i += len(a)
+    return out
 
 
 def _codes(values: np.ndarray, table: tuple[str, ...]) -> pa.Array:
@@ -236,8 +260,8 @@ def _codes(values: np.ndarray, table: tuple[str, ...]) -> pa.Array:
 
 
 def _materialise(msg: Msg, parts: list) -> pa.Table:
-    recs = np.concatenate([p[1] for p in parts])
-    ranks = np.concatenate([np.full(len(p[1]), p[0].rank, np.int32) for p in parts])
+    recs = _concat([p[1] for p in parts])
+    ranks = np.repeat(np.array([p[0].rank for p in parts], np.int32), [len(p[1]) for p in parts])
     if msg == Msg.STEPS:
         cols = {"rank": ranks, "step": recs["step"], "start_ns": recs["start_ns"], "end_ns": recs["end_ns"]}
     elif msg == Msg.PHASES:
