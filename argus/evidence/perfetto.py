@@ -613,8 +613,12 @@ def _varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | int]:
     as protobuf does."""
     v = np.asarray(values)
     v = v if v.dtype == np.uint64 else v.astype(np.int64).view(np.uint64)
-    lengths = np.searchsorted(_VARINT_LIMITS, v, side="right").astype(np.int64) + 1
-    lo, hi = (int(lengths.min()), int(lengths.max())) if v.size else (1, 1)
+    # The length grows with the value: the extremes bound it, and where they agree (timestamps
+    # of one window, small ids) no per-row length is computed at all.
+    lo, hi = (_varint_length(int(v.min())), _varint_length(int(v.max()))) if v.size else (1, 1)
+    lengths = np.full(v.size, lo, np.int64)
+    for k in range(lo, hi):
+        lengths += v >= _VARINT_LIMITS[k - 1]
     out = np.empty((hi, v.size), np.uint8)
     for k in range(hi):
         byte = (v >> np.uint64(7 * k)) & np.uint64(0x7F)
@@ -624,6 +628,11 @@ def _varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | int]:
             byte |= np.where(k < lengths - 1, np.uint64(0x80), np.uint64(0))
         out[k] = byte
     return out, (hi if lo == hi else lengths)
+
+
+def _varint_length(value: int) -> int:
+    """Bytes of the base-128 varint of a non-negative ``value`` below 2**64."""
+    return max(1, -(-value.bit_length() // 7))
 
 
 def _tag(field: int, wire_type: int) -> bytes:
