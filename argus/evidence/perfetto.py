@@ -228,6 +228,21 @@ def _link_collectives(ev: _Events) -> None:
     ev.flow_end[members[linked & last]] = flow_id[linked & last]
 
 
+def _stable_order(*keys: np.ndarray) -> np.ndarray:
+    """``np.lexsort(keys)`` (last key primary, ties in input order) for integer keys, as one
+    stable sort of a combined key: a radix sort when it fits 16 bits (track groups, lanes,
+    nesting levels: ~5x faster than a comparison sort), else one sort instead of one per key."""
+    combined = np.zeros(keys[0].size, np.int64)
+    scale = 1
+    for k in keys:
+        lo, hi = (int(k.min()), int(k.max())) if k.size else (0, 0)
+        if scale * (hi - lo + 1) >= 1 << 62:  # would overflow: keep numpy's lexsort
+            return np.lexsort(keys)
+        combined += (k.astype(np.int64) - lo) * scale
+        scale *= hi - lo + 1
+    return np.argsort(combined.astype(np.uint16) if scale <= 1 << 16 else combined, kind="stable")
+
+
 def _position_in_runs(run_start: np.ndarray) -> np.ndarray:
     """0, 1, 2… restarting wherever ``run_start`` is True (the first element starts a run)."""
     pos = np.arange(run_start.size)
@@ -264,7 +279,7 @@ def _nesting_failures(group: np.ndarray, order: np.ndarray, n: int, within: np.n
         order, slice_of = order[keep], slice_of[keep]
         if not order.size:
             return np.zeros(0, np.int64)
-    g_order = np.argsort(group[slice_of], kind="stable")
+    g_order = _stable_order(group[slice_of])
     rows, slices = order[g_order], slice_of[g_order]
     g = group[slices]
     opening = rows < n
@@ -274,8 +289,7 @@ def _nesting_failures(group: np.ndarray, order: np.ndarray, n: int, within: np.n
     base = np.maximum.accumulate(np.where(first, np.arange(rows.size), 0))
     depth = depth - (depth[base] - np.where(opening[base], 1, -1))  # depth within group
     level = np.where(opening, depth, depth + 1)
-    level = level - level.min()  # ≥ 0, so that one integer key sorts by (group, level), then event
-    by_level = np.argsort(g * (int(level.max()) + 1) + level, kind="stable")
+    by_level = _stable_order(level, g)
     g2, lv, op, sl = g[by_level], level[by_level], opening[by_level], slices[by_level]
     run_start = np.ones(rows.size, bool)
     run_start[1:] = (g2[1:] != g2[:-1]) | (lv[1:] != lv[:-1])
@@ -363,7 +377,7 @@ def _members_in_begin_order(group: np.ndarray, order: np.ndarray, n: int, groups
     """The slices of each of ``groups``, in begin order, one array per group."""
     begins = order[order < n]
     begins = begins[np.isin(group[begins], groups)]
-    begins = begins[np.argsort(group[begins], kind="stable")]  # per group, still in begin order
+    begins = begins[_stable_order(group[begins])]  # per group, still in begin order
     return np.split(begins, np.flatnonzero(np.diff(group[begins])) + 1) if begins.size else []
 
 
@@ -388,7 +402,7 @@ def _assign_tracks(ev: _Events, order: np.ndarray, hosts: Mapping[int, str]) -> 
     is_kernel = np.arange(n) >= npz
     # Track group: phases of a rank, or kernels of a (rank, device, stream).
     gkeys = (ev.stream * is_kernel, ev.device * is_kernel, is_kernel, ev.rank)
-    gorder = np.lexsort(gkeys)
+    gorder = _stable_order(*gkeys)
     new = np.ones(n, bool)
     new[1:] = np.any([k[gorder][1:] != k[gorder][:-1] for k in gkeys], axis=0) if n else new[1:]
     group = np.empty(n, np.int64)
@@ -413,7 +427,7 @@ def _assign_tracks(ev: _Events, order: np.ndarray, hosts: Mapping[int, str]) -> 
             side[m], lane[m] = is_side, ln
     # Tracks: (rank, kernel?, device, stream, side?, lane), sorted: that is the display order.
     tkeys = (lane, side, ev.stream * is_kernel, ev.device * is_kernel, is_kernel, ev.rank)
-    torder = np.lexsort(tkeys)
+    torder = _stable_order(*tkeys)
     tnew = np.ones(n, bool)
     tnew[1:] = np.any([k[torder][1:] != k[torder][:-1] for k in tkeys], axis=0) if n else tnew[1:]
     track = np.empty(n, np.int64)
