@@ -10,10 +10,12 @@ agreement with L1–L3 confirms the incident.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from argus.analysis.frames import WindowFrames
 from argus.analysis.incident import Incident, Severity, State, grade
 from argus.analysis.l4_gaps import gpu_idle
 from argus.analysis.l4_pipeline import pipeline_bubbles
@@ -38,13 +40,21 @@ class DeepenConfig:
 
 
 def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step_time: dict[int, float],
-           normal_step, config: DeepenConfig = DeepenConfig()) -> None:
+           normal_step, config: DeepenConfig = DeepenConfig(), frames: WindowFrames | None = None,
+           timings: dict[str, float] | None = None) -> None:
     """Add L4/L5 evidence to ``incidents`` in place; ``normal_step(s)`` says whether a step is
-    neither warm-up nor checkpoint (those are replayed only when nothing else is affected)."""
+    neither warm-up nor checkpoint (those are replayed only when nothing else is affected).
+    ``frames``: the windows' phases the diagnosis already read (default: read here); ``timings``
+    gains the seconds spent in L4 and in L5."""
+    clock = {"l4": 0.0, "l5": 0.0}
+    if timings is not None:
+        timings.update(clock)
     if not config.enabled:
         return
+    frames = frames if frames is not None else WindowFrames(attempt, [])
     # phases aggregated per step (read back from a TSDB) have no event order to replay
     replayable = attempt.meta.get("phase_detail") != "aggregated"
+    t_all = time.perf_counter()
     for inc in incidents:
         if inc.klass not in ("compute_straggler", "pipeline_imbalance", "host_stall") or inc.severity == "info":
             continue
@@ -65,7 +75,7 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
         if replayable and not blind:  # what_if itself declines jobs too large to replay
             # intermittent faults: replay the affected steps; persistent: a spread of normal ones
             wi = what_if(attempt, steps, inc.culprit_ranks, topology.hosts, step_time, config.max_replays, normal,
-                         config.event_budget)
+                         config.event_budget, frames)
         if wi is not None and wi.replays:
             error = float(np.median([abs(r.fidelity_pct) for r in wi.replays]))
             if not error <= MAX_REPLAY_ERROR_PCT:
@@ -103,7 +113,7 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
                 agree.append("critical_path")
         rep = wi.replays[0].step if wi is not None and wi.replays else (normal[len(normal) // 2] if normal else None)
         if inc.klass in ("compute_straggler", "pipeline_imbalance") and attempt.layout.pp > 1 and rep is not None:
-            pipe = pipeline_bubbles(attempt, inc.culprit_ranks, rep)
+            pipe = pipeline_bubbles(attempt, inc.culprit_ranks, rep, frames)
             if pipe is not None:
                 inc.evidence.append(pipe)
                 if pipe["origin_rank"] in inc.culprit_ranks:
@@ -113,13 +123,15 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
             mb = next((int(e["microbatch"]) for e in inc.evidence
                        if e.get("kind") == "busy_outlier" and e.get("microbatch", -1) is not None
                        and int(e.get("microbatch", -1)) >= 0), -1)
-            gaps = gpu_idle(attempt, rank, steps, inc.phase, mb)
+            gaps = gpu_idle(attempt, rank, steps, inc.phase, mb, frames)
             if gaps is not None:
                 inc.evidence.append(gaps)
                 if gaps.get("host_stall"):
                     agree.append("gpu_idle")
             if not any(e.get("level") == "L5" for e in inc.evidence):
+                t5 = time.perf_counter()
                 stack = stack_cause(attempt, rank, steps)
+                clock["l5"] += time.perf_counter() - t5
                 if stack is not None:
                     inc.evidence.append({"level": "L5", "kind": "stacks", "rank": rank, **stack.to_json()})
             cause = next((e["cause"] for e in inc.evidence if e.get("level") == "L5"), "unknown")
@@ -131,3 +143,5 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
                                  "note": "automated trace and stack analysis agree with L1–L3"})
             if inc.state == State.SUSPECTED:
                 inc.state = State.CONFIRMED
+    if timings is not None:
+        timings.update(l4=time.perf_counter() - t_all - clock["l5"], l5=clock["l5"])

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from argus.analysis.coverage import Coverage, coverage_of
 from argus.analysis.deepen import DeepenConfig, deepen
-from argus.analysis.frames import load_host_totals, load_phase_totals, load_phases, load_steps
+from argus.analysis.frames import WindowFrames, load_host_totals, load_phase_totals, load_steps
 from argus.analysis.incident import Incident, incidents_document, incidents_table
 from argus.analysis.l1_windows import L1Config, L1Result, detect_windows
 from argus.analysis.l2_stragglers import L2Config, detect_stragglers, screen_candidates
@@ -171,6 +171,8 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     host_totals = load_host_totals(attempt, layout.world_size)
     special_steps = np.array([s_ for s_ in sf.steps.tolist() if not l1.is_normal_step(s_)], np.int64)
     skipped: list[tuple[int, int]] = []
+    # each window's phases are read once, here, and shared by L2 and L4 (replay, pipeline, GPU idle)
+    frames = WindowFrames(attempt, spans)
     for i, (lo, hi) in enumerate(spans):
         t = time.perf_counter()  # L3 first: its slower-kernel ranks are wait-free candidates for L2
         totals = load_phase_totals(attempt, lo, hi)
@@ -192,7 +194,7 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
             slow = sorted({o.rank for o in (l3.outliers if l3 else []) if (o.slower or o.more_work)
                            and o.category in ("compute", "cpu_op")})
             subset = screen_candidates(totals, layout, step_time, config.l2, priority=slow)
-        frame = load_phases(attempt, lo, hi, ranks=subset)
+        frame = frames.phases(lo, hi, ranks=subset)
         # pipeline transfers from paired sends and receives where every rank's phases are loaded
         p2p = p2p_transfers(frame, layout, topology.hosts) if subset is None and layout.pp > 1 else None
         links = detect_link_shifts(totals, layout, topology.hosts, p2p)
@@ -224,7 +226,7 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     incidents = build_incidents(attempt, topology, l1, windows, hw, step_time, config.rootcause)
     timings["rootcause"] = time.perf_counter() - t
     t = time.perf_counter()
-    deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen)
+    deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen, frames, timings)
     incidents.sort(key=lambda i: (-i.severity_rank, -(i.slowdown_pct or 0.0), i.start_step))
     timings["l4_l5"] = time.perf_counter() - t
     note = _store_incidents(attempt, incidents) if config.store_incidents and incidents else ""

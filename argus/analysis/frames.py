@@ -17,7 +17,8 @@ import pyarrow.compute as pc
 
 from argus.store import Attempt
 
-__all__ = ["StepFrame", "PhaseFrame", "PhaseTotals", "load_steps", "load_phases", "load_phase_totals", "load_host_totals", "encode"]
+__all__ = ["StepFrame", "PhaseFrame", "PhaseTotals", "WindowFrames", "load_steps", "load_phases", "load_phase_totals",
+           "load_host_totals", "encode"]
 
 
 def encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
@@ -75,6 +76,7 @@ class PhaseFrame:
     names: list[str]
     cats: list[str]
     groups: list[str]
+    wait: np.ndarray | None = None  # ns the producer measured blocked inside the phase; -1 = not measured
 
     @property
     def n(self) -> int:
@@ -89,6 +91,14 @@ class PhaseFrame:
 
     def name_id(self, name: str) -> int:
         return self.names.index(name) if name in self.names else -1
+
+    def take(self, rows: np.ndarray) -> PhaseFrame:
+        """The frame of ``rows`` (a mask or sorted indices: the (rank, start) order is kept),
+        sharing the vocabularies."""
+        wait = None if self.wait is None else self.wait[rows]
+        return PhaseFrame(self.lo, self.hi, self.rank[rows], self.step[rows], self.mb[rows], self.name[rows],
+                          self.cat[rows], self.group[rows], self.start[rows], self.dur[rows], self.busy[rows],
+                          self.names, self.cats, self.groups, wait)
 
 
 def load_phases(attempt: Attempt, lo: int, hi: int, ranks: np.ndarray | None = None) -> PhaseFrame:
@@ -110,8 +120,9 @@ def load_phases(attempt: Attempt, lo: int, hi: int, ranks: np.ndarray | None = N
     grp, groups = encode(t.column("group_kind"))
     f = PhaseFrame(lo, hi, t.column("rank").to_numpy().astype(np.int64), t.column("step").to_numpy(),
                    t.column("microbatch").to_numpy(), name, cat, grp, t.column("start_ns").to_numpy(),
-                   t.column("dur_ns").to_numpy(), np.empty(0), names, cats, groups)
-    f.busy = _busy(f, t.column("wait_ns").fill_null(-1).to_numpy())
+                   t.column("dur_ns").to_numpy(), np.empty(0), names, cats, groups,
+                   t.column("wait_ns").fill_null(-1).to_numpy())
+    f.busy = _busy(f, f.wait)
     return f
 
 
@@ -218,3 +229,120 @@ def load_host_totals(attempt: Attempt, world: int) -> dict[str, np.ndarray]:
         out[n] = empty.copy()
         out[n][rank[sel]] = total[sel]
     return out
+
+
+def _remap(ids: np.ndarray, vocab: list[str], into: list[str]) -> np.ndarray:
+    """``ids`` into ``vocab`` as ids into ``into`` (extended in place with the new words)."""
+    index = {w: i for i, w in enumerate(into)}
+    for w in vocab:
+        if w not in index:
+            index[w] = len(into)
+            into.append(w)
+    table = np.array([index[w] for w in vocab], np.int32)
+    return table[ids] if ids.size else ids.astype(np.int32)
+
+
+def _concat(parts: list[PhaseFrame]) -> PhaseFrame:
+    """One frame of the rows of ``parts``, each in (rank, start) order, either of disjoint ranks
+    or of the same ranks in successive steps: a stable sort by rank alone then restores the
+    (rank, start) order without comparing starts. Busy times are per rank, so they stay valid."""
+    parts = [p for p in parts if p.n] or parts[:1]
+    if len(parts) == 1:
+        return parts[0]
+    a = parts[0]
+    names, cats, groups = list(a.names), list(a.cats), list(a.groups)
+    name = np.concatenate([_remap(p.name, p.names, names) for p in parts])
+    cat = np.concatenate([_remap(p.cat, p.cats, cats) for p in parts])
+    group = np.concatenate([_remap(p.group, p.groups, groups) for p in parts])
+    wait = np.concatenate([p.wait if p.wait is not None else np.full(p.n, -1, np.int64) for p in parts])
+
+    def cat_(col: str) -> np.ndarray:
+        return np.concatenate([getattr(p, col) for p in parts])
+
+    f = PhaseFrame(min(p.lo for p in parts), max(p.hi for p in parts), cat_("rank"), cat_("step"), cat_("mb"),
+                   name, cat, group, cat_("start"), cat_("dur"), cat_("busy"), names, cats, groups, wait)
+    return f.take(np.argsort(f.rank, kind="stable"))
+
+
+#: Phase rows the shared frames keep across windows (about 70 bytes each: ~0.6 GB). A diagnosis
+#: visits every window before L4/L5 return to the few an incident covers; past this, the least
+#: recently used windows are dropped and read again if a level asks for them.
+MAX_SHARED_ROWS = 8_000_000
+
+
+@dataclass
+class _Held:
+    parts: list[PhaseFrame]  # reads of the window, of disjoint ranks, in the order they were read
+    ranks: np.ndarray | None  # sorted ranks read, None = every rank
+
+    @property
+    def rows(self) -> int:
+        return sum(p.n for p in self.parts)
+
+
+class WindowFrames:
+    """Each analysis window's phases, read from the store once and shared by every level.
+
+    L2, the L4 replay, the L4 pipeline and GPU-idle analyses all ask for phases of steps and
+    ranks inside a window; each (window, rank) is read at most once, the first time a level
+    needs it (L2 reads every rank up to ``exact_ranks``, its screened candidates above; L4 adds
+    the replicas it replays), and every later request is a view of what is held. A request
+    outside every window is its own entry."""
+
+    def __init__(self, attempt: Attempt, spans: list[tuple[int, int]], max_rows: int = MAX_SHARED_ROWS) -> None:
+        self.attempt = attempt
+        self.spans = sorted(spans)
+        self.max_rows = max_rows
+        self.reads = 0  # store reads so far (tests: a window is read once)
+        self._held: dict[tuple[int, int], _Held] = {}
+
+    def _span(self, lo: int, hi: int) -> tuple[int, int]:
+        for a, b in self.spans:
+            if a <= lo and hi <= b:
+                return a, b
+        return lo, hi
+
+    def _read(self, lo: int, hi: int, ranks: np.ndarray | None) -> PhaseFrame:
+        self.reads += 1
+        return load_phases(self.attempt, lo, hi, ranks=ranks)
+
+    def phases(self, lo: int, hi: int, ranks: np.ndarray | list[int] | None = None) -> PhaseFrame:
+        """Phases of steps ``lo..hi`` (of ``ranks`` only, if given), as :func:`load_phases` returns them."""
+        key = self._span(lo, hi)
+        want = None if ranks is None else np.unique(np.asarray(ranks, np.int64))
+        held = self._held.pop(key, None)  # re-inserted below: most recently used last
+        if held is None:
+            held = _Held([self._read(*key, want)], want)
+        elif held.ranks is not None:
+            if want is None:  # every rank: read the ones not held yet
+                missing, have = np.setdiff1d(np.arange(self.attempt.layout.world_size), held.ranks), None
+            else:
+                missing = np.setdiff1d(want, held.ranks)
+                have = np.union1d(held.ranks, missing)
+            if missing.size:
+                held = _Held([*held.parts, self._read(*key, missing)], have)
+        self._held[key] = held
+        self._evict()
+        whole_steps = key == (lo, hi)
+        views = []
+        for part in held.parts:
+            sel = np.ones(part.n, bool) if whole_steps else (part.step >= lo) & (part.step <= hi)
+            if want is not None:
+                sel &= np.isin(part.rank, want)
+            views.append(part if sel.all() else part.take(np.flatnonzero(sel)))
+        return _concat(views)
+
+    def of_steps(self, steps: list[int], ranks: np.ndarray | list[int] | None = None) -> PhaseFrame:
+        """Phases of ``steps`` (which may lie in several windows), each window's from what it holds."""
+        by_span: dict[tuple[int, int], list[int]] = {}
+        for s in sorted(set(int(x) for x in steps)):
+            by_span.setdefault(self._span(s, s), []).append(s)
+        views = []
+        for (lo, hi), ss in by_span.items():  # successive windows: _concat keeps the time order
+            f = self.phases(lo, hi, ranks)
+            views.append(f.take(np.flatnonzero(np.isin(f.step, ss))))
+        return _concat(views) if views else self.phases(0, -1, ranks)
+
+    def _evict(self) -> None:
+        while len(self._held) > 1 and sum(h.rows for h in self._held.values()) > self.max_rows:
+            del self._held[next(iter(self._held))]

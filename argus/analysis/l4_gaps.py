@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 
+from argus.analysis.frames import WindowFrames
 from argus.store import Attempt
 
 __all__ = ["gpu_idle", "IDLE_STALL_PCT"]
@@ -36,12 +37,24 @@ def _union_ns(start: np.ndarray, end: np.ndarray) -> tuple[float, float]:
     return float((seg_hi - seg_lo).sum()), float(gaps.max()) if gaps.size else 0.0
 
 
-def _instances(attempt: Attempt, ranks: list[int], steps: list[int], phase: str, mb: int):
-    filt = pc.field("rank").isin(ranks) & pc.field("step").isin(steps) & (pc.field("name") == phase) \
-        & (pc.field("dur_ns") >= 0)
+def _instances(attempt: Attempt, ranks: list[int], steps: list[int], phase: str, mb: int,
+               frames: WindowFrames | None) -> tuple[np.ndarray, ...]:
+    """(rank, step, start ns, dur ns, wait ns) of the finished instances of ``phase``."""
+    if frames is None:
+        filt = pc.field("rank").isin(ranks) & pc.field("step").isin(steps) & (pc.field("name") == phase) \
+            & (pc.field("dur_ns") >= 0)
+        if mb >= 0:
+            filt &= pc.field("microbatch") == mb
+        t = attempt.read("phases", columns=["rank", "step", "microbatch", "start_ns", "dur_ns", "wait_ns"],
+                         filter=filt)
+        return tuple(t.column(c).to_numpy() for c in ("rank", "step", "start_ns", "dur_ns")) + (
+            t.column("wait_ns").fill_null(-1).to_numpy(),)
+    f = frames.of_steps(steps, ranks)
+    sel = (f.name == f.name_id(phase)) & (f.dur >= 0)
     if mb >= 0:
-        filt &= pc.field("microbatch") == mb
-    return attempt.read("phases", columns=["rank", "step", "microbatch", "start_ns", "dur_ns", "wait_ns"], filter=filt)
+        sel &= f.mb == mb
+    wait = f.wait if f.wait is not None else np.full(f.n, -1, np.int64)
+    return f.rank[sel], f.step[sel], f.start[sel], f.dur[sel], wait[sel]
 
 
 def _device(attempt: Attempt, rank: int, step: int, lo: int, hi: int) -> tuple[int, float, float] | None:
@@ -60,19 +73,19 @@ def _device(attempt: Attempt, rank: int, step: int, lo: int, hi: int) -> tuple[i
     return int(m.sum()), busy, max(gap, float(np.diff(edges).max()))
 
 
-def gpu_idle(attempt: Attempt, rank: int, steps: list[int], phase: str, mb: int = -1) -> dict | None:
-    """Device activity inside ``rank``'s longest ``phase`` (microbatch ``mb``) over ``steps``."""
+def gpu_idle(attempt: Attempt, rank: int, steps: list[int], phase: str, mb: int = -1,
+             frames: WindowFrames | None = None) -> dict | None:
+    """Device activity inside ``rank``'s longest ``phase`` (microbatch ``mb``) over ``steps``
+    (phases from the shared ``frames`` when given)."""
     if not steps or not phase:
         return None
     peers = [int(p) for p in attempt.layout.peer_set(rank) if int(p) != rank][:8]
-    t = _instances(attempt, [rank, *peers], steps, phase, mb)
-    if t.num_rows == 0:
+    r, s, start, dur, wait = _instances(attempt, [rank, *peers], steps, phase, mb, frames)
+    if r.size == 0:
         return None
-    r, s = t.column("rank").to_numpy(), t.column("step").to_numpy()
-    start, dur = t.column("start_ns").to_numpy(), t.column("dur_ns").to_numpy()
     # work: the duration less the time the producer saw the phase blocked in communication
     # (a DDP backward waits for the stalled rank's gradients: that is not its own work)
-    work = (dur - np.maximum(t.column("wait_ns").fill_null(-1).to_numpy(), 0)).astype(np.float64)
+    work = (dur - np.maximum(wait, 0)).astype(np.float64)
     mine = np.flatnonzero(r == rank)
     if mine.size == 0:
         return None

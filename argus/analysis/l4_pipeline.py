@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from argus.analysis.frames import load_phases
+from argus.analysis.frames import WindowFrames, load_phases
 from argus.store import Attempt
 
 __all__ = ["pipeline_bubbles"]
@@ -47,9 +47,11 @@ def _stage_rows(f, rank: int, mbs: int, kinds: np.ndarray) -> tuple[np.ndarray, 
     return fwd, bwd, wait, span
 
 
-def pipeline_bubbles(attempt: Attempt, culprits: list[int], step: int) -> dict | None:
+def pipeline_bubbles(attempt: Attempt, culprits: list[int], step: int,
+                     frames: WindowFrames | None = None) -> dict | None:
     """Busy/bubble per stage (and microbatch) of the first culprit's pipeline in ``step``,
-    against the median of the same stage in the other pipelines."""
+    against the median of the same stage in the other pipelines (phases from the shared
+    ``frames`` when given)."""
     layout = attempt.layout
     if layout.pp < 2 or not culprits:
         return None
@@ -57,7 +59,7 @@ def pipeline_bubbles(attempt: Attempt, culprits: list[int], step: int) -> dict |
     bad = set(culprits)
     peers = {r: [int(p) for p in layout.peer_set(r) if int(p) not in bad][:16] for r in line}
     ranks = sorted(set(line) | {p for ps in peers.values() for p in ps})
-    f = load_phases(attempt, step, step, ranks=np.asarray(ranks))
+    f = frames.phases(step, step, ranks) if frames is not None else load_phases(attempt, step, step, np.asarray(ranks))
     if f.n == 0:
         return None
     kinds = np.array([{"fwd": 1, "bwd": 2}.get(_block_kind(n) or "", 0) for n in f.names])

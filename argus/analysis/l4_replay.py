@@ -20,6 +20,14 @@ median of their peers' gaps at the same position gives the step without the faul
 what-if is reported as the recorded step time scaled by (replay without fault / replay as
 recorded), which cancels most of the model's own error. Host clocks are aligned first with
 the offsets the collectives imply.
+
+Above ``FULL_REPLAY_RANKS`` the replay runs on what the culprits touch, not the world: the
+model replicas (every rank of one data-parallel index: its TP, CP, EP groups and pipeline
+neighbours) that hold a culprit, and a few healthy replicas spread over the data-parallel
+axis standing for the others (enough for ``REPLAY_PEERS`` peers of each culprit). Every group inside a replica is whole; the
+data-parallel collectives keep one member per replayed replica — the culprit's and its
+peers', enough for the last arrival and the transfer. Cost and memory are those of a few
+replicas at any world size.
 """
 
 from __future__ import annotations
@@ -31,13 +39,21 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from argus.analysis.collectives import host_clock_offsets, match_instances, pair_p2p
-from argus.analysis.frames import PhaseFrame, load_phases
+from argus.analysis.frames import PhaseFrame, WindowFrames, load_phases
 from argus.store import Attempt
 from argus.topology import Layout
 
-__all__ = ["StepReplay", "WhatIf", "replay_step", "what_if", "MAX_REPLAY_RANKS"]
+__all__ = ["StepReplay", "WhatIf", "replay_step", "replay_ranks", "what_if", "FULL_REPLAY_RANKS", "REPLAY_PEERS"]
 
-MAX_REPLAY_RANKS = 16384  # above this the replay (a Python event loop, ~4 s per 2 M events) is skipped
+#: Up to this world size every rank is replayed (what L2 compares exactly, ``DiagnoseConfig.exact_ranks``):
+#: the replay, a Python event loop, costs ~4 s per 2 M events, a few seconds at 2,048 ranks.
+FULL_REPLAY_RANKS = 2048
+#: Above ``FULL_REPLAY_RANKS``: healthy peers (same work, other replicas) replayed per culprit, for
+#: the median its work is set to; each healthy replica brings cp × ep of them.
+REPLAY_PEERS = 8
+#: … and at least this many healthy replicas, so that one slow replica is not the whole reference
+#: and the data-parallel collectives' last arrival is typical of the healthy ones.
+MIN_HEALTHY_REPLICAS = 2
 
 
 @dataclass
@@ -286,14 +302,30 @@ def _fixed_gaps(ev: _Events, culprits: list[int], layout: Layout) -> tuple[np.nd
     return gap, tail
 
 
+def replay_ranks(layout: Layout, culprits: list[int]) -> np.ndarray | None:
+    """The ranks a replay of ``culprits`` needs: None (every rank) up to ``FULL_REPLAY_RANKS``,
+    else the replicas holding a culprit and a few healthy ones evenly spread over the dp axis."""
+    if layout.world_size <= FULL_REPLAY_RANKS:
+        return None
+    dp = layout.coords()["dp"]
+    bad = np.unique(dp[np.asarray(culprits, np.int64)]) if culprits else np.empty(0, np.int64)
+    healthy = np.setdiff1d(np.arange(layout.dp), bad)
+    n = min(max(MIN_HEALTHY_REPLICAS, math.ceil(REPLAY_PEERS / (layout.cp * layout.ep))), healthy.size)
+    pick = healthy[np.unique(np.linspace(0, healthy.size - 1, n).round().astype(np.int64))] if n else healthy
+    return np.flatnonzero(np.isin(dp, np.union1d(bad, pick)))
+
+
 def replay_step(attempt: Attempt, step: int, culprits: list[int], hosts: np.ndarray,
-                recorded_s: float) -> StepReplay | None:
-    """Replay one step as recorded and with the culprits' work at their peers' medians."""
+                recorded_s: float, frames: WindowFrames | None = None) -> StepReplay | None:
+    """Replay one step as recorded and with the culprits' work at their peers' medians
+    (phases from the shared ``frames`` when given; see :func:`replay_ranks` for which ranks)."""
     layout = attempt.layout
-    f = load_phases(attempt, step, step)
+    ranks = replay_ranks(layout, culprits)
+    f = frames.phases(step, step, ranks) if frames is not None else load_phases(attempt, step, step, ranks)
     if f.n == 0 or (f.dur < 0).any():
         return None
-    st = attempt.sql(f"SELECT rank, start_ns, end_ns FROM steps WHERE step = {int(step)}")
+    where = "" if ranks is None else f" AND rank IN ({','.join(str(int(r)) for r in ranks)})"
+    st = attempt.sql(f"SELECT rank, start_ns, end_ns FROM steps WHERE step = {int(step)}{where}")
     starts = dict(zip(st.column("rank").to_pylist(), st.column("start_ns").to_pylist()))
     ends = dict(zip(st.column("rank").to_pylist(), st.column("end_ns").to_pylist()))
     ev = _events(f, layout, hosts, starts, ends)
@@ -310,24 +342,28 @@ def replay_step(attempt: Attempt, step: int, culprits: list[int], hosts: np.ndar
 
 def what_if(attempt: Attempt, steps: list[int], culprits: list[int], hosts: np.ndarray,
             step_time: dict[int, float], max_replays: int = 4, replay_from: list[int] | None = None,
-            event_budget: int = 0) -> WhatIf | None:
+            event_budget: int = 0, frames: WindowFrames | None = None) -> WhatIf | None:
     """Impact of the culprits over ``steps``: a few of them replayed, the median time saved
     applied to the others (intermittent faults: every affected step replayed, up to the cap)."""
-    if attempt.layout.world_size > MAX_REPLAY_RANKS:
-        return None
     usable = [s for s in steps if np.isfinite(step_time.get(s, np.nan))]
     if not usable:
         return None
     pool = [s for s in (replay_from or usable) if s in set(usable)] or usable  # e.g. normal steps only
     if event_budget:  # small jobs: replay more steps, each is cheap; large ones: one
-        per_step = attempt.sql(f"SELECT count(*) AS n FROM phases WHERE step = {int(pool[0])} "
-                               "AND category = 'comm'").column("n")[0].as_py() or 1
+        ranks = replay_ranks(attempt.layout, culprits)
+        if frames is not None:
+            per_step = int(frames.phases(pool[0], pool[0], ranks).is_comm.sum()) or 1
+        else:
+            where = "" if ranks is None else f" AND rank IN ({','.join(str(int(r)) for r in ranks)})"
+            per_step = attempt.sql(f"SELECT count(*) AS n FROM phases WHERE step = {int(pool[0])} "
+                                   f"AND category = 'comm'{where}").column("n")[0].as_py() or 1
         max_replays = max(max_replays, min(len(pool), event_budget // per_step))
         if per_step * max_replays > 4 * event_budget:
             max_replays = 1
     pick = pool if len(pool) <= max_replays else [pool[int(i)] for i in np.linspace(0, len(pool) - 1,
                                                                                   max_replays).round()]
-    replays = [r for r in (replay_step(attempt, s, culprits, hosts, step_time[s]) for s in pick) if r is not None]
+    replays = [r for r in (replay_step(attempt, s, culprits, hosts, step_time[s], frames) for s in pick)
+               if r is not None]
     if not replays:
         return None
     # seconds saved, not shares: a fault costs about the same time in a long checkpoint step

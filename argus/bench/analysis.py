@@ -1,8 +1,10 @@
-"""``argus bench analysis``: L1–L3 and root cause over one window of a large simulated job.
+"""``argus bench analysis``: the full diagnosis (L1–L3, root cause, L4, L5) over one window of
+a large simulated job.
 
 A store is simulated once (or given with ``--store``); the diagnosis then runs in a fresh
-process so its peak RSS is its own. Reported: wall time per level, peak memory, and whether
-the incident names the injected culprits.
+process so its peak RSS is its own. Reported: wall time per level, the process's CPU-seconds
+(wall time on a shared machine measures the neighbours too), peak memory, whether the incident
+names the injected culprits, and what L4 made of it (the what-if, or why it was skipped).
 """
 
 from __future__ import annotations
@@ -26,9 +28,9 @@ def diagnose_window(store: str, lo: int, hi: int) -> dict:
     from argus.store import Store
 
     attempt = Store.open(store).attempt()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     d = diagnose(attempt, DiagnoseConfig(steps=(lo, hi), store_incidents=False))
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     truth_path = Path(store) / "truth.json"
     found = None
     if truth_path.exists():
@@ -36,9 +38,21 @@ def diagnose_window(store: str, lo: int, hi: int) -> dict:
         culprits = {r for f in truth["faults"] for r in f["culprit_ranks"]}
         claimed = {r for i in d.incidents if i.severity != "info" for r in i.culprit_ranks}
         found = bool(culprits) and claimed == culprits
-    return {"wall_s": round(wall, 2), "levels_s": {k: round(v, 2) for k, v in d.timings_s.items()},
+    l4 = []
+    for i in d.incidents:
+        for e in i.evidence:
+            if e.get("kind") == "what_if":
+                l4.append({"what_if_slowdown_pct": e["slowdown_pct"], "replayed_steps": e["steps"],
+                           "replay_error_pct": e["replay_error_pct"]})
+            elif e.get("kind") == "what_if_skipped":
+                l4.append({"what_if_skipped": e["note"][:120]})
+            elif e.get("kind") in ("pipeline", "gpu_idle", "stacks", "agreement"):
+                l4.append({e["kind"]: e.get("origin_rank", e.get("with", e.get("cause", e.get("idle_pct"))))})
+    order = ("l1", "l2", "l3", "rootcause", "l4", "l5", "total")
+    levels = {k: round(d.timings_s[k], 2) for k in order if k in d.timings_s}
+    return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "levels_s": levels,
             "incidents": [f"{i.klass}:{len(i.culprit_ranks)}" for i in d.incidents], "culprits_found": found,
-            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+            "l4_l5": l4, "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
 
 
 def run(ranks: int = 10240, steps: int = 10, window: tuple[int, int] = (5, 9), store: str | None = None,
