@@ -28,6 +28,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--ranks", type=int, default=64)
     c.add_argument("--window-steps", type=int, nargs="+", default=[10, 20])
     c.add_argument("--hosts", type=int, default=1, help="hosts (8 ranks each) to report")
+    c.add_argument("--workload", choices=["standard", "production"], default="standard",
+                   help="standard: the simulator's job (~900 launches per rank-step); production: one stage of a "
+                        "large dense + MoE job (~12,400 launches of 207 kernels), its mix beside the real traces'")
+    c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=_run_compression)
 
     a = bsub.add_parser("analysis", help="L1–L3 over one window of a large job: wall time and peak memory")
@@ -123,10 +127,13 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
 
 def _run_compression(args: argparse.Namespace) -> int:
-    from argus.bench.compression import run
+    from argus.bench.compression import real_trace_mix, run
 
+    if args.workload == "production":
+        for row in real_trace_mix():
+            print(json.dumps(row), flush=True)
     for w in args.window_steps:
-        for row in run(ranks=args.ranks, window_steps=w, hosts=args.hosts):
+        for row in run(ranks=args.ranks, window_steps=w, hosts=args.hosts, seed=args.seed, workload=args.workload):
             print(json.dumps(row), flush=True)
     return 0
 

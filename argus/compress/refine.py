@@ -10,10 +10,10 @@ so the reconstruction's W₁ to the raw data is, exactly up to a midpoint rule,
 
     W₁ = Σ_c Σ_{i ∈ c} |x_(i) − Q̂_c((i + ½) / n_c)| / N
 
-— computed for every cluster at once (one ``ndtri`` per event). Groups above the bound
+— computed for every cluster at once (one ``ndtri`` per scored point). Groups above the bound
 (``max_w1_rel_mean`` × their mean) have their worst cluster split where the error drops most
-(the largest gap in ns, in log-ns, or the middle), again and again until the bound or
-``max_clusters`` is met. Only those groups — few, mostly collectives — cost Python work.
+(the largest gap in ns or in log-ns, or one of a few quantiles), again and again until the
+bound or ``max_clusters`` is met or no split helps. Only those groups — few, mostly collectives — cost Python work.
 The stored form is unchanged: more rows for the groups that need them.
 """
 
@@ -31,15 +31,35 @@ __all__ = ["RefineConfig", "cluster_w1_sums", "quantile_sorted", "refine_cluster
 _Z99 = 2.326347874  # as in argus.compress.distance: σ = (ln p99 − ln p50) / z₀.₉₉
 _MIN_SIGMA = 1e-4  # as mixture_cdf: all-equal clusters are (nearly) a step
 _MIN_SPAN = 1e-12  # as mixture_cdf: a degenerate truncation range is a step at its max
+#: Where a cluster may be cut besides its largest gaps: a truncated log-normal fits a whole mode
+#: well and a half of one badly (a half has its density peak at an edge), so splits that peel
+#: off a tail are often the ones that help; the middle is one candidate among them.
+SPLIT_QUANTILES = (0.01, 0.05, 0.2, 0.5, 0.8, 0.95, 0.99)
+#: Clusters larger than ``SCORE_POINTS`` are scored on their ``SCORE_TAIL`` lowest and highest
+#: events exactly and the rest on evenly spaced order statistics (the midpoint rule over
+#: quantile strata): ~10× less work on a compute kernel's thousands of launches, exact for the
+#: small (collective) ones. The tails are exact because a long tail is where one point per
+#: stratum misjudges most (strata alone: 14% low on a log-normal with an exponential tail).
+SCORE_POINTS = 96
+#: Clusters this small (a collective's few long waits) are tried at every cut: cheap, and the
+#: few fixed candidates miss the one cut that helps often enough to leave such groups 30% off.
+EVERY_CUT_BELOW = 48
+SCORE_TAIL = 16
 
 
 @dataclass(frozen=True, slots=True)
 class RefineConfig:
-    #: W₁ bound per (rank, stream, kernel), over its mean duration. Half of the 1% goal: readers
-    #: integrate the CDFs on finite grids, which adds a little error of their own.
-    max_w1_rel_mean: float | None = 0.005
+    #: W₁ bound per (rank, stream, kernel), over its mean duration: the 1% goal less a margin for
+    #: what the estimate leaves out (scoring large clusters on strata; readers' finite grids).
+    #: On the production workload 0.8% gives the fidelity of 0.5% with 7% fewer rows.
+    max_w1_rel_mean: float | None = 0.008
     #: Rows per distribution at most (25 B each): the bound gives way to the byte budget here.
     max_clusters: int = 16
+    #: Where the bound is out of reach within ``max_clusters`` (a shape no few truncated
+    #: log-normals follow): keep the closest split found (True) or the KDE's rows (False, fewer
+    #: bytes; the window's sketch holds the shape either way). True: L3 and the report read rows
+    #: only, and on the production workload the comm p95 drops from 16% to 1.3% of the mean.
+    keep_unreached: bool = True
 
     def __post_init__(self) -> None:
         if self.max_clusters < 1 or (self.max_w1_rel_mean is not None and self.max_w1_rel_mean <= 0):
@@ -69,16 +89,22 @@ def cluster_w1_sums(dur: np.ndarray, c_start: np.ndarray, c_size: np.ndarray) ->
     sigma = np.maximum((np.log(np.maximum(quantile_sorted(dur, cs, cn, 0.99), 1.0)) - mu) / _Z99, _MIN_SIGMA)
     a = ndtr((np.log(np.maximum(lo, 1.0)) - mu) / sigma)
     b = ndtr((np.log(np.maximum(hi, 1.0)) - mu) / sigma)
-    total = int(cn.sum())
-    owner = np.repeat(np.arange(len(cs)), cn)
-    i = np.arange(total) - np.repeat(np.cumsum(cn) - cn, cn)
-    x = dur[np.repeat(cs, cn) + i]
+    m = np.minimum(cn, SCORE_POINTS)  # points scored per cluster
+    owner = np.repeat(np.arange(len(cs)), m)
+    j = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m)
+    n_o, m_o = cn[owner], m[owner]
+    strata = SCORE_POINTS - 2 * SCORE_TAIL
+    body = (n_o > m_o) & (j >= SCORE_TAIL) & (j < m_o - SCORE_TAIL)
+    i = np.where(j < m_o - SCORE_TAIL, j, n_o - (m_o - j))  # every event, or the tails exactly …
+    i = np.where(body, SCORE_TAIL + ((j - SCORE_TAIL + 0.5) * (n_o - 2 * SCORE_TAIL) / strata).astype(np.int64), i)
+    weight = np.where(body, (n_o - 2 * SCORE_TAIL) / strata, 1.0)  # … and the body on strata
+    x = dur[cs[owner] + i]
     span = (b - a)[owner]
     u = a[owner] + span * (i + 0.5) / cn[owner]
     rec = np.exp(mu[owner] + sigma[owner] * ndtri(np.clip(u, 1e-300, 1 - 1e-16)))
     rec = np.clip(rec, lo[owner], hi[owner])
     rec = np.where(span > _MIN_SPAN, rec, hi[owner])
-    out[spread] = np.bincount(owner, weights=np.abs(x - rec), minlength=len(cs))
+    out[spread] = np.bincount(owner, weights=np.abs(x - rec) * weight, minlength=len(cs))
     return out
 
 
@@ -101,13 +127,16 @@ def refine_clusters(dur: np.ndarray, g_start: np.ndarray, g_size: np.ndarray, c_
     bad = np.flatnonzero((g_err > bound) & (g_size > 1))
     if bad.size == 0:
         return c_group, c_index, c_start, c_size
-    replaced: dict[int, list[tuple[int, int]]] = {}
     first = np.searchsorted(c_group, bad, side="left")
     last = np.searchsorted(c_group, bad, side="right")
-    for g, f, e in zip(bad, first, last):
-        clusters = [(int(c_start[j]), int(c_size[j]), float(err[j])) for j in range(f, e)]
-        replaced[int(g)] = _split_until(dur, clusters, float(bound[g]), config.max_clusters)
-    keep = ~np.isin(c_group, bad)
+    splits = [_GroupSplit(int(g), float(bound[g]), [[int(c_start[j]), int(c_size[j]), float(err[j]), True]
+                                                    for j in range(f, e)]) for g, f, e in zip(bad, first, last)]
+    _split_all(dur, splits, config.max_clusters)
+    replaced = {s.group: [(p[0], p[1]) for p in s.parts] for s in splits
+                if config.keep_unreached or s.error() <= s.bound}
+    if not replaced:
+        return c_group, c_index, c_start, c_size
+    keep = ~np.isin(c_group, np.fromiter(replaced, np.int64))
     groups = [c_group[keep]]
     starts = [c_start[keep]]
     lengths = [c_size[keep]]
@@ -131,22 +160,84 @@ def _index_within(c_group: np.ndarray) -> np.ndarray:
     return np.arange(len(c_group)) - np.repeat(first, run)
 
 
-def _split_until(dur: np.ndarray, clusters: list[tuple[int, int, float]], bound: float,
-                 max_clusters: int) -> list[tuple[int, int]]:
-    """Split the cluster with the largest error at its best cut until the group is within bound."""
-    while len(clusters) < max_clusters and sum(c[2] for c in clusters) > bound:
-        worst = max(range(len(clusters)), key=lambda j: clusters[j][2])
-        start, size, err = clusters[worst]
-        if size < 2 or err <= 0:
-            break
-        x = dur[start:start + size]
-        cand = {int(np.argmax(np.diff(x))) + 1, int(np.argmax(np.diff(np.log(np.maximum(x, 1.0))))) + 1, size // 2}
-        cand = sorted(c for c in cand if 0 < c < size)
-        lefts = cluster_w1_sums(dur, np.full(len(cand), start), np.array(cand))
-        rights = cluster_w1_sums(dur, start + np.array(cand), size - np.array(cand))
-        best = int(np.argmin(lefts + rights))
-        if lefts[best] + rights[best] >= err:  # no cut helps (cannot happen for n ≥ 2, but never loop)
-            break
-        cut = cand[best]
-        clusters[worst:worst + 1] = [(start, cut, float(lefts[best])), (start + cut, size - cut, float(rights[best]))]
-    return [(s, n) for s, n, _ in clusters]
+@dataclass
+class _GroupSplit:
+    """One group's clusters while it is refined: [start, size, error, may still be split]."""
+
+    group: int
+    bound: float
+    parts: list[list]
+
+    def error(self) -> float:
+        return sum(p[2] for p in self.parts)
+
+    def open(self, max_clusters: int) -> bool:
+        return len(self.parts) < max_clusters and self.error() > self.bound and any(p[3] for p in self.parts)
+
+
+def _split_all(dur: np.ndarray, splits: list[_GroupSplit], max_clusters: int) -> None:
+    """Split each group's worst cluster at its best cut, again and again, until the group is
+    within its bound, no cluster has a helpful cut, or it has ``max_clusters`` clusters. Every
+    round scores the candidate cuts of all groups in one call (the per-call cost dominates).
+
+    The worst cluster first, not the largest gain: measured on the production workload, chasing
+    the largest gain spends rows on small improvements of big compute modes (1.0 KB against
+    0.76 KB per rank-step for the same fidelity). A cluster no cut improves is closed and the
+    next worst is tried."""
+    active = [s for s in splits if s.open(max_clusters)]
+    while active:
+        picks, starts, sizes = [], [], []
+        for s in active:
+            j = max((i for i, p in enumerate(s.parts) if p[3]), key=lambda i: s.parts[i][2])
+            start, size = s.parts[j][0], s.parts[j][1]
+            cand = _candidate_cuts(dur[start:start + size])
+            picks.append((s, j, cand))
+            starts += [np.full(len(cand), start), start + cand]
+            sizes += [cand, size - cand]
+        scores = cluster_w1_sums(dur, np.concatenate(starts), np.concatenate(sizes))
+        at = 0
+        for s, j, cand in picks:
+            left, right = scores[at:at + len(cand)], scores[at + len(cand):at + 2 * len(cand)]
+            at += 2 * len(cand)
+            start, size, err, _ = s.parts[j]
+            best = int(np.argmin(left + right)) if len(cand) else -1
+            if best < 0 or left[best] + right[best] >= err:
+                three = _best_two_cuts(dur, start, size, cand) if len(s.parts) + 2 <= max_clusters else None
+                if three is not None and sum(three[2]) < err:  # a mode that only two cuts together fit
+                    (a, b), errs = three[:2], three[2]
+                    s.parts[j:j + 1] = [[start, a, errs[0], True], [start + a, b - a, errs[1], True],
+                                        [start + b, size - b, errs[2], True]]
+                else:
+                    s.parts[j][3] = False  # no cut helps this one: the next worst, next round
+                continue
+            cut = int(cand[best])
+            s.parts[j:j + 1] = [[start, cut, float(left[best]), True],
+                                [start + cut, size - cut, float(right[best]), True]]
+        active = [s for s in active if s.open(max_clusters)]
+
+
+def _best_two_cuts(dur: np.ndarray, start: int, size: int, cand: np.ndarray
+                   ) -> tuple[int, int, tuple[float, float, float]] | None:
+    """The best pair of cuts among ``cand`` (a cluster no single cut improves: e.g. a few long
+    waits, whose halves a truncated log-normal fits worse than the whole)."""
+    if len(cand) < 2:
+        return None
+    a, b = np.triu_indices(len(cand), k=1)
+    ca, cb = cand[a], cand[b]
+    scores = cluster_w1_sums(dur, np.concatenate([np.full(len(ca), start), start + ca, start + cb]),
+                             np.concatenate([ca, cb - ca, size - cb])).reshape(3, -1)
+    best = int(np.argmin(scores.sum(axis=0)))
+    return int(ca[best]), int(cb[best]), (float(scores[0, best]), float(scores[1, best]), float(scores[2, best]))
+
+
+def _candidate_cuts(x: np.ndarray) -> np.ndarray:
+    """Where a sorted cluster may be cut: anywhere if it is small, else its largest gaps in ns and
+    in log-ns and a few quantiles."""
+    size = len(x)
+    if size < 2:
+        return np.empty(0, np.int64)
+    if size <= EVERY_CUT_BELOW:
+        return np.arange(1, size, dtype=np.int64)
+    at_quantiles = (np.array(SPLIT_QUANTILES) * size).astype(np.int64)
+    return np.array(sorted({int(np.argmax(np.diff(x))) + 1, int(np.argmax(np.diff(np.log(np.maximum(x, 1.0))))) + 1,
+                            *at_quantiles.tolist()} - {0, size}), np.int64)

@@ -412,7 +412,7 @@ class ProductionWorkload:
                  ) -> ProductionKernels:
         """Every launch of ``steps`` steps on ``ranks`` (a count, or the rank ids)."""
         cfg = self.config
-        rank_ids = np.arange(ranks) if np.ndim(ranks) == 0 else np.asarray(ranks, np.int64)
+        rank_ids = np.arange(ranks) if isinstance(ranks, int) else np.asarray(ranks, np.int64)
         rng = np.random.default_rng(cfg.seed + 1 if seed is None else seed)
         R, S, L = len(rank_ids), steps, self.launches_per_step
         shape = (R, S, L)
