@@ -70,12 +70,12 @@ def mixture_cdf(grid: np.ndarray, dist: np.ndarray, counts: np.ndarray, p50: np.
         step = (lg >= np.log(np.maximum(np.asarray(hi, np.float64), 1.0))[:, None]).astype(np.float64)
         comp = np.where(span > 1e-12, trunc, step)  # a degenerate range is a step at its value
     comp = comp * np.asarray(counts, dtype)[:, None]
-    out = np.zeros((n_dist, len(grid)), dtype)
+    out: np.ndarray = np.zeros((n_dist, len(grid)), dtype)
     order = np.argsort(dist, kind="stable")
     d_sorted = dist[order]
     starts = np.flatnonzero(np.r_[True, d_sorted[1:] != d_sorted[:-1]])
     out[d_sorted[starts]] = np.add.reduceat(comp[order], starts, axis=0)
-    total = np.bincount(dist, weights=counts, minlength=n_dist)[:, None].astype(dtype)
+    total: np.ndarray = np.bincount(dist, weights=counts, minlength=n_dist)[:, None].astype(dtype)
     return np.divide(out, total, out=np.full_like(out, np.nan), where=total > 0)
 
 
