@@ -208,7 +208,8 @@ class WindowAssembler:
         keys = [k for k in self.drops if k[0] in (index, -1)]
         if not keys:
             return None
-        rows = {"window": [], "rank": [], "host": [], "table": [], "events": [], "batches": [], "reason": []}
+        rows: dict[str, list] = {"window": [], "rank": [], "host": [], "table": [], "events": [], "batches": [],
+                                 "reason": []}
         for key in keys:
             events, batches = self.drops.pop(key)
             window, rank, table, reason = key
