@@ -41,6 +41,7 @@ __all__ = ["write_perfetto_trace", "build_perfetto_trace", "SEQUENCE_ID", "UNFIN
 
 SEQUENCE_ID = 0xA4605  # trusted_packet_sequence_id of every packet (one writer, one sequence)
 UNFINISHED = "never finished"  # value of the ``status`` annotation on slices with dur_ns == -1
+_UNFINISHED_IID = 1  # its interned string id: the first of every trace's strings (``_Events.strings``)
 _TITLE_TRACK_UUID = 1
 # Debug annotation names, interned once per trace (iid = position + 1).
 _ARG_NAMES = ("step", "microbatch", "group", "status")
@@ -516,10 +517,12 @@ def _encode_slices(ev: _Events, order: np.ndarray) -> bytes:
             (_STEP, ev.step[i], begin),
             (_MICROBATCH, ev.microbatch[i], begin & is_phase & (ev.microbatch[i] >= 0)),
             (_GROUP, ev.group_iid[i], begin & (ev.group_iid[i] > 0)),
-            (_STATUS, np.ones(begin.size, np.int64), begin & ev.unfinished[i])):
+            (_STATUS, None, begin & ev.unfinished[i])):
         arg = _Wire(begin.size)
-        arg.varint(1, np.full(begin.size, name_iid), where=where)
-        if name_iid in (_GROUP, _STATUS):
+        arg.raw(_tag(1, 0) + _varint_bytes(name_iid), where=where)  # name_iid
+        if name_iid == _STATUS:
+            arg.raw(_tag(17, 0) + _varint_bytes(_UNFINISHED_IID), where=where)  # string_value_iid
+        elif name_iid == _GROUP:
             arg.varint(17, values, where=where)  # string_value_iid
         else:
             arg.varint(4, values, where=where)  # int_value
@@ -564,13 +567,23 @@ class _Wire:
     def __init__(self, n: int):
         self.n = n
         self._segs: list[tuple[np.ndarray, np.ndarray | int]] = []
+        self._masks: list[np.ndarray | None] = []  # the ``where`` each segment's lengths were cut by
+        self._masked: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}  # (where, width) → lengths
 
     def _append(self, data: np.ndarray, lengths: np.ndarray | int, where: np.ndarray | None) -> None:
         if where is not None:
-            lengths = np.where(where, lengths, 0)
+            if isinstance(lengths, int):  # a fixed field under a mask: one lengths array per mask
+                key = (id(where), lengths)
+                hit = self._masked.get(key)
+                if hit is None or hit[0] is not where:
+                    hit = self._masked[key] = (where, np.where(where, lengths, 0))
+                lengths = hit[1]
+            else:
+                lengths = np.where(where, lengths, 0)
             if not lengths.any():
                 return  # absent on every row
         self._segs.append((data, lengths))
+        self._masks.append(where)
 
     def raw(self, data: bytes, where: np.ndarray | None = None) -> None:
         self._append(np.frombuffer(data, np.uint8)[:, None], len(data), where)
@@ -586,8 +599,12 @@ class _Wire:
     def message(self, field: int, sub: _Wire, where: np.ndarray | None = None) -> None:
         self.raw(_tag(field, 2), where)
         self._append(*_varints(sub.lengths()), where)
-        for data, lengths in sub._segs:
-            self._append(data, lengths, where)
+        for (data, lengths), mask in zip(sub._segs, sub._masks):
+            if where is not None and mask is where:  # already cut by this mask
+                self._segs.append((data, lengths))
+                self._masks.append(where)
+            else:
+                self._append(data, lengths, where)
 
     def lengths(self) -> np.ndarray:
         total = np.zeros(self.n, np.int64)
