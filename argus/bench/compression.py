@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from argus.compress import (CompressConfig, RefineConfig, empirical_cdf, log_grid, mixture_cdf, normalize_kernel_name,
+from argus.compress import (REFINED_W1_BOUND, CompressConfig, RefineConfig, empirical_cdf, log_grid, mixture_cdf, normalize_kernel_name,
                             sketch_from_row, summarize_kernel_arrays, w1)
 from argus.compress.names import categorize_kernel
 
@@ -54,6 +54,7 @@ FIDELITY_GRID_POINTS = 2048
 WORKLOADS = ("standard", "production")
 REAL_TRACES = Path(__file__).resolve().parents[2] / "tests" / "data" / "kineto"
 KDE_ONLY = CompressConfig(refine=RefineConfig(max_w1_rel_mean=None))
+REFINED = CompressConfig(refine=RefineConfig(max_w1_rel_mean=REFINED_W1_BOUND))
 #: Where the rows miss the goal, a coarser sketch than the stored one (schema 5, ≤ 1.1% per
 #: quantile) may do: schema 4 has half the buckets (≤ 2.2% per quantile, less in W₁). Schema 3
 #: (a quarter) left 5% of the collectives above the goal on the production workload.
@@ -172,7 +173,7 @@ def _measure(w: _Window, workload: str) -> dict:
         kde, sketches = summarize_kernel_arrays(*args, config=KDE_ONLY)
         cpu["kde"] = min(cpu["kde"], time.process_time() - t0)
         t0 = time.process_time()
-        refined, _ = summarize_kernel_arrays(*args)
+        refined, _ = summarize_kernel_arrays(*args, config=REFINED)
         cpu["refined"] = min(cpu["refined"], time.process_time() - t0)
     fid = _fidelity(w, {"kde": kde, "refined": refined}, sketches)
     raw = n * RAW_RECORD_BYTES

@@ -93,16 +93,6 @@ def test_replay_without_culprits_changes_nothing_on_a_healthy_job(diagnosed):
     assert abs(r1.fixed_s / r1.asis_s - 1) < 0.05
 
 
-def test_what_if_declines_above_the_replay_limit(diagnosed, monkeypatch):
-    attempt, truth, _ = diagnosed("pipeline_bubble")
-    import argus.analysis.l4_replay as l4
-
-    monkeypatch.setattr(l4, "MAX_REPLAY_RANKS", 8)
-    sf = load_steps(attempt)
-    st = {int(s): float(t) for s, t in zip(sf.steps, sf.job_step_time)}
-    assert l4.what_if(attempt, [5, 6], [1], attempt.topology().hosts, st) is None
-
-
 def test_pipeline_analysis_needs_a_pipeline(diagnosed):
     attempt, _, _ = diagnosed("compute_straggler", layout="tp=2,dp=32")
     assert pipeline_bubbles(attempt, [3], 10) is None

@@ -4,11 +4,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.special import ndtr, ndtri
 
-from argus.compress import Cluster, CompressConfig, RefineConfig, empirical_cdf, log_grid, mixture_cdf, summarize_durations, w1
+from argus.compress import REFINED_W1_BOUND, Cluster, CompressConfig, RefineConfig, empirical_cdf, log_grid, mixture_cdf, summarize_durations, w1
 from argus.compress.refine import SCORE_POINTS, cluster_w1_sums
 from argus.errors import ConfigError
 
 KDE_ONLY = CompressConfig(refine=RefineConfig(max_w1_rel_mean=None))
+REFINED = CompressConfig(refine=RefineConfig(max_w1_rel_mean=REFINED_W1_BOUND))
 
 
 def _w1_rel_mean(values, clusters) -> float:
@@ -58,14 +59,14 @@ def _waiting_collective(r: np.random.Generator) -> np.ndarray:
 @pytest.mark.parametrize("seed", range(4))
 def test_a_waiting_dominated_collective_is_kept_within_one_percent_of_its_mean(seed):
     d = _waiting_collective(np.random.default_rng(seed))
-    before, after = summarize_durations(d, KDE_ONLY), summarize_durations(d)
+    before, after = summarize_durations(d, KDE_ONLY), summarize_durations(d, REFINED)
     assert _w1_rel_mean(d, before) > 0.01  # what the KDE rows alone lose
     assert _w1_rel_mean(d, after) <= 0.01 and len(after) <= RefineConfig().max_clusters
 
 
 def test_tight_compute_noise_is_not_split():
     d = np.random.default_rng(0).lognormal(np.log(3e5), 0.02, 5000)
-    assert len(summarize_durations(d)) == 1
+    assert len(summarize_durations(d, REFINED)) == 1
 
 
 @settings(max_examples=30, deadline=None)
@@ -74,7 +75,7 @@ def test_refinement_only_splits_the_kde_modes_and_loses_no_event(seed, modes, n)
     r = np.random.default_rng(seed)
     d = np.round(np.concatenate([r.lognormal(np.log(1e4 * 3 ** m), r.uniform(0.01, 0.5), n) + r.exponential(2e3, n)
                                  for m in range(modes)]))  # whole ns, as CUPTI reports (the sort key is whole ns)
-    kde, refined = summarize_durations(d, KDE_ONLY), summarize_durations(d)
+    kde, refined = summarize_durations(d, KDE_ONLY), summarize_durations(d, REFINED)
     assert sum(c.count for c in refined) == len(d) == sum(c.count for c in kde)
     assert all(a.max <= b.min for a, b in zip(refined, refined[1:]))  # contiguous, ascending
     kde_starts = {c.min for c in kde}

@@ -3,7 +3,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from argus.compress import CompressConfig, RefineConfig, sketch_from_row, summarize_durations, summarize_kernels
+from argus.compress import REFINED_W1_BOUND, CompressConfig, RefineConfig, sketch_from_row, summarize_durations, summarize_kernels
 from argus.sim import Engine, SimConfig
 from argus.store import TABLES
 
@@ -48,7 +48,7 @@ def test_vectorised_window_agrees_with_the_single_distribution_path(window):
 
 def test_a_gemm_name_shared_by_two_sizes_is_two_modes(window):
     kde_only = CompressConfig(refine=RefineConfig(max_w1_rel_mean=None))
-    for config, rows_at_most in ((kde_only, 2), (CompressConfig(), RefineConfig().max_clusters)):
+    for config, rows_at_most in ((kde_only, 2), (CompressConfig(refine=RefineConfig(max_w1_rel_mean=REFINED_W1_BOUND)), RefineConfig().max_clusters)):
         summaries, _ = summarize_kernels(window, 0, 2, 3, config)
         rows = summaries.filter(pc.and_(pc.equal(summaries.column("rank"), 0),
                                         pc.equal(summaries.column("kernel"), "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n")))
