@@ -207,10 +207,10 @@ class P2PTransfers:
 
 def p2p_transfers(f: PhaseFrame, layout: Layout, hosts: np.ndarray) -> P2PTransfers | None:
     """Pipeline transfer times (receive end minus the later post), or None when the frame has
-    no pairs (no pipeline, or receives that cannot be told apart). Where the producer measured
-    the receiving thread's run-queue delay inside the receive (``wait_ns``; CPU ranks that wait
-    for it themselves), the end is taken that much earlier: on a shared host a preempted
-    receiver sees its data late, and that is scheduling, not the link.
+    no pairs (no pipeline, or receives that cannot be told apart). The receiving thread's
+    run-queue delay inside the receive (``wait_ns``) is not subtracted: delay before the data
+    came does not move the end, and the two cannot be told apart (subtracting it hid a
+    throttled link in 10 of 25 steps of the namespace job).
 
     Stages share no collective, so their hosts' clocks cannot be aligned by collective ends;
     each pair of hosts is aligned from its own traffic instead, as NTP does: activations go
@@ -224,9 +224,6 @@ def p2p_transfers(f: PhaseFrame, layout: Layout, hosts: np.ndarray) -> P2PTransf
     host_ids, host_of = np.unique(np.asarray(hosts).astype(str), return_inverse=True)
     hr, hs = host_of[f.rank[recv]], host_of[f.rank[send]]
     end = start[recv] + f.dur[recv]
-    wait = getattr(f, "wait", None)
-    if wait is not None:  # the receiver preempted when the data came (its run-queue delay): not the link
-        end = end - np.maximum(wait[recv], 0)
     one_way = end - start[send]  # transfer (+ any wait for the receiver) + clock(receiver) − clock(sender)
     H = len(host_ids)
     flat = np.full(H * H, np.inf)
