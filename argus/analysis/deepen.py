@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from argus.analysis.frames import WindowFrames
-from argus.analysis.incident import Incident, Severity, State, grade
+from argus.analysis.incident import Incident, IncidentClass, Severity, State, grade, run_share_pct
 from argus.analysis.l4_gaps import gpu_idle
 from argus.analysis.l4_pipeline import pipeline_bubbles
 from argus.analysis.l4_replay import what_if
@@ -95,6 +95,8 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
             span = [step_time[s] for s in range(inc.start_step, inc.end_step + 1)
                     if np.isfinite(step_time.get(s, np.nan))]
             wi.slowdown_pct = 100.0 * wi.extra_s / max(sum(span) - wi.extra_s, 1e-12) if span else wi.slowdown_pct
+            if inc.klass == IncidentClass.HOST_STALL and len(inc.steps) == 1:  # a one-off: over the run
+                wi.slowdown_pct = run_share_pct(step_time, wi.extra_s)
             inc.slowdown_pct, inc.gpu_hours_lost = wi.slowdown_pct, wi.gpu_hours_lost
             # severity from the replayed impact: what the job would gain without the culprits'
             # excess. It replaces L1's estimate (which charges every slow step to the incident),

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from argus.store import TABLES, conform
 
-__all__ = ["Incident", "IncidentClass", "State", "Severity", "Action", "CLASSES", "STATES", "SEVERITIES", "ACTIONS", "WARNING_PCT", "CRITICAL_PCT", "grade",
+__all__ = ["Incident", "IncidentClass", "State", "Severity", "Action", "CLASSES", "STATES", "SEVERITIES", "ACTIONS", "WARNING_PCT", "CRITICAL_PCT", "grade", "run_share_pct",
 
            "incidents_table", "incidents_document"]
 
@@ -73,6 +74,13 @@ def grade(slowdown_pct: float | None) -> Severity:
     if slowdown_pct is None or not slowdown_pct >= WARNING_PCT:  # also NaN
         return Severity.INFO
     return Severity.CRITICAL if slowdown_pct >= CRITICAL_PCT else Severity.WARNING
+
+
+def run_share_pct(step_time: dict[int, float], extra_s: float) -> float:
+    """How much longer (%) the run took for ``extra_s``: a one-off's cost to the job, spread
+    over every step (a one-off has no "steps between" to spread over)."""
+    run_s = sum(t for t in step_time.values() if np.isfinite(t))
+    return 100.0 * extra_s / max(run_s - extra_s, 1e-12) if run_s > 0 else 0.0
 
 
 @dataclass

@@ -58,6 +58,23 @@ class Finding:
     excess_s: float  # mean excess per flagged step, seconds
     peer_kind: str
     persistent: bool
+    #: the excess in each of ``steps`` (seconds): a finding's mean would let a small flagged
+    #: step ride on a large one's excess
+    step_excess_s: list[float] = field(default_factory=list)
+
+    def excess_at(self, step: int) -> float:
+        """The excess in ``step`` (the finding's mean where steps were not itemised)."""
+        if len(self.step_excess_s) == len(self.steps):
+            for s, e in zip(self.steps, self.step_excess_s):
+                if s == step:
+                    return e
+        return self.excess_s
+
+    @property
+    def typical_excess_s(self) -> float:
+        """The median step's excess: what a steady excess costs each step, not inflated by one
+        stalled step that the same finding lists."""
+        return float(np.median(self.step_excess_s)) if self.step_excess_s else self.excess_s
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "rank": self.rank, "phase": self.name, "category": self.category,
@@ -278,7 +295,7 @@ def _flag(res: L2Result, name: str, category: str, mb: int, kind: str, steps: np
             kind="busy", rank=int(r), name=name, category=category, microbatch=mb,
             steps=[int(steps[i]) for i in rows], ratio=float(np.median(ratio[rows, r])),
             z=float(np.max(z[rows, r])), excess_s=float(np.mean(excess[rows, r])), peer_kind=kind,
-            persistent=persistent))
+            persistent=persistent, step_excess_s=[float(e) for e in excess[rows, r]]))
 
 
 def _drop_symmetric(res: L2Result, start: int, totals: np.ndarray, groups: np.ndarray, config: L2Config) -> None:
@@ -334,4 +351,5 @@ def _arrival_skew(res: L2Result, f: PhaseFrame, layout: Layout, hosts: np.ndarra
             kind="arrival", rank=int(r), name="collectives", category="comm", microbatch=-1,
             steps=[int(steps[i]) for i in rows_r], ratio=float("nan"), z=float(np.max(z[rows_r, r])),
             excess_s=float(np.mean(excess[rows_r, r])), peer_kind="dp",
-            persistent=bool(n_flag[r] >= config.persist_frac * present[r] and n_flag[r] >= config.persist_min)))
+            persistent=bool(n_flag[r] >= config.persist_frac * present[r] and n_flag[r] >= config.persist_min),
+            step_excess_s=[float(e) for e in excess[rows_r, r]]))

@@ -64,6 +64,21 @@ def test_host_stalls_name_their_cause_from_the_stacks(diagnosed):
         assert set(inc.steps) <= set(truth["faults"][0]["steps"])
 
 
+@pytest.mark.parametrize("pause_ms, severity", [(1000.0, "info"), (4000.0, "warning")])
+def test_a_one_off_pause_is_graded_by_what_it_cost_the_run(diagnosed, pause_ms, severity):
+    """One GC pause that nearly doubles its step costs an 80-step job ~1% (an observation); one
+    of several steps' length costs it ~4% (worth a warning), whatever it did to its own step."""
+    _, truth, d = diagnosed("gc_pause", seed=3, ranks=16, steps=80,
+                            params={"pause_ms": pause_ms, "probability": 0.0})
+    fault = truth["faults"][0]
+    (inc,) = [i for i in d.incidents if i.klass == "host_stall"]
+    assert inc.steps == fault["steps"] and inc.culprit_ranks == fault["culprit_ranks"]
+    run_s = sum(truth["step_time_s"])
+    expected = 100 * fault["impact"]["extra_s"] / (run_s - fault["impact"]["extra_s"])
+    assert inc.slowdown_pct == pytest.approx(expected, rel=0.35)
+    assert inc.severity == severity
+
+
 def test_a_link_flap_is_found_in_the_flapping_steps(diagnosed):
     _, truth, d = diagnosed("link_flap")
     (inc,) = _claims(d)

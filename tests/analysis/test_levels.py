@@ -1,6 +1,9 @@
 """L2 and L3 on simulated stores: who is blamed, who is not."""
 
+import dataclasses
+
 import numpy as np
+import pytest
 
 from argus.analysis.frames import load_phases, load_steps
 from argus.analysis.l2_stragglers import detect_stragglers
@@ -35,6 +38,20 @@ def test_l2_blames_the_slow_ranks_and_not_those_that_waited(diagnosed):
     assert attn and min(f.ratio for f in attn) > 3
     late = {f.rank for f in res.findings if f.kind == "arrival" and f.persistent}
     assert late <= culprits
+
+
+def test_l2_findings_itemise_each_steps_excess(diagnosed):
+    """A finding keeps each flagged step's own excess: the mean would let a small flagged step
+    ride on a stalled one's (a one-off 12 s recompile listed with 1 ms steps)."""
+    attempt, truth, _ = diagnosed("compute_straggler")
+    res = _l2(attempt, 10, 14)
+    for f in res.findings:
+        assert len(f.step_excess_s) == len(f.steps)
+        assert f.excess_s == pytest.approx(float(np.mean(f.step_excess_s)))
+        assert [f.excess_at(s) for s in f.steps] == f.step_excess_s
+    f = res.findings[0]
+    lopsided = dataclasses.replace(f, steps=[1, 2, 3], step_excess_s=[12.0, 0.001, 0.001], excess_s=4.0)
+    assert lopsided.excess_at(2) == 0.001 and lopsided.typical_excess_s == 0.001
 
 
 def test_per_microbatch_comparison_finds_a_slow_backward_hidden_in_aligned_steps(diagnosed):
