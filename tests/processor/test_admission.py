@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
+import shutil
 import tempfile
 import threading
 import time
@@ -32,9 +33,12 @@ def _wait_for(predicate, timeout=20.0):
 def serve(tmp_path):
     """Start a Processor on a thread; yields a starter returning (processor, socket path)."""
     started: list[tuple[Processor, threading.Thread]] = []
+    dirs: list[Path] = []
 
     def start(sock: Path | None = None, **config) -> tuple[Processor, Path]:
-        sock = sock or Path(tempfile.mkdtemp(prefix="argus-a-")) / "p.sock"
+        if sock is None:  # short: a socket path has 108 bytes, a pytest tmp_path may not fit
+            dirs.append(Path(tempfile.mkdtemp(prefix="argus-a-")))
+            sock = dirs[-1] / "p.sock"
         proc = Processor(ProcessorConfig(store=tmp_path / "store", socket_path=sock, host="node-0", durable=False,
                                          evidence=False, stacks=False, hw_interval_s=3600, window_steps=1, **config))
         thread = threading.Thread(target=proc.serve_forever, daemon=True)
@@ -47,6 +51,8 @@ def serve(tmp_path):
     for proc, thread in started:
         proc.stop()
         thread.join(timeout=30)
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _round_trip(sock: Path, n: int) -> None:

@@ -13,6 +13,9 @@ import tempfile
 import threading
 from pathlib import Path
 
+import shutil
+import weakref
+
 import pytest
 
 pytest.importorskip("torch")
@@ -25,7 +28,8 @@ class _Listener:
     """A unix socket that records the HELLO documents it receives."""
 
     def __init__(self) -> None:
-        self.path = Path(tempfile.mkdtemp(prefix="argus-a-")) / "p.sock"
+        self.path = Path(tempfile.mkdtemp(prefix="argus-a-")) / "p.sock"  # short: a socket path has 108 bytes
+        weakref.finalize(self, shutil.rmtree, self.path.parent, True)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.bind(str(self.path))
         self.sock.listen(16)
