@@ -60,8 +60,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="… nor before this many median step times (default $ARGUS_HANG_STEP_FACTOR or 10)")
     p.add_argument("--mirror", metavar="URI",
                    help="also push the store to object storage (s3://bucket/prefix) every --mirror-interval seconds "
-                        "and at exit; evidence there kept within the same retention")
-    p.add_argument("--mirror-interval", type=float, default=60.0)
+                        "and at exit; this host's evidence there is kept within the same retention, a budget of "
+                        "its own (hosts sharing a bucket never delete each other's). What was pushed is recorded "
+                        "in STORE/.argus-mirror/, so the bucket is listed only when that ledger is missing")
+    p.add_argument("--mirror-interval", type=float, default=60.0, help="seconds between pushes (default 60)")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=run)
 
@@ -97,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         from argus.objstore import Mirror, open_objstore
 
         mirror = Mirror(args.store, open_objstore(args.mirror, create_bucket=True), args.mirror_interval,
-                        int(args.evidence_max_mb * (1 << 20)), args.evidence_max_age_h * 3600).start()
+                        int(args.evidence_max_mb * (1 << 20)), args.evidence_max_age_h * 3600,
+                        host=args.host).start()  # retention in the bucket: this host's evidence only
     proc = Processor(config)
     proc.install_signal_handlers()
     try:

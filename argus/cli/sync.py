@@ -17,19 +17,24 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Upload the files a bucket lacks (SRC a store directory, DST s3://...), or "
                                    "download them (SRC s3://..., DST a directory). Files are immutable, so this "
                                    "is append-only and safe to repeat; evidence traces in the bucket are kept "
-                                   "within the retention budget. S3 endpoint: ?endpoint=URL or AWS_ENDPOINT_URL.")
+                                   "within the retention budget, each host directory of the store a budget of its "
+                                   "own (other stores' hosts in the bucket are left alone). A push lists only the "
+                                   "bucket directories the store has; --watch lists none after its first push (it "
+                                   "records what it pushed in SRC/.argus-mirror/). S3 endpoint: ?endpoint=URL or "
+                                   "AWS_ENDPOINT_URL.")
     p.add_argument("src")
     p.add_argument("dst")
     p.add_argument("--watch", action="store_true", help="keep pushing every --interval seconds until interrupted")
     p.add_argument("--interval", type=float, default=30.0)
-    p.add_argument("--evidence-max-mb", type=float, default=512.0, help="evidence kept in the bucket (0: no limit)")
+    p.add_argument("--evidence-max-mb", type=float, default=512.0,
+                   help="evidence kept in the bucket per host (0: no limit)")
     p.add_argument("--evidence-max-age-h", type=float, default=24.0, help="evidence age limit (0: no limit)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from argus.errors import ConfigError
-    from argus.objstore import Mirror, enforce_remote_retention, open_objstore, pull, push
+    from argus.objstore import Mirror, enforce_remote_retention, evidence_prefixes, open_objstore, pull, push
 
     console = stderr_console()
     remote_src, remote_dst = args.src.startswith("s3://"), args.dst.startswith("s3://")
@@ -46,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
     remote = open_objstore(args.dst, create_bucket=True)
     if not args.watch:
         s = push(args.src, remote)
-        gone = enforce_remote_retention(remote, max_bytes=max_bytes, max_age_s=max_age)
+        gone = enforce_remote_retention(remote, max_bytes=max_bytes, max_age_s=max_age,
+                                        prefixes=evidence_prefixes(args.src))  # each host of SRC its own budget
         console.print(f"pushed {s.copied} file(s), {s.bytes / 1e6:.1f} MB ({s.skipped} already there); "
                       f"{len(gone)} old evidence file(s) removed")
         return 0

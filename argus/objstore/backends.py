@@ -3,7 +3,9 @@
 Keys are ``/``-separated paths relative to the store's root. ``put`` is atomic on both: a
 local file is written to a hidden temp name and renamed; an S3 object appears whole or not
 at all (one PUT). Listing returns size and modification time, which is all retention and
-synchronisation need.
+synchronisation need; ``recursive=False`` lists one "directory" only (S3: one delimited
+listing), so a caller can look at its own files of a directory other writers share without
+paging through theirs.
 
 ``s3://bucket/prefix`` uses boto3 (``pip install 'argus-trace[s3]'``); the endpoint comes
 from ``?endpoint=http://HOST:PORT`` on the URI or ``AWS_ENDPOINT_URL``, credentials and
@@ -41,7 +43,7 @@ class ObjectStore(Protocol):
 
     def put(self, key: str, data: bytes) -> None: ...
     def get(self, key: str) -> bytes: ...
-    def list(self, prefix: str = "") -> list[ObjectInfo]: ...
+    def list(self, prefix: str = "", recursive: bool = True) -> list[ObjectInfo]: ...
     def delete(self, key: str) -> bool: ...
 
 
@@ -66,10 +68,10 @@ class LocalObjectStore:
         except FileNotFoundError:
             raise ObjectStoreError(f"{self.uri}: no object {key!r}") from None
 
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
+    def list(self, prefix: str = "", recursive: bool = True) -> list[ObjectInfo]:
         base = self.root / _clean(prefix) if prefix else self.root
         out = []
-        for path in _walk(base):
+        for path in (_walk(base) if recursive else _files(base)):
             try:
                 st = path.stat()
             except FileNotFoundError:
@@ -83,6 +85,17 @@ class LocalObjectStore:
             return True
         except FileNotFoundError:
             return False
+
+
+def _files(base: Path) -> Iterator[Path]:
+    """The files directly in ``base`` (not in its subdirectories), temp files skipped."""
+    try:
+        entries = list(os.scandir(base))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for e in entries:
+        if not e.name.startswith(TMP_PREFIX) and e.is_file(follow_symlinks=False):
+            yield Path(e.path)
 
 
 def _walk(base: Path) -> Iterator[Path]:
@@ -132,12 +145,14 @@ class S3ObjectStore:
         except self._errors as exc:
             raise ObjectStoreError(f"{self.uri}: get {key}: {exc}") from exc
 
-    def list(self, prefix: str = "") -> list[ObjectInfo]:
+    def list(self, prefix: str = "", recursive: bool = True) -> list[ObjectInfo]:
         full = self._key(prefix) if prefix else self.prefix
         full = full + "/" if full else ""
         out: list[ObjectInfo] = []
+        delimit = {} if recursive else {"Delimiter": "/"}  # one level: deeper keys fold into CommonPrefixes
         try:
-            for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full):
+            for page in self._s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=full,
+                                                                          **delimit):
                 for o in page.get("Contents", []):
                     rel = o["Key"][len(self.prefix) + 1:] if self.prefix else o["Key"]
                     out.append(ObjectInfo(rel, int(o["Size"]), o["LastModified"].timestamp()))

@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from argus.objstore import LocalObjectStore, Mirror, ObjectStoreError, enforce_remote_retention, open_objstore, pull, \
-    push
+from argus.objstore import (MIRROR_STATE_DIR, LocalObjectStore, Mirror, ObjectStoreError, enforce_remote_retention,
+                            open_objstore, pull, push)
+from argus.objstore.sync import local_files
 from argus.sim import SimConfig, simulate_to_store
 from argus.store.files import TMP_PREFIX
 
@@ -214,6 +215,39 @@ def test_processor_mirrors_its_store_and_evidence_to_the_bucket(s3, tmp_path):
     proc.send_signal(_signal.SIGTERM)
     assert proc.wait(60) == 0, proc.stderr.read()[-2000:]
     keys = {o.key for o in open_objstore(f"s3://mirrored/p?endpoint={s3}").list()}
-    local = {o.key for o in LocalObjectStore(tmp_path / "P").list()}
+    local = {o.key for o in local_files(tmp_path / "P")}
     assert local and local <= keys
+    assert (tmp_path / "P" / MIRROR_STATE_DIR).is_dir() and not any(k.startswith(".") for k in keys)
     assert any(k.endswith(".pftrace") for k in keys) and any("/steps/" in k for k in keys)
+
+
+def test_hosts_mirroring_into_one_bucket_keep_their_own_evidence_and_list_it_once(s3, tmp_path):
+    """Two hosts' stores, one real S3 bucket: each mirror lists only its own directories
+    (delimited listings) before its first push and nothing after; each host keeps its own
+    evidence budget; a one-shot ``argus sync`` of a third host's store leaves theirs alone."""
+    from argus.cli.main import main
+    from tests.objstore.test_mirror import TRACE_BYTES, Counting, _host_store, _names, _traces
+
+    bucket = _bucket(s3, "shared")
+    mirrors = {}
+    for host in ("host-a", "host-b"):
+        store = _host_store(tmp_path / host, host, traces=5)
+        mirrors[host] = Mirror(store, Counting(bucket), max_bytes=3 * TRACE_BYTES, max_age_s=None, host=host)
+        first = mirrors[host].once()
+        assert first.copied and not first.errors and first.listed == mirrors[host].remote.calls["list"]
+    for host, m in mirrors.items():
+        _traces(tmp_path / host / "runs" / "run-a" / "0", host, [5])
+        cycle = m.once()
+        assert cycle.copied == 1 and cycle.deleted == 1 and cycle.listed == 0
+
+    def traces(host: str) -> list[str]:
+        return sorted(o.key.rsplit("/", 1)[-1] for o in bucket.list(f"runs/run-a/0/evidence/{host}"))
+
+    for host in mirrors:
+        assert traces(host) == _names(range(3, 6), host)
+    _host_store(tmp_path / "host-c", "host-c", traces=4)
+    assert main(["sync", str(tmp_path / "host-c"), f"s3://shared/jobs/a?endpoint={s3}",
+                 "--evidence-max-mb", str(2 * TRACE_BYTES / (1 << 20)), "--evidence-max-age-h", "0"]) == 0
+    assert traces("host-c") == _names(range(2, 4), "host-c")
+    for host in mirrors:
+        assert traces(host) == _names(range(3, 6), host)
