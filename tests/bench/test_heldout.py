@@ -25,3 +25,16 @@ def test_a_run_is_costed_and_scored(tmp_path):
     assert by["healthy"]["false_incident_rate"] in (0.0, 1.0)
     assert by["compute_straggler"]["by_magnitude"][0]["magnitude"] == 6.0
     assert by["compute_straggler"]["costly_runs"] == 1
+
+
+def test_an_intermittent_fault_is_costed_over_the_steps_from_its_first_to_its_last():
+    """Two 10% pauses four steps apart cost the job those pauses over five steps (4%), not 10%."""
+    from argus.bench.heldout import _cost_pct
+
+    base = [1.0] * 10
+    got = list(base)
+    got[3] = got[7] = 1.1
+    truth = {"faults": [{"steps": [3, 7]}], "step_time_s": got, "baseline_step_time_s": base}
+    assert abs(_cost_pct(truth) - 100 * 0.2 / 5) < 1e-9
+    assert abs(_cost_pct(truth, hit_only=True) - 10.0) < 1e-9
+    assert _cost_pct({"faults": []}) is None
