@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from argus.analysis.strata import center_within, group_strata
 from argus.compress import log_grid, mixture_cdf, w1, w1_matrix
@@ -139,9 +140,16 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
             ("rank", "stream", "kernel", "category", "op", "count", "p50_ns", "p99_ns", "min_ns", "max_ns")}
     n_steps = max(end_step - start_step + 1, 1)
     res.busy_ratio = _busy_ratio(cols, layout)
-    key = np.char.add(cols["kernel"].astype(str), np.char.add("|", cols["stream"].astype(str)))
-    for k in np.unique(key):
-        sel = key == k
+    # one integer key per (kernel, stream) and one sort: each kernel's rows are a slice, not a
+    # string comparison over every row of the window
+    kid = pc.dictionary_encode(summaries.column("kernel").combine_chunks()).indices.to_numpy(zero_copy_only=False)
+    streams, sid = np.unique(cols["stream"], return_inverse=True)
+    key = kid.astype(np.int64) * len(streams) + sid
+    order = np.argsort(key, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, key[order][1:] != key[order][:-1], True])
+    names = cols["kernel"][order[bounds[:-1]]].astype(str)
+    for b in np.argsort(np.char.add(names, np.char.add("|", cols["stream"][order[bounds[:-1]]].astype(str)))):
+        sel = order[bounds[b]:bounds[b + 1]]
         rows = {c: v[sel] for c, v in cols.items()}
         kernel, stream = str(rows["kernel"][0]), int(rows["stream"][0])
         category, op = str(rows["category"][0]), str(rows["op"][0])

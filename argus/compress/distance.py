@@ -56,25 +56,36 @@ def mixture_cdf(grid: np.ndarray, dist: np.ndarray, counts: np.ndarray, p50: np.
     a wide p50→p99 spread otherwise puts mass far beyond anything observed."""
     dist = np.asarray(dist, np.int64)
     n_dist = int(dist.max()) + 1 if n_dist is None else n_dist
-    mu = np.log(np.maximum(np.asarray(p50, np.float64), 1.0))
-    sigma = (np.log(np.maximum(np.asarray(p99, np.float64), 1.0)) - mu) / _Z99
-    sigma = np.maximum(sigma, 1e-4)  # all-equal clusters: a (nearly) sharp step
-    lg = np.log(grid).astype(dtype)[None, :]
-    mu, sigma = mu.astype(dtype), sigma.astype(dtype)
-    comp = norm_cdf((lg - mu[:, None]) / sigma[:, None])
+    order = np.argsort(dist, kind="stable")  # rows grouped by distribution, for one reduceat
+    dist = dist[order]
+    p50, p99 = np.asarray(p50, np.float64)[order], np.asarray(p99, np.float64)[order]
+    counts = np.asarray(counts, np.float64)[order]
+    mu = np.log(np.maximum(p50, 1.0))
+    sigma = np.maximum((np.log(np.maximum(p99, 1.0)) - mu) / _Z99, 1e-4)  # all-equal: a (nearly) sharp step
+    lg = np.log(grid).astype(dtype)
+    # one (clusters, grid) array, updated in place: at 10k ranks × 96 points the temporaries
+    # of the plain expression cost more than the CDFs themselves
+    comp = np.subtract(lg[None, :], mu.astype(dtype)[:, None])
+    comp /= sigma.astype(dtype)[:, None]
+    comp = norm_cdf(comp).astype(dtype, copy=False)
     if lo is not None and hi is not None:
-        a = norm_cdf((np.log(np.maximum(np.asarray(lo, np.float64), 1.0)) - mu) / sigma)[:, None]
-        b = norm_cdf((np.log(np.maximum(np.asarray(hi, np.float64), 1.0)) - mu) / sigma)[:, None]
-        span = b - a
-        trunc = np.clip((comp - a) / np.where(span > 1e-12, span, 1.0), 0.0, 1.0)
-        step = (lg >= np.log(np.maximum(np.asarray(hi, np.float64), 1.0))[:, None]).astype(np.float64)
-        comp = np.where(span > 1e-12, trunc, step)  # a degenerate range is a step at its value
-    comp = comp * np.asarray(counts, dtype)[:, None]
+        lo, hi = np.asarray(lo, np.float64)[order], np.asarray(hi, np.float64)[order]
+        log_hi = np.log(np.maximum(hi, 1.0))
+        a = norm_cdf((np.log(np.maximum(lo, 1.0)) - mu) / sigma)
+        span = norm_cdf((log_hi - mu) / sigma) - a
+        ok = span > 1e-12
+        scale = np.where(ok, 1.0 / np.where(ok, span, 1.0), 0.0).astype(dtype)
+        comp -= a.astype(dtype)[:, None]
+        comp *= scale[:, None]
+        np.clip(comp, 0.0, 1.0, out=comp)
+        bad = np.flatnonzero(~ok)
+        if bad.size:  # a degenerate range is a step at its value
+            comp[bad] = lg[None, :] >= log_hi[bad, None]
+    comp *= counts.astype(dtype)[:, None]
     out: np.ndarray = np.zeros((n_dist, len(grid)), dtype)
-    order = np.argsort(dist, kind="stable")
-    d_sorted = dist[order]
-    starts = np.flatnonzero(np.r_[True, d_sorted[1:] != d_sorted[:-1]])
-    out[d_sorted[starts]] = np.add.reduceat(comp[order], starts, axis=0)
+    starts = np.flatnonzero(np.r_[True, dist[1:] != dist[:-1]]) if dist.size else np.empty(0, np.int64)
+    if starts.size:
+        out[dist[starts]] = np.add.reduceat(comp, starts, axis=0)
     total: np.ndarray = np.bincount(dist, weights=counts, minlength=n_dist)[:, None].astype(dtype)
     return np.divide(out, total, out=np.full_like(out, np.nan), where=total > 0)
 
