@@ -584,9 +584,13 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     masking = [inc for inc in compute if inc.severity != "info" and set(inc.hosts) & set(hosts)
                and inc.start_step <= steps[-1] and inc.end_step >= steps[0]]
     ranks = _slow_link_ranks(ctx, standing, steps, hosts, [s_ for s_ in shifts if not s_.narrow_only])
-    # each step loses at least what the slow link added to the costliest collective's transfers
-    extra = [max((f.extra_per_step_ns for f in standing[s] if set(f.hosts) & set(hosts)), default=0.0) / 1e9
-             for s in steps if s in standing]
+    # each step loses at least what the slow link added to the costliest collective's transfers:
+    # a per-step transfer finding's, or a window's shifted communicator floor × its launches per
+    # step (a link slow from the first step slows all-to-alls launched 64 times a step, which no
+    # per-step comparison of one phase sees whole)
+    floor_cost = _shift_cost_per_step(windows, [s_ for s_ in shifts if backed(s_.hosts, s_.narrow_only)], hosts)
+    extra = [max(max((f.extra_per_step_ns for f in standing.get(s, []) if set(f.hosts) & set(hosts)), default=0.0),
+                 floor_cost.get(s, 0.0)) / 1e9 for s in steps if s in standing or s in floor_cost]
     l3_agrees = any(set(s.hosts) & set(hosts) for s in shifts if not s.narrow_only)
     hw_agrees = bool(hw_hosts & set(hosts))
     persistent = len(steps) >= 0.8 * len(ctx.step_time) - 2
@@ -635,6 +639,22 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
                      next(iter(collectives), "collectives"), kernels, State.CONFIRMED if confirmed else State.SUSPECTED,
                      grade(pct), pct, gpuh, Action.CORDON_NODE if confirmed else Action.RAISE_TRACE_FIDELITY,
                      evidence, steps, summary)]
+
+
+def _shift_cost_per_step(windows: list[WindowAnalysis], shifts: list, hosts: list[str]) -> dict[int, float]:
+    """Step → the costliest shifted floor on ``hosts`` in its window: the floor's extra ns per
+    event × the kernel's events per rank-step (a lower bound of what the step lost: transfers
+    of other kernels may add to it, overlap with compute may hide some)."""
+    out: dict[int, float] = {}
+    for w in windows:
+        if w.l3 is None:
+            continue
+        for sh in w.l3.shifts:
+            if sh in shifts and set(sh.hosts) & set(hosts):
+                cost = sh.extra_ns_per_event * w.l3.events_per_step.get((sh.kernel, sh.stream), 0.0)
+                for step in range(w.lo, w.hi + 1):
+                    out[step] = max(out.get(step, 0.0), cost)
+    return out
 
 
 def _ranks_on_hosts(ctx: _Ctx, hosts: list[str]) -> list[int]:
