@@ -79,6 +79,21 @@ def test_a_one_off_pause_is_graded_by_what_it_cost_the_run(diagnosed, pause_ms, 
     assert inc.severity == severity
 
 
+def test_a_link_slow_from_the_first_step_is_charged_its_costliest_collective(diagnosed):
+    """Two hosts' PCIe links downtrained from step 0 slow 64 expert all-to-alls a step: with no
+    healthy level to compare with, the loss is at least the costliest shifted floor × its
+    launches per step — not the one pipeline transfer per step a per-step test sees."""
+    _, truth, d = diagnosed("link_degradation", seed=40010, ranks=64, layout="tp=2,pp=2,ep=8,dp=2",
+                            moe_alpha=100.0, seqlen_sigma=0.08, jitter=0.01, dataloader_spike_prob=0.01,
+                            params={"factor": 2.0})
+    fault = truth["faults"][0]
+    assert fault["steps"][0] == 0
+    (inc,) = _claims(d)
+    assert inc.klass == "link_degradation" and set(inc.hosts) == set(fault["culprit_hosts"])
+    assert set(inc.culprit_ranks) <= set(fault["culprit_ranks"])
+    assert inc.slowdown_pct == pytest.approx(fault["impact"]["slowdown_pct"], rel=0.4)
+
+
 def test_a_link_flap_is_found_in_the_flapping_steps(diagnosed):
     _, truth, d = diagnosed("link_flap")
     (inc,) = _claims(d)
