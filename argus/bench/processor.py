@@ -1,8 +1,9 @@
 """``argus bench processor``: compression rate, socket throughput, CPU cost at a realistic
 rate, and memory over a long stream — against a real ``argus processor`` process.
 
-Clients replay one simulated window (8 ranks of the standard workload) with advancing step
-numbers over real unix sockets. The processor's CPU time comes from ``/proc/<pid>/stat``
+Clients replay one simulated window (8 ranks of the standard workload, or its steps and
+phases with the production workload's kernels: ``workload="production"``) with advancing
+step numbers over real unix sockets. The processor's CPU time comes from ``/proc/<pid>/stat``
 and its memory from ``/proc/<pid>/status`` (VmRSS), sampled while it runs.
 """
 
@@ -21,10 +22,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from argus.errors import ConfigError
 from argus.wire import Msg, ProcessorClient
-from argus.wire.protocol import encode_array, encode_json
+from argus.wire.protocol import DTYPES, encode_array, encode_json
 
-__all__ = ["run_compression", "run_evidence", "run_socket", "RowMajorWire"]
+__all__ = ["run_compression", "run_evidence", "run_perfetto", "run_socket", "window_tables", "RowMajorWire",
+           "WORKLOADS"]
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -41,13 +44,56 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def _window(ranks: int = 8, steps: int = 5, seed: int = 0):
+WORKLOADS = ("standard", "production")
+
+
+def _window(ranks: int = 8, steps: int = 5, seed: int = 0, workload: str = "standard"
+            ) -> tuple[list[str], list[dict[int, dict[Msg, np.ndarray]]]]:
+    """One host-window as the clients send it: the interned names and, per step, each rank's
+    record batches.
+
+    ``standard``: the simulator's job (≈ 1,350 events per rank-step). ``production``: the same
+    steps and phases, each rank-step's kernels replaced by the production workload's 12,370
+    launches of 207 kernels (:class:`~argus.sim.production.ProductionWorkload`) at their own
+    offsets from the step's start. Their timeline (≈ 1.4 s) outlasts the simulator's step
+    (≈ 0.6 s), so each step is moved later, phases with it, until it starts after every
+    rank's previous kernels have ended, and ends with its own: a stream's kernels never
+    overlap, as on a GPU. Names are appended to the simulator's, so ids stay one table."""
     from argus.sim import Engine, SimConfig
     from argus.sim.feed import step_batches
 
+    if workload not in WORKLOADS:
+        raise ConfigError(f"unknown workload {workload!r} (one of {', '.join(WORKLOADS)})")
     engine = Engine(SimConfig(ranks=ranks, steps=steps + 2, layout="tp=2,pp=2,ep=2", seed=seed))
-    recs = list(engine.run())[2:]
-    return engine, [step_batches(r) for r in recs]
+    batches = [step_batches(r) for r in list(engine.run())[2:]]
+    names = list(engine.names.names)
+    if workload == "production":
+        from argus.sim.production import ProductionWorkload
+
+        k = ProductionWorkload().generate(ranks, steps)
+        base = len(names)
+        names += k.names
+        shift, kernels_end = 0, dict[int, int]()  # rank → end of its previous step's kernels (shifted)
+        for s, by_rank in enumerate(batches):
+            offsets = {}
+            for r, by_msg in by_rank.items():
+                m = (k.rank == r) & (k.step == s)
+                offsets[r] = (k.start_ns[m] - k.start_ns[m].min(), m)
+                shift = max(shift, kernels_end.get(r, 0) - int(by_msg[Msg.STEPS]["start_ns"][0]))
+            for r, by_msg in by_rank.items():
+                offset, m = offsets[r]
+                st, ph = by_msg[Msg.STEPS], by_msg[Msg.PHASES]
+                st["start_ns"] += shift
+                ph["start_ns"] += shift
+                rec = np.zeros(int(m.sum()), DTYPES[Msg.KERNELS])
+                rec["step"] = st["step"][0]
+                rec["start_ns"] = st["start_ns"][0] + offset
+                rec["dur_ns"], rec["name"], rec["stream"], rec["device"] = k.dur_ns[m], base + k.name_id[m], k.stream[m], r
+                by_msg[Msg.KERNELS] = rec  # kind 0: kernel
+                kernels_end[r] = int((rec["start_ns"] + rec["dur_ns"]).max())
+                if st["end_ns"][0] >= 0:
+                    st["end_ns"] = max(int(st["end_ns"][0]) + shift, kernels_end[r])
+    return names, batches
 
 
 def run_compression(repeat: int = 5) -> dict:
@@ -69,16 +115,16 @@ def run_compression(repeat: int = 5) -> dict:
 
 def run_socket(mode: str, events: int | None = 5_000_000, rate_per_min_per_rank: float | None = None,
                duration_s: float | None = None, evidence: bool = True, window_steps: int = 5,
-               evidence_interval_s: float = 0.0) -> dict:
+               evidence_interval_s: float = 0.0, workload: str = "standard") -> dict:
     """Stream through a real processor, as fast as possible or paced at
     ``rate_per_min_per_rank``, until ``events`` are sent or ``duration_s`` has passed.
 
     ``evidence_interval_s`` 0 writes a Perfetto trace of every window (the worst case: every
     window slow); the daemon's default (10 s) writes one for slow windows and one per interval
-    otherwise. The evidence left in the store gives the bytes per rank-step."""
-    engine, steps = _window()
+    otherwise. The evidence left in the store gives the bytes per rank-step. ``workload``: see
+    :func:`_window`."""
+    names, steps = _window(workload=workload)
     ranks = sorted(steps[0])
-    names = engine.names.names
     tmp = Path(tempfile.mkdtemp(prefix="argus-pb-"))
     sock = tmp / "p.sock"
     args = [sys.executable, "-m", "argus", "processor", "--store", str(tmp / "store"), "--socket", str(sock),
@@ -98,7 +144,7 @@ def run_socket(mode: str, events: int | None = 5_000_000, rate_per_min_per_rank:
             c.connect()
             c.send_raw(encode_json(Msg.NAMES, list(enumerate(names))))
             clients[r] = c
-        per_step = sum(len(b) for s in steps[:1] for rb in s.values() for b in rb.values())
+        per_step = [sum(len(b) for rb in s.values() for b in rb.values()) for s in steps]
         cpu0, t0 = _cpu_s(proc.pid), time.perf_counter()
         sent, step, rss = 0, 0, []
         last_sample = 0.0
@@ -112,12 +158,12 @@ def run_socket(mode: str, events: int | None = 5_000_000, rate_per_min_per_rank:
                     time.sleep(min(0.05, (sent - target) / (rate_per_min_per_rank / 60 * len(ranks))))
                     continue
             batches = steps[step % len(steps)]
+            sent += per_step[step % len(steps)]
             for r, by_msg in batches.items():
                 for msg in (Msg.PHASES, Msg.KERNELS, Msg.STEPS):
                     recs = by_msg[msg].copy()
                     recs["step"] = step
                     clients[r].send_raw(encode_array(msg, recs))
-            sent += per_step
             step += 1
             if step % 50 == 0:
                 for c in clients.values():
@@ -140,7 +186,7 @@ def run_socket(mode: str, events: int | None = 5_000_000, rate_per_min_per_rank:
         third = max(len(rss) // 3, 1)
         mid = rss[third:-third] or rss
         return {
-            "bench": "processor", "mode": mode, "ranks": len(ranks), "evidence": evidence,
+            "bench": "processor", "mode": mode, "workload": workload, "ranks": len(ranks), "evidence": evidence,
             "evidence_interval_s": evidence_interval_s if evidence else None, "evidence_files": len(traces),
             "evidence_bytes_per_rank_step": round(sum(traces) / len(traces) / (len(ranks) * window_steps))
             if traces else None,
@@ -166,7 +212,8 @@ def run_evidence(repeat: int = 7) -> dict:
     straddle compute), built the current way and the old way — the row-major encoder it
     replaced and the per-slice lane loop for every group that does not nest — interleaved
     ``repeat`` times; CPU seconds (``time.process_time``), best of each, and whether the bytes
-    are the same."""
+    are the same. (The rest of the "before" is the current build: for the whole earlier
+    build side by side, see :func:`run_perfetto` with ``before``.)"""
     from argus.evidence import perfetto
 
     from argus.sim import Engine, SimConfig
@@ -176,22 +223,24 @@ def run_evidence(repeat: int = 7) -> dict:
     phases = pa.concat_tables([r.phases_table() for r in recs])
     kernels = pa.concat_tables([r.kernels_table() for r in recs])
     n = phases.num_rows + kernels.num_rows
-    current: tuple[Any, Any] = (perfetto._Wire, perfetto._two_lane_groups)
+    current: tuple[Any, Any, Any] = (perfetto._Wire, perfetto._two_lane_groups, perfetto._chain_lanes)
     # the old paths: the row-major encoder, a Python step per slice of every group that does not nest
-    before: tuple[Any, Any] = (RowMajorWire, lambda *a: set())
+    before: tuple[Any, Any, Any] = (RowMajorWire, lambda *a: set(), lambda *a, **k: None)
     cpu: dict[str, list[float]] = {"before": [], "after": []}
     out: dict[str, bytes] = {}
     try:
         for _ in range(repeat):
-            for label, (wire, two_lanes) in (("before", before), ("after", current)):
+            for label, (wire, two_lanes, chains) in (("before", before), ("after", current)):
                 setattr(perfetto, "_Wire", wire)
                 setattr(perfetto, "_two_lane_groups", two_lanes)
+                setattr(perfetto, "_chain_lanes", chains)
                 t0 = time.process_time()
                 out[label] = perfetto.build_perfetto_trace(phases=phases, kernels=kernels, title="bench")
                 cpu[label].append(time.process_time() - t0)
     finally:
         setattr(perfetto, "_Wire", current[0])
         setattr(perfetto, "_two_lane_groups", current[1])
+        setattr(perfetto, "_chain_lanes", current[2])
     best = {k: min(v) for k, v in cpu.items()}
     return {"bench": "processor", "mode": "evidence", "events": n, "ranks": 8, "steps": len(recs),
             "trace_bytes": len(out["after"]), "bytes_identical": out["before"] == out["after"],
@@ -199,6 +248,82 @@ def run_evidence(repeat: int = 7) -> dict:
             "before_cpu_ms": round(1e3 * best["before"], 1), "after_cpu_ms": round(1e3 * best["after"], 1),
             "before_events_per_cpu_s": round(n / best["before"]), "after_events_per_cpu_s": round(n / best["after"]),
             "speedup": round(best["before"] / best["after"], 2)}
+
+
+def window_tables(workload: str = "production", ranks: int = 8, steps: int = 5) -> tuple[pa.Table, pa.Table]:
+    """One host-window's ``phases`` and ``kernels`` as the processor hands them to the
+    Perfetto writer: the clients' batches of :func:`_window`, materialised by the assembler's
+    own code (names decoded from each rank's table, categories and kinds as strings), chunks
+    in arrival order (step by step, rank by rank)."""
+    from types import SimpleNamespace
+
+    from argus.processor.assembler import _materialise
+
+    names, batches = _window(ranks, steps, workload=workload)
+    infos = {r: SimpleNamespace(rank=r, names=names) for r in sorted(batches[0])}
+    parts: dict[Msg, list] = {Msg.PHASES: [], Msg.KERNELS: []}
+    for by_rank in batches:
+        for r, by_msg in sorted(by_rank.items()):
+            for msg, chunks in parts.items():
+                chunks.append((infos[r], by_msg[msg], len(names)))
+    return _materialise(Msg.PHASES, parts[Msg.PHASES]), _materialise(Msg.KERNELS, parts[Msg.KERNELS])
+
+
+def run_perfetto(workload: str = "production", repeat: int = 3, before: str | None = None,
+                 overlapping: bool = False) -> dict:
+    """One host-window's Perfetto trace (8 ranks × 5 steps, as the processor writes it):
+    CPU seconds per build (``time.process_time``, best of ``repeat``), µs per event, bytes,
+    and a digest of the bytes (a change of output shows as a new digest).
+
+    ``before``: a source tree (e.g. a ``git worktree`` of an older commit) whose
+    ``argus/evidence/perfetto.py`` is built too, interleaved with the current one, for a
+    before/after in one process. ``overlapping``: each step's kernels 0.8 s earlier per step,
+    so that every stream's kernels overlap the next step's (as the first harness of
+    ``docs/scale.md`` M2 laid them): the lane assignment's worst case."""
+    import hashlib
+    import importlib.util
+
+    from argus.evidence import perfetto
+
+    phases, kernels = window_tables(workload)
+    if overlapping:
+        step = kernels.column("step").to_numpy()
+        start = kernels.column("start_ns").to_numpy() - (step - step.min()) * 800_000_000
+        kernels = kernels.set_column(kernels.column_names.index("start_ns"), "start_ns", pa.array(start, pa.int64()))
+    n = phases.num_rows + kernels.num_rows
+    builds: dict[str, Any] = {"after": perfetto}
+    if before is not None:
+        path = Path(before) / "argus" / "evidence" / "perfetto.py"
+        if not path.is_file():
+            raise ConfigError(f"argus bench perfetto --before {before}: no {path}")
+        spec = importlib.util.spec_from_file_location("argus_perfetto_before", path)
+        assert spec is not None and spec.loader is not None
+        builds["before"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(builds["before"])
+    hosts = {r: "bench" for r in range(8)}
+    cpu: dict[str, list[float]] = {label: [] for label in builds}
+    digest: dict[str, str] = {}
+    data = b""
+    for _ in range(repeat):
+        for label in sorted(builds, reverse=True):  # before, then after
+            t0 = time.process_time()
+            data = builds[label].build_perfetto_trace(phases=phases, kernels=kernels, hosts=hosts,
+                                                      title="bench window 0 (bench)")
+            cpu[label].append(time.process_time() - t0)
+            digest[label] = hashlib.sha256(data).hexdigest()
+    best = min(cpu["after"])
+    row = {"bench": "processor", "mode": "perfetto", "workload": workload, "overlapping": overlapping, "events": n,
+           "phases": phases.num_rows, "kernels": kernels.num_rows, "build_cpu_s": round(best, 3),
+           "build_cpu_s_all": [round(c, 3) for c in cpu["after"]], "us_per_event": round(1e6 * best / n, 3),
+           "events_per_cpu_s": round(n / best), "trace_bytes": len(data), "sha256": digest["after"]}
+    if before is not None:
+        old = min(cpu["before"])
+        row.update({"before": before, "before_cpu_s": round(old, 3),
+                    "before_cpu_s_all": [round(c, 3) for c in cpu["before"]],
+                    "before_us_per_event": round(1e6 * old / n, 3), "bytes_identical": digest["before"] == digest["after"],
+                    "speedup": round(old / best, 2),
+                    "speedup_median": round(float(np.median(cpu["before"]) / np.median(cpu["after"])), 2)})
+    return row
 
 
 _VARINT_LIMITS = np.array([1 << (7 * k) for k in range(1, 10)], np.uint64)
@@ -221,8 +346,9 @@ def _row_major_varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray | int
 
 
 class RowMajorWire:
-    """The Perfetto column encoder before its byte-major layout (verbatim but for names): the
-    "before" of the evidence mode, and the reference its replacement must match byte for byte."""
+    """The Perfetto column encoder before its byte-major layout (verbatim but for names, and
+    for ``index`` and ``prefix``, which its successors take: gathered and prepended here): the
+    "before" of the evidence mode, and the reference its replacements must match byte for byte."""
 
     def __init__(self, n: int):
         self.n = n
@@ -243,11 +369,13 @@ class RowMajorWire:
     def raw(self, data: bytes, where=None) -> None:
         self._append(np.frombuffer(data, np.uint8)[None, :], len(data), where)
 
-    def varint(self, field: int, values, where=None) -> None:
+    def varint(self, field: int, values, where=None, index=None) -> None:
+        values = values if index is None else np.asarray(values)[index]
         self.raw(_tag(field, 0), where)
         self._append(*_row_major_varints(values if where is None else np.where(where, values, 0)), where)
 
-    def fixed64(self, field: int, values, where=None) -> None:
+    def fixed64(self, field: int, values, where=None, index=None) -> None:
+        values = values if index is None else np.asarray(values)[index]
         self.raw(_tag(field, 1), where)
         self._append(np.ascontiguousarray(values, dtype="<u8").view(np.uint8).reshape(-1, 8), 8, where)
 
@@ -263,13 +391,13 @@ class RowMajorWire:
             total += lengths
         return total
 
-    def tobytes(self) -> bytes:
+    def tobytes(self, prefix: bytes = b"") -> bytes:
         if self.n == 0 or not self._segs:
-            return b""
+            return prefix
         data = np.concatenate([np.broadcast_to(d, (self.n, d.shape[1])) for d, _ in self._segs], axis=1)
         used = np.concatenate([np.ones((self.n, d.shape[1]), bool) if isinstance(u, int)
                                else np.arange(d.shape[1]) < u[:, None] for d, u in self._segs], axis=1)
-        return data[used].tobytes()
+        return prefix + data[used].tobytes()
 
 
 

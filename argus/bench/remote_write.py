@@ -1,7 +1,8 @@
 """``argus bench remote-write``: what the processor's TSDB sink sustains, and what it costs.
 
 One host's window (8 ranks of the standard MoE workload, 5 steps: steps, phases, kernel
-summaries, hardware samples) is replayed with advancing steps through a real
+summaries, hardware samples; ``--workload production``: the kernel summaries of the
+production workload's kernels instead) is replayed with advancing steps through a real
 :class:`~argus.tsdb.RemoteWriteSink` — series building, protobuf encoding, snappy, HTTP —
 into a local endpoint: a stdlib HTTP server in another process that reads and discards each
 body (default), or a real TSDB (``--url``, e.g. VictoriaMetrics' ``/api/v1/write``). The
@@ -38,17 +39,31 @@ s.serve_forever()
 """
 
 
-def _window(ranks: int, steps: int):
+WORKLOADS = ("standard", "production")
+
+
+def _window(ranks: int, steps: int, workload: str = "standard"):
+    """The layout and one window's tables: steps, phases and hardware samples from the
+    simulator; kernel summaries of its kernels (``standard``) or of the production workload's
+    12,370 launches per rank-step (``production``, :class:`~argus.sim.production.ProductionWorkload`)."""
     from argus.compress import summarize_kernels
     from argus.sim import Engine, SimConfig
     from argus.topology import parse_layout
 
+    if workload not in WORKLOADS:
+        raise ConfigError(f"unknown workload {workload!r} (one of {', '.join(WORKLOADS)})")
     layout = "tp=2,pp=2,ep=2" if ranks == 8 else None
     cfg = SimConfig(ranks=ranks, steps=steps + 2, layout=layout)
     recs = list(Engine(cfg).run())[2:]
     tables = {t: pa.concat_tables([getattr(r, f"{t}_table")() for r in recs]) for t in ("steps", "phases")}
     tables["hw"] = pa.concat_tables([r.hw for r in recs if r.hw is not None])
-    summaries, _ = summarize_kernels(pa.concat_tables([r.kernels_table() for r in recs]), 0, 2, steps + 1)
+    if workload == "production":
+        from argus.sim.production import ProductionWorkload
+
+        kernels = ProductionWorkload().generate(ranks, steps, first_step=2).to_table()
+    else:
+        kernels = pa.concat_tables([r.kernels_table() for r in recs])
+    summaries, _ = summarize_kernels(kernels, 0, 2, steps + 1)
     return parse_layout(layout or str(cfg.resolve_layout()), world_size=ranks), tables, summaries
 
 
@@ -66,12 +81,12 @@ def _shift(t: pa.Table, cols: dict[str, int]) -> pa.Table:
 
 
 def run(windows: int = 40, url: str | None = None, ranks: int = 8, window_steps: int = 5,
-        step_s: float = 1.0, gpus: int = 10_000) -> dict:
+        step_s: float = 1.0, gpus: int = 10_000, workload: str = "standard") -> dict:
     from argus.tsdb import RemoteWriteConfig, RemoteWriteSink, WindowJob
     from argus.tsdb.remote_write import compress, encode_labels, encode_write_request
     from argus.tsdb.series import AttemptClock, build_window_series
 
-    layout, tables, summaries = _window(ranks, window_steps)
+    layout, tables, summaries = _window(ranks, window_steps, workload)
     start = tables["steps"].column("start_ns").to_numpy()
     span = int(tables["steps"].column("end_ns").to_numpy().max() - start.min()) + 1_000_000
     first = int(tables["steps"].column("step").to_numpy().min())
@@ -132,7 +147,8 @@ def run(windows: int = 40, url: str | None = None, ranks: int = 8, window_steps:
     samples_per_s = st["samples_sent"] / wall
     host_need = 8 * per_rs_samples / step_s
     return {
-        "bench": "remote-write", "target": "discard" if server is not None else url, "ranks": ranks,
+        "bench": "remote-write", "workload": workload, "target": "discard" if server is not None else url,
+        "ranks": ranks,
         "window_steps": window_steps, "windows": windows, "windows_sent": st["windows_sent"],
         "requests": st["requests_sent"], "dropped": st["dropped"],
         "samples": st["samples_sent"], "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
@@ -155,5 +171,5 @@ def run(windows: int = 40, url: str | None = None, ranks: int = 8, window_steps:
 
 
 def main(args: argparse.Namespace) -> int:
-    print(json.dumps(run(windows=args.windows, url=args.url, step_s=args.step_s)), flush=True)
+    print(json.dumps(run(windows=args.windows, url=args.url, step_s=args.step_s, workload=args.workload)), flush=True)
     return 0

@@ -96,6 +96,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--modes", default="compression,throughput,paced,long",
                    help="comma list of: compression, evidence (Perfetto encoder, before/after in process), "
                         "throughput, paced, long")
+    p.add_argument("--workload", choices=["standard", "production"], default="standard",
+                   help="what the clients send (throughput, paced, long): standard, the simulator's job (~1,350 "
+                        "events per rank-step); production, its steps and phases with the production workload's "
+                        "12,370 kernel launches per rank-step")
     p.add_argument("--events", type=float, default=5e6, help="events for the throughput mode")
     p.add_argument("--long-events", type=float, default=1e8, help="events for the long (memory) mode")
     p.add_argument("--long-rate", type=float, default=500_000,
@@ -114,7 +118,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     rw.add_argument("--url", help="remote-write endpoint, e.g. VictoriaMetrics' http://127.0.0.1:8428/api/v1/write "
                                   "(default: a local HTTP server that discards)")
     rw.add_argument("--step-s", type=float, default=1.0, help="step time assumed for the budget (default 1 s)")
+    rw.add_argument("--workload", choices=["standard", "production"], default="standard",
+                    help="kernel summaries of the simulator's kernels (standard) or of the production workload's "
+                         "12,370 launches per rank-step (production)")
     rw.set_defaults(func=lambda a: __import__("argus.bench.remote_write", fromlist=["main"]).main(a))
+
+    pf = bsub.add_parser("perfetto", help="one host-window's Perfetto evidence trace (8 ranks × 5 steps): CPU "
+                                          "seconds, µs per event, bytes")
+    pf.add_argument("--workload", choices=["standard", "production"], default="production",
+                    help="the window's kernels: production (12,370 launches per rank-step, default) or standard")
+    pf.add_argument("--repeat", type=int, default=3, help="builds; the best CPU time is reported (default 3)")
+    pf.add_argument("--before", metavar="TREE",
+                    help="also build with TREE/argus/evidence/perfetto.py (e.g. a git worktree of an older commit), "
+                         "interleaved: before/after CPU and whether the bytes are identical")
+    pf.add_argument("--overlapping", action="store_true",
+                    help="lay each step's kernels 0.8 s earlier per step, so every stream overlaps the next step's "
+                         "(the lane assignment's worst case)")
+    pf.set_defaults(func=_run_perfetto)
 
 
 def _run_simulate(args: argparse.Namespace) -> int:
@@ -149,18 +169,26 @@ def _run_processor(args: argparse.Namespace) -> int:
             row = run_evidence()
         elif mode == "throughput":
             row = run_socket("throughput", events=int(args.events), evidence=evidence,
-                             evidence_interval_s=args.evidence_interval)
+                             evidence_interval_s=args.evidence_interval, workload=args.workload)
         elif mode == "paced":
             row = run_socket("paced", events=None, rate_per_min_per_rank=args.rate, duration_s=args.duration,
-                             evidence=evidence, evidence_interval_s=args.evidence_interval)
+                             evidence=evidence, evidence_interval_s=args.evidence_interval, workload=args.workload)
         elif mode == "long":
             row = run_socket("long", events=int(args.long_events), rate_per_min_per_rank=args.long_rate * 60 / 8,
-                             evidence=evidence, evidence_interval_s=args.evidence_interval)
+                             evidence=evidence, evidence_interval_s=args.evidence_interval, workload=args.workload)
         else:
             from argus.errors import ConfigError
 
             raise ConfigError(f"unknown processor bench mode {mode!r}")
         print(json.dumps(row), flush=True)
+    return 0
+
+
+def _run_perfetto(args: argparse.Namespace) -> int:
+    from argus.bench.processor import run_perfetto
+
+    print(json.dumps(run_perfetto(workload=args.workload, repeat=args.repeat, before=args.before,
+                                  overlapping=args.overlapping)), flush=True)
     return 0
 
 

@@ -7,6 +7,7 @@ real window's trace — pipeline-parallel phases with ``pp-send`` slices that st
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
@@ -98,3 +99,54 @@ def test_two_lane_split_matches_the_per_slice_loop_on_arbitrary_overlaps(rows):
     phases = table("phases", [phase(r, f"p{i % 5}", s, d, cat=c, mb=m) for i, (r, s, d, c, m) in enumerate(rows)])
     with pytest.MonkeyPatch.context() as mp:
         assert build_perfetto_trace(phases=phases, kernels=None) == _loop_only(mp, phases, None)
+
+
+def _without_chains(monkeypatch: pytest.MonkeyPatch, phases: pa.Table | None, kernels: pa.Table | None) -> bytes:
+    with monkeypatch.context() as m:
+        m.setattr(perfetto, "_chain_lanes", lambda *a, **k: None)  # every overlapping stream through _lanes
+        return build_perfetto_trace(phases=phases, kernels=kernels)
+
+
+def test_jittered_stream_takes_the_chain_lanes_and_matches_the_loop(monkeypatch):
+    """Serial kernels, each beginning a little before the previous one ends (clock jitter),
+    none inside another: the vectorised chains give the loop's lanes for all 2,000."""
+    rng = np.random.default_rng(3)
+    dur = rng.integers(500, 5_000, 2_000)
+    start = 1_000 + np.cumsum(dur) - np.where(rng.random(2_000) < 0.3, 20, 0) - dur
+    kernels = table("kernels", [kernel(0, f"k{i % 7}", int(s), int(d)) for i, (s, d) in enumerate(zip(start, dur))])
+    taken: list[np.ndarray | None] = []
+    real = perfetto._chain_lanes
+    with monkeypatch.context() as m:
+        m.setattr(perfetto, "_chain_lanes", lambda *a, **k: taken.append(real(*a, **k)) or taken[-1])
+        fast = build_perfetto_trace(phases=None, kernels=kernels)
+    assert taken and taken[0] is not None and int(taken[0].max()) == 1  # two lanes, no loop
+    assert fast == _without_chains(monkeypatch, None, kernels)
+    dec = check_round_trip(None, kernels)
+    assert {dec.track_name(s) for s in dec.slices} == {"stream 7", "stream 7 #2"}
+
+
+kernel_overlaps = st.lists(st.tuples(st.integers(0, 1), st.integers(0, 80), st.integers(-1, 30), st.integers(0, 1)),
+                           max_size=50)
+
+
+@settings(max_examples=200, deadline=None)
+@given(kernel_overlaps)
+def test_chain_lanes_match_the_per_slice_loop_on_arbitrary_kernel_overlaps(rows):
+    """Chains of overlapping kernels, nested, touching, zero-length, identical and unfinished
+    ones: where the chains apply they give the loop's tracks, byte for byte (else the loop runs)."""
+    kernels = table("kernels", [kernel(r, f"k{i % 4}", s, d, stream=st_) for i, (r, s, d, st_) in enumerate(rows)])
+    with pytest.MonkeyPatch.context() as mp:
+        assert build_perfetto_trace(phases=None, kernels=kernels) == _without_chains(mp, None, kernels)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2 ** 31), st.integers(2, 400), st.integers(0, 40), st.integers(1, 20), st.booleans())
+def test_chain_lanes_match_the_loop_on_long_jittered_streams(seed, n, overlap, gap, outlast):
+    """Long serial streams with random overlaps of the previous kernels (up to many lanes);
+    ``outlast``: every kernel outlasts its overlap, so none lies inside another (the chains)."""
+    rng = np.random.default_rng(seed)
+    dur = rng.integers(overlap + 1 if outlast else 1, overlap + 60, n)
+    start = np.maximum(0, np.cumsum(dur + rng.integers(0, gap, n)) - dur - rng.integers(0, overlap + 1, n))
+    kernels = table("kernels", [kernel(0, "k", int(s), int(d)) for s, d in zip(start, dur)])
+    with pytest.MonkeyPatch.context() as mp:
+        assert build_perfetto_trace(phases=None, kernels=kernels) == _without_chains(mp, None, kernels)
