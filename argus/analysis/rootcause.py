@@ -30,6 +30,8 @@ bounded by it whatever sets it: nothing above ``info`` below the 2% floor, never
 
 from __future__ import annotations
 
+import bisect
+
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -737,6 +739,22 @@ def _measured_slowdown_pct(ctx: _Ctx, steps: list[int], min_clean: int = 2) -> f
     span = [s for s in ctx.step_time if lo <= s <= hi and ctx.normal(s)]
     intermittent = len(flagged) < 0.8 * max(len(span), 1)
     clean = [s for s in ctx.step_time if ctx.normal(s) and s not in hit and (s < lo or (intermittent and s <= hi))]
+    if intermittent and flagged and ctx.l1.change_points:
+        # Between flaps the job runs as it otherwise would: an intermittent finding is measured
+        # against the clean steps of its own level (L1 change points), so a level shift of the
+        # whole job (a host busy with other work slows every step) is not charged to the link.
+        cuts = sorted(ctx.l1.change_points)
+        level = lambda step: bisect.bisect_right(cuts, step)  # noqa: E731
+        pools = {level(f): [s for s in ctx.step_time if ctx.normal(s) and s not in hit and level(s) == level(f)]
+                 for f in flagged}
+        if all(len(p) >= min_clean for p in pools.values()):
+            base = {lv: float(np.median([ctx.step_time[s] for s in p])) for lv, p in pools.items()}
+            d = np.array([ctx.step_time[s] - base[level(s)] for s in flagged])
+            r = np.concatenate([np.array([ctx.step_time[s] for s in p]) - base[lv] for lv, p in pools.items()])
+            sigma = 1.4826 * float(np.median(np.abs(np.r_[d - np.median(d), r])))
+            se = 1.2533 * sigma * float(np.sqrt(1.0 / len(d) + 1.0 / len(r)))
+            ref = float(np.median([base[level(s)] for s in flagged]))
+            return max(0.0, 100.0 * (float(np.median(d)) - se) / ref) if ref > 0 else None
     if len(clean) < min_clean or not flagged:
         return None
     a = np.array([ctx.step_time[s] for s in flagged])

@@ -1,0 +1,30 @@
+"""What a link is charged: the loss of its steps against clean steps of the job's own level."""
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from argus.analysis.rootcause import _measured_slowdown_pct
+
+
+def _ctx(times: np.ndarray, change_points: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(step_time={s: float(t) for s, t in enumerate(times)}, normal=lambda s: True,
+                           l1=SimpleNamespace(change_points=change_points))
+
+
+def test_a_whole_job_level_shift_is_not_charged_to_an_intermittent_link():
+    """Another load on the host slows every step from step 6 (0.13 s → 0.45 s): the steps where
+    one link's transfers were slow ran like their neighbours, so the link lost nothing."""
+    rng = np.random.default_rng(0)
+    times = np.r_[np.full(6, 0.13), np.full(19, 0.45)] * (1 + 0.02 * rng.standard_normal(25))
+    ctx = _ctx(times, change_points=[6])
+    assert _measured_slowdown_pct(ctx, [2, 7, 9]) < 1.0
+    before = _ctx(times, change_points=[])  # measured against all clean steps, as before
+    assert _measured_slowdown_pct(before, [2, 7, 9]) > 50.0
+
+
+def test_an_intermittent_link_that_slows_its_steps_is_still_charged():
+    rng = np.random.default_rng(1)
+    times = np.r_[np.full(6, 0.13), np.full(19, 0.45)] * (1 + 0.02 * rng.standard_normal(25))
+    times[[7, 12, 18]] *= 1.3  # the flaps cost 30% of their steps
+    assert _measured_slowdown_pct(_ctx(times, change_points=[6]), [7, 12, 18]) > 20.0
