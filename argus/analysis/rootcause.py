@@ -395,19 +395,24 @@ RECURRING_MIN_STEPS = 3
 
 
 def _recurring_stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -> set[int]:
-    """Ranks whose intermittent long work recurs (≥ 3 steps in ≥ 2 windows) and costs the floor."""
-    excess: dict[int, dict[int, float]] = defaultdict(dict)
-    where: dict[int, set[int]] = defaultdict(set)
+    """Ranks whose intermittent long work recurs (≥ 3 steps in ≥ 2 windows) and costs the floor.
+
+    What recurs is one piece of work (a phase: the collector pausing again, the same compile):
+    a late warm-up hiccup in one phase and two small collections in another are three
+    unrelated noises of a busy host, not a recurring stall."""
+    excess: dict[tuple[int, str], dict[int, float]] = defaultdict(dict)
+    where: dict[tuple[int, str], set[int]] = defaultdict(set)
     for i, w in enumerate(windows):
         for f in w.l2.findings:
             if f.kind != "busy" or f.persistent or f.rank in compute_ranks:
                 continue
+            key = (f.rank, f.name)
             for s in f.steps:
                 if ctx.stall_candidate(s) and f.excess_at(s) >= RECURRING_SHARE * ctx.step_time.get(s, np.inf):
-                    excess[f.rank][s] = max(excess[f.rank].get(s, 0.0), f.excess_at(s))
-                    where[f.rank].add(i)
+                    excess[key][s] = max(excess[key].get(s, 0.0), f.excess_at(s))
+                    where[key].add(i)
     run_s = sum(t for s, t in ctx.step_time.items() if ctx.stall_candidate(s))
-    return {r for r, by in excess.items() if len(by) >= RECURRING_MIN_STEPS and len(where[r]) >= 2
+    return {r for (r, _), by in excess.items() if len(by) >= RECURRING_MIN_STEPS and len(where[(r, _)]) >= 2
             and sum(by.values()) >= WARNING_PCT / 100.0 * run_s}
 
 
