@@ -412,7 +412,7 @@ def _recurring_stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: s
                     excess[key][s] = max(excess[key].get(s, 0.0), f.excess_at(s))
                     where[key].add(i)
     run_s = sum(t for s, t in ctx.step_time.items() if ctx.stall_candidate(s))
-    return {r for (r, _), by in excess.items() if len(by) >= RECURRING_MIN_STEPS and len(where[(r, _)]) >= 2
+    return {key[0] for key, by in excess.items() if len(by) >= RECURRING_MIN_STEPS and len(where[key]) >= 2
             and sum(by.values()) >= WARNING_PCT / 100.0 * run_s}
 
 
