@@ -92,7 +92,7 @@ def _clusters(g: _Grouped, config: CompressConfig) -> tuple[np.ndarray, ...]:
     c_size = np.where(last, g_size, nxt) - rel
     if config.refine.max_w1_rel_mean is None:
         return c_group, c_index, g_start + rel, c_size
-    return refine_clusters(g.dur, g.starts, g.sizes, c_group, g_start + rel, c_size, config.refine)
+    return refine_clusters(g.dur, g.starts, g.sizes, c_group, g_start + rel, c_size, config.refine, logd)
 
 
 def summarize_durations(durations: np.ndarray, config: CompressConfig = CompressConfig()) -> list[Cluster]:
