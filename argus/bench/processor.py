@@ -399,6 +399,9 @@ class RowMajorWire:
                                else np.arange(d.shape[1]) < u[:, None] for d, u in self._segs], axis=1)
         return prefix + data[used].tobytes()
 
+    def tobuffer(self, prefix: bytes = b"") -> bytearray:
+        return bytearray(self.tobytes(prefix))
+
 
 
 def _tag(field: int, wire_type: int) -> bytes:

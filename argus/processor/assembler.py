@@ -20,6 +20,7 @@ import pyarrow as pa
 from argus.wire.protocol import CATEGORIES, GROUP_KINDS, KINDS, Msg
 from argus.store import WindowData
 from argus.store import conform
+from argus.store.dictionary import first_seen_dictionary
 
 __all__ = ["WindowAssembler", "RankInfo"]
 
@@ -109,10 +110,13 @@ class WindowAssembler:
             n = len(records)
             if n == 0:
                 return
-        steps = self._steps_of(info, msg, records)
+        steps, placed = self._steps_of(info, msg, records)
         windows = steps // self.window_steps
-        uniq = np.unique(windows)
-        new = uniq[~np.isin(uniq, np.fromiter(self.windows, np.int64, len(self.windows)))]
+        uniq = _distinct(windows)
+        if uniq.size <= 64:  # a batch spans a window or two: no sort, no isin
+            new = np.array([w for w in uniq.tolist() if w not in self.windows], np.int64)
+        else:
+            new = uniq[~np.isin(uniq, np.fromiter(self.windows, np.int64, len(self.windows)))]
         room = max(MAX_OPEN_WINDOWS - len(self.windows), 0)
         if len(new) > room:  # the lowest new windows open; records for the rest are dropped
             refused = np.isin(windows, new[room:])
@@ -122,8 +126,8 @@ class WindowAssembler:
             n = len(records)
             if n == 0:
                 return
-            uniq = np.unique(windows)
-        if msg != Msg.HW and (records["step"] < 0).any():
+            uniq = _distinct(windows)
+        if placed:
             records = records.copy()
             records["step"] = steps  # store the step each kernel was placed in
         if self.buffered_events + n > self.max_events:
@@ -143,15 +147,17 @@ class WindowAssembler:
             win.ranks.add(info.rank)
         self.buffered_events += n
 
-    def _steps_of(self, info: RankInfo, msg: Msg, records: np.ndarray) -> np.ndarray:
+    def _steps_of(self, info: RankInfo, msg: Msg, records: np.ndarray) -> tuple[np.ndarray, bool]:
+        """Each record's step, and whether any was placed by time (a record without one)."""
         if msg == Msg.HW:  # samples carry no step: place them by time like unknown-step kernels
-            return self._place(info, records["ts_ns"])
-        steps = records["step"].astype(np.int64)
+            return self._place(info, records["ts_ns"]), False
+        steps = records["step"].astype(np.int64, copy=False)
         unknown = steps < 0
-        if unknown.any():
-            steps = steps.copy()
-            steps[unknown] = self._place(info, records["start_ns"][unknown])
-        return steps
+        if not unknown.any():
+            return steps, False
+        steps = steps.copy()
+        steps[unknown] = self._place(info, records["start_ns"][unknown])
+        return steps, True
 
     def _place(self, info: RankInfo, ts: np.ndarray) -> np.ndarray:
         """The step whose start is the latest at or before each timestamp."""
@@ -222,13 +228,20 @@ _TABLE = {Msg.STEPS: "steps", Msg.PHASES: "phases", Msg.KERNELS: "kernels", Msg.
 
 
 def _names(parts: list, field_name: str) -> pa.Array:
-    """Decode interned ids (each rank has its own name table) with one ``take``.
+    """Decode interned ids (each rank has its own name table) to strings with one ``take``."""
+    return _name_dictionary(parts, field_name).cast(pa.string())
 
-    The tables of all chunks are laid end to end in one dictionary, each chunk's ids shifted
-    to its table; a table only grows, so the longest prefix any of its chunks saw serves them
-    all. (A dictionary and a cast per chunk cost ~0.1 ms each: ~40 chunks per table per window.)"""
+
+def _name_dictionary(parts: list, field_name: str) -> pa.DictionaryArray:
+    """Interned ids (each rank has its own name table) as one dictionary column: codes into
+    the window's distinct names, numbered as ``dictionary_encode`` of the strings would
+    (``argus/store/dictionary.py``) — no string per row.
+
+    The tables of all chunks are laid end to end, each chunk's ids shifted to its table; a
+    table only grows, so the longest prefix any of its chunks saw serves them all. (A
+    dictionary and a cast per chunk cost ~0.1 ms each: ~40 chunks per table per window.)"""
     if not parts:
-        return pa.array([], pa.string())
+        return pa.DictionaryArray.from_arrays(pa.array([], pa.int32()), pa.array([], pa.string()))
     longest: dict[int, tuple[RankInfo, int]] = {}
     for info, _, n_names in parts:
         if longest.get(id(info), (info, -1))[1] < n_names:
@@ -239,12 +252,19 @@ def _names(parts: list, field_name: str) -> pa.Array:
         names.extend(info.names[:n_names])
         start += n_names
     codes = _concat([recs[field_name].astype(np.int32) + np.int32(offset[id(info)]) for info, recs, _ in parts])
-    return pa.array(names, pa.string()).take(pa.array(codes))
+    return first_seen_dictionary(codes, names)
+
+
+def _distinct(values: np.ndarray) -> np.ndarray:
+    """``np.unique`` of a batch's windows; one window (the usual batch) without a sort."""
+    lo, hi = int(values.min()), int(values.max())
+    return np.array([lo], np.int64) if lo == hi else np.unique(values)
 
 
 def _concat(arrays: list[np.ndarray]) -> np.ndarray:
     """``np.concatenate`` for chunks of one dtype, without its per-chunk dtype promotion
-    (~0.2 ms per structured chunk: most of a window's materialisation)."""
+    (~0.2 ms per structured chunk: most of a window's materialisation); contiguous even when
+    the chunks are strided (a field of structured records)."""
     if len(arrays) == 1 or any(a.dtype != arrays[0].dtype for a in arrays):
         return np.concatenate(arrays)
     out = np.empty(sum(len(a) for a in arrays), arrays[0].dtype)
@@ -260,8 +280,25 @@ def _codes(values: np.ndarray, table: tuple[str, ...]) -> pa.Array:
     return pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(table)).cast(pa.string())
 
 
+def _code_dictionary(values: np.ndarray, table: tuple[str, ...]) -> pa.DictionaryArray:
+    """A vocabulary code column (past the table: its last entry) as a dictionary column."""
+    return first_seen_dictionary(np.minimum(values.astype(np.int32), len(table) - 1), table)
+
+
+class _Fields:
+    """The chunks' records, a field at a time: ``recs["step"]`` is that field of every chunk in
+    one contiguous array, copied once (concatenating the records first, then taking a strided
+    field out of them for Arrow, copied each byte twice)."""
+
+    def __init__(self, chunks: list[np.ndarray]):
+        self._chunks = chunks
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return _concat([c[name] for c in self._chunks])
+
+
 def _materialise(msg: Msg, parts: list) -> pa.Table:
-    recs = _concat([p[1] for p in parts])
+    recs = _Fields([p[1] for p in parts])
     ranks = np.repeat(np.array([p[0].rank for p in parts], np.int32), [len(p[1]) for p in parts])
     if msg == Msg.STEPS:
         cols = {"rank": ranks, "step": recs["step"], "start_ns": recs["start_ns"], "end_ns": recs["end_ns"]}
@@ -269,10 +306,11 @@ def _materialise(msg: Msg, parts: list) -> pa.Table:
         cols = {"rank": ranks, "step": recs["step"], "microbatch": recs["microbatch"], "name": _names(parts, "name"),
                 "category": _codes(recs["category"], CATEGORIES), "group_kind": _codes(recs["group_kind"], GROUP_KINDS),
                 "start_ns": recs["start_ns"], "dur_ns": recs["dur_ns"], "wait_ns": recs["wait_ns"]}
-    elif msg == Msg.KERNELS:
-        cols = {"rank": ranks, "step": recs["step"], "kind": _codes(recs["kind"], KINDS), "device": recs["device"],
-                "stream": recs["stream"], "name": _names(parts, "name"), "start_ns": recs["start_ns"],
-                "dur_ns": recs["dur_ns"]}
+    elif msg == Msg.KERNELS:  # names and kinds stay codes: the compression and the trace take them so
+        cols = {"rank": ranks, "step": recs["step"], "kind": _code_dictionary(recs["kind"], KINDS),
+                "device": recs["device"], "stream": recs["stream"], "name": _name_dictionary(parts, "name"),
+                "start_ns": recs["start_ns"], "dur_ns": recs["dur_ns"]}
+        return conform("kernels", cols, dictionaries=True)
     elif msg == Msg.STACKS:
         cols = {"rank": ranks, "step": recs["step"], "start_ns": recs["start_ns"], "end_ns": recs["end_ns"],
                 "thread": _names(parts, "thread"), "frames": _names(parts, "frames"), "count": recs["count"]}

@@ -235,6 +235,7 @@ class Processor:
         self._sel.register(lst, selectors.EVENT_READ, None)
 
     def serve_forever(self) -> None:
+        self._preload()
         ru = resource.getrusage(resource.RUSAGE_SELF)
         self.stats["startup_cpu_s"] = round(ru.ru_utime + ru.ru_stime, 3)  # imports: paid once per host
         self._listen()
@@ -249,6 +250,15 @@ class Processor:
                 self._cycle()
         finally:
             self._shutdown()
+
+    def _preload(self) -> None:
+        """Import what the writer needs before the first window, not in it: the compression
+        brings in scipy (~0.4 CPU-s, once per process), which otherwise stalls the first
+        window's write and shares the GIL with ingest while it runs."""
+        import argus.compress  # noqa: F401
+
+        if self.config.evidence:
+            import argus.evidence  # noqa: F401
 
     def _shutdown(self) -> None:
         self._stopping = True

@@ -260,9 +260,14 @@ TABLES: dict[str, TableSpec] = {
 DEFAULTS: dict[tuple[str, str], object] = {("phases", "wait_ns"): -1}
 
 
-def conform(table: str, data: pa.Table | Mapping[str, object]) -> pa.Table:
+def conform(table: str, data: pa.Table | Mapping[str, object], *, dictionaries: bool = False) -> pa.Table:
     """Cast ``data`` to ``table``'s canonical schema. Missing or unknown columns are errors
-    that name them: a writer bug must not become a silently different file."""
+    that name them: a writer bug must not become a silently different file.
+
+    ``dictionaries``: a string column given as ``dictionary<…, string>`` stays one (the
+    processor hands its kernel names to the compression and the Perfetto writer as codes and
+    a table, ``argus/store/dictionary.py``); files are still written with plain strings,
+    since :meth:`WindowUnit.write` conforms again without it."""
     try:
         spec = TABLES[table]
     except KeyError:
@@ -278,14 +283,22 @@ def conform(table: str, data: pa.Table | Mapping[str, object]) -> pa.Table:
     if missing or extra:
         raise StoreError(f"table {table!r}: missing columns {missing}, unknown columns {extra}")
     arrays = []
+    fields = []
     rows = None
     for name, dtype, _ in spec.columns:
         if name not in names:  # an optional column the writer does not measure
             if rows is None:
                 rows = len(get(spec.column_names[0]))
             arrays.append(pa.array(np.full(rows, DEFAULTS[(table, name)]), type=dtype))
+            fields.append(pa.field(name, dtype, nullable=True))
             continue
         col = get(name)
+        if (dictionaries and isinstance(col, (pa.Array, pa.ChunkedArray)) and pa.types.is_string(dtype)
+                and pa.types.is_dictionary(col.type) and pa.types.is_string(col.type.value_type)):
+            arrays.append(col)
+            fields.append(pa.field(name, col.type, nullable=True))
+            continue
+        fields.append(pa.field(name, dtype, nullable=True))
         if isinstance(col, (pa.Array, pa.ChunkedArray)):
             arr = col if col.type == dtype else col.cast(dtype)
         else:
@@ -294,7 +307,7 @@ def conform(table: str, data: pa.Table | Mapping[str, object]) -> pa.Table:
                 values = values.astype(object)
             arr = pa.array(values, type=dtype)
         arrays.append(arr)
-    return pa.table(arrays, schema=spec.schema)
+    return pa.table(arrays, schema=spec.schema if not dictionaries else pa.schema(fields))
 
 
 def render_markdown() -> str:

@@ -42,6 +42,8 @@ def _digest_tables(*tables: pa.Table) -> str:
     for t in tables:
         for name in t.column_names:
             col = t.column(name).combine_chunks()
+            if pa.types.is_dictionary(col.type):  # the processor's names and kinds: their strings
+                col = col.cast(col.type.value_type)
             h.update(name.encode())
             if pa.types.is_string(col.type):
                 h.update("\0".join(col.to_pylist()).encode())
@@ -69,6 +71,25 @@ def test_host_window_trace_is_byte_identical_to_the_previous_build(window, varia
         kernels = _overlapping(kernels)
     inputs, trace = EXPECTED[(workload, variant)]
     assert _digest_tables(phases, kernels) == inputs, "the window changed: regenerate both digests (see docstring)"
+    assert pa.types.is_dictionary(kernels.schema.field("name").type)  # as the processor hands them over
     data = build_perfetto_trace(phases=phases, kernels=kernels, hosts={r: f"node-{r // 4}" for r in range(8)},
                                 title="w 0")
     assert hashlib.sha256(data).hexdigest() == trace
+
+
+def test_a_dictionary_name_column_gives_the_bytes_its_strings_give(window):
+    """Kernel names and kinds as codes (any dictionary: shuffled, with duplicate and unused
+    strings) or as strings: the same trace."""
+    _, phases, kernels = window
+    kernels = kernels.slice(0, 20_000)
+    strings = kernels
+    for col in ("name", "kind"):
+        strings = strings.set_column(strings.column_names.index(col), col, kernels.column(col).cast(pa.string()))
+    names = strings.column("name").combine_chunks()
+    table = sorted(set(names.to_pylist())) + ["unused"]
+    table = table[::-1] + table[:3]  # reversed, and three strings twice
+    codes = pa.array([table.index(s) for s in names.to_pylist()], pa.int32())
+    shuffled = kernels.set_column(kernels.column_names.index("name"), "name",
+                                  pa.DictionaryArray.from_arrays(codes, pa.array(table)))
+    built = [build_perfetto_trace(phases=phases, kernels=k, title="w") for k in (strings, kernels, shuffled)]
+    assert built[0] == built[1] == built[2]
