@@ -31,7 +31,7 @@ _META_VERSION = b"argus.schema_version"
 _META_WRITER = b"argus.writer"
 
 
-def write_bytes_atomic(path: Path, data: bytes, durable: bool = True) -> None:
+def write_bytes_atomic(path: Path, data: bytes | bytearray, durable: bool = True) -> None:
     """Write ``data`` to ``path`` via temp + rename (``fsync`` first when ``durable``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f"{TMP_PREFIX}{uuid.uuid4().hex[:8]}-{path.name}"
