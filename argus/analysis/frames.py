@@ -104,7 +104,7 @@ class PhaseFrame:
 def load_phases(attempt: Attempt, lo: int, hi: int, ranks: np.ndarray | None = None) -> PhaseFrame:
     """Phases of steps ``lo..hi`` (of ``ranks`` only, if given) sorted by (rank, start), with
     busy times."""
-    con = attempt.duckdb()
+    con = attempt.duckdb(tables=["phases"])
     try:
         where = f"step BETWEEN {int(lo)} AND {int(hi)}"
         if ranks is not None:
@@ -179,7 +179,7 @@ class PhaseTotals:
 def load_phase_totals(attempt: Attempt, lo: int, hi: int) -> PhaseTotals:
     """Per (rank, step, name) totals, plus per (rank, step, microbatch, name) for phases that
     occur once per microbatch (forward/backward blocks, found on a sample of ranks first)."""
-    con = attempt.duckdb()
+    con = attempt.duckdb(tables=["phases"])
     try:
         where = f"step BETWEEN {int(lo)} AND {int(hi)}"
         blocks = [r[0] for r in con.sql(

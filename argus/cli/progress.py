@@ -20,7 +20,10 @@ __all__ = ["stderr_console", "stdout_console", "progress_bar"]
 
 
 def stderr_console() -> Console:
-    return Console(stderr=True, highlight=False, emoji=False, width=None if sys.stderr.isatty() else 160)
+    """Messages on stderr are not hard-wrapped: a note naming a long path stays one line that
+    ``grep`` (and a log collector) finds whole; the terminal wraps it for the eye."""
+    return Console(stderr=True, highlight=False, emoji=False, soft_wrap=True,
+                   width=None if sys.stderr.isatty() else 160)
 
 
 def stdout_console() -> Console:

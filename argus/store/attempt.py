@@ -22,12 +22,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -298,12 +299,15 @@ class Attempt:
         arr = steps.to_numpy()
         return int(arr.min()), int(arr.max())
 
-    def duckdb(self, connection: Any = None) -> Any:
-        """A DuckDB connection with one view per table (empty tables are empty views)."""
+    def duckdb(self, connection: Any = None, tables: Iterable[str] | None = None) -> Any:
+        """A DuckDB connection with one view per table (empty tables are empty views), or per
+        table of ``tables`` only: a view reads every footer of its files (``union_by_name``),
+        and a query of one table over a long run's hundreds of files need not pay for all."""
         import duckdb
 
         con = connection if connection is not None else duckdb.connect()
-        for table, spec in TABLES.items():
+        for table in (TABLES if tables is None else tables):
+            spec = TABLES[table]
             files = self.files(table)
             if files:
                 rel = con.read_parquet([str(f) for f in files], union_by_name=True)
@@ -315,12 +319,14 @@ class Attempt:
         return con
 
     def sql(self, query: str) -> pa.Table:
-        """Run ``query`` over the attempt's views and return an Arrow table. A file whose data
-        pages fail to decode is found (:meth:`scan_data`), set aside and the query run again."""
+        """Run ``query`` over the attempt's views of the tables it names and return an Arrow
+        table. A file whose data pages fail to decode is found (:meth:`scan_data`), set aside
+        and the query run again."""
         import duckdb
 
+        named = [t for t in TABLES if re.search(rf'\b{t}\b', query)]
         for _ in range(2):
-            con = self.duckdb()
+            con = self.duckdb(tables=named)
             try:
                 return con.sql(query).to_arrow_table()
             except duckdb.IOException as exc:
@@ -328,7 +334,7 @@ class Attempt:
                     raise StoreError(f"{self.path}: cannot read the attempt ({exc})"[:500]) from None
             finally:
                 con.close()
-        con = self.duckdb()
+        con = self.duckdb(tables=named)
         try:
             return con.sql(query).to_arrow_table()
         finally:
