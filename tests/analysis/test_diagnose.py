@@ -68,7 +68,7 @@ def test_host_stalls_name_their_cause_from_the_stacks(diagnosed):
 def test_a_one_off_pause_is_graded_by_what_it_cost_the_run(diagnosed, pause_ms, severity):
     """One GC pause that nearly doubles its step costs an 80-step job ~1% (an observation); one
     of several steps' length costs it ~4% (worth a warning), whatever it did to its own step."""
-    _, truth, d = diagnosed("gc_pause", seed=3, ranks=16, steps=80,
+    _, truth, d = diagnosed("gc_pause", seed=3, ranks=8, steps=80,
                             params={"pause_ms": pause_ms, "probability": 0.0})
     fault = truth["faults"][0]
     (inc,) = [i for i in d.incidents if i.klass == "host_stall"]
