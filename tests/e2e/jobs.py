@@ -32,13 +32,16 @@ def env(**extra: str) -> dict:
     return {**os.environ, **JOB_ENV, **extra}
 
 
-def run(cmd: list[str], timeout: float = 400, ok: bool = True, **extra_env: str) -> subprocess.CompletedProcess:
-    """``cmd`` with the job environment and a cold inductor cache of its own: what dynamo and
-    inductor do (how many compilations, how long a recompile stalls) depends on the cache the
-    runs before left, and a traced run must compare with a plain one under the same conditions."""
-    with tempfile.TemporaryDirectory(prefix="argus-inductor-") as cache:
+def run(cmd: list[str], timeout: float = 400, ok: bool = True, cache: Path | None = None,
+        **extra_env: str) -> subprocess.CompletedProcess:
+    """``cmd`` with the job environment and a cold inductor cache of its own: how long a
+    compilation or a recompile stalls depends on the cache the runs before left, and a fault
+    test means a cold one. ``cache``: this inductor cache instead (the one a run before warmed:
+    dynamo traces, breaks and recompiles the same either way; only inductor's code generation
+    is skipped)."""
+    with tempfile.TemporaryDirectory(prefix="argus-inductor-") as cold:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=env(**{"TORCHINDUCTOR_CACHE_DIR": cache, **extra_env}))
+                              env=env(**{"TORCHINDUCTOR_CACHE_DIR": str(cache or cold), **extra_env}))
     if ok:
         assert done.returncode == 0, f"{' '.join(cmd[-12:])}\n{done.stderr[-4000:]}"
     return done
