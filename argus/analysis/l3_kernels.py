@@ -136,23 +136,27 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
     res = L3Result(window, start_step, end_step)
     if summaries.num_rows == 0:
         return res
+    # numbers as arrays; the name columns as dictionary codes (a kernel's rows share one name,
+    # category and op: an object array of a million strings costs more than the CDFs)
     cols = {c: summaries.column(c).to_numpy(zero_copy_only=False) for c in
-            ("rank", "stream", "kernel", "category", "op", "count", "p50_ns", "p99_ns", "min_ns", "max_ns")}
+            ("rank", "stream", "count", "p50_ns", "p99_ns", "min_ns", "max_ns")}
+    text = {c: _codes(summaries.column(c)) for c in ("kernel", "category", "op")}
     n_steps = max(end_step - start_step + 1, 1)
-    res.busy_ratio = _busy_ratio(cols, layout)
+    res.busy_ratio = _busy_ratio(cols, text["category"], layout)
     # one integer key per (kernel, stream) and one sort: each kernel's rows are a slice, not a
     # string comparison over every row of the window
-    kid = pc.dictionary_encode(summaries.column("kernel").combine_chunks()).indices.to_numpy(zero_copy_only=False)
+    kid, kernels = text["kernel"]
     streams, sid = np.unique(cols["stream"], return_inverse=True)
     key = kid.astype(np.int64) * len(streams) + sid
     order = np.argsort(key, kind="stable")
     bounds = np.flatnonzero(np.r_[True, key[order][1:] != key[order][:-1], True])
-    names = cols["kernel"][order[bounds[:-1]]].astype(str)
-    for b in np.argsort(np.char.add(names, np.char.add("|", cols["stream"][order[bounds[:-1]]].astype(str)))):
+    first = order[bounds[:-1]]
+    names = kernels[kid[first]]
+    for b in np.argsort(np.char.add(names, np.char.add("|", cols["stream"][first].astype(str)))):
         sel = order[bounds[b]:bounds[b + 1]]
         rows = {c: v[sel] for c, v in cols.items()}
-        kernel, stream = str(rows["kernel"][0]), int(rows["stream"][0])
-        category, op = str(rows["category"][0]), str(rows["op"][0])
+        kernel, stream = str(names[b]), int(rows["stream"][0])
+        category, op = (str(text[c][1][text[c][0][sel[0]]]) for c in ("category", "op"))
         ranks = np.unique(rows["rank"])
         res.events_per_step[(kernel, stream)] = float(rows["count"].sum()) / len(ranks) / n_steps
         if len(ranks) < 3:
@@ -224,11 +228,20 @@ def _outliers(cdf, ranks, mean, counts, grid, layout: Layout, kernel, stream, ca
     return out
 
 
-def _busy_ratio(cols: dict[str, np.ndarray], layout: Layout) -> dict[int, float]:
+def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """A string column as (codes, the strings they index; a null is "")."""
+    enc = pc.dictionary_encode(col.combine_chunks().fill_null(""))
+    return (enc.indices.to_numpy(zero_copy_only=False),
+            np.asarray(enc.dictionary.to_numpy(zero_copy_only=False), dtype=str))
+
+
+def _busy_ratio(cols: dict[str, np.ndarray], category: tuple[np.ndarray, np.ndarray],
+                layout: Layout) -> dict[int, float]:
     """Each rank's total compute-kernel time (Σ count × p50) over its peer set's median (the
     faster one of a pair): a slow device or extra work raises it; noise scattered over
     individual kernels cancels out."""
-    compute = np.isin(cols["category"].astype(str), ["compute", "cpu_op"])
+    codes, cats = category
+    compute = np.isin(codes, np.flatnonzero(np.isin(cats, ["compute", "cpu_op"])))
     if not compute.any():
         return {}
     rank = cols["rank"][compute].astype(np.int64)
