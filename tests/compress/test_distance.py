@@ -51,3 +51,35 @@ def test_w1_is_a_metric(params):
     assert np.allclose(np.diag(m), 0) and np.allclose(m, m.T) and (m >= 0).all()
     assert m[0, 2] <= m[0, 1] + m[1, 2] + 1e-6 * max(m.max(), 1)
     assert np.allclose(w1_to_reference(cdfs, cdfs[1], GRID), m[:, 1])
+
+
+def test_truncated_mixture_cdf_is_each_components_truncated_log_normal():
+    """The sparse evaluation (a normal CDF only inside each cluster's [min, max]) against each
+    component's truncated log-normal CDF computed whole, with a degenerate cluster as a step."""
+    from scipy.stats import norm
+
+    rng = np.random.default_rng(7)
+    n, n_dist = 400, 9
+    dist = rng.integers(0, n_dist - 1, n)  # the last distribution has no cluster: NaN
+    p50 = np.exp(rng.normal(9, 1.5, n))
+    p99 = p50 * np.exp(np.abs(rng.normal(0, 0.5, n)))
+    lo = p50 * np.exp(-np.abs(rng.normal(0, 0.3, n)))
+    hi = p99 * np.exp(np.abs(rng.normal(0, 0.2, n)))
+    lo[:20] = hi[:20] = p50[:20] = p99[:20]
+    counts = rng.integers(1, 50, n)
+    grid = log_grid(lo.min() * 0.9, hi.max() * 1.1, 64)
+    got = mixture_cdf(grid, dist, counts, p50, p99, n_dist=n_dist, lo=lo, hi=hi)
+
+    mu = np.log(p50)
+    sigma = np.maximum((np.log(p99) - mu) / 2.326347874, 1e-4)
+    a, b = norm.cdf((np.log(lo) - mu) / sigma), norm.cdf((np.log(hi) - mu) / sigma)
+    comp = (norm.cdf((np.log(grid)[None, :] - mu[:, None]) / sigma[:, None]) - a[:, None]) / np.maximum(b - a, 1e-300)[:, None]
+    comp = np.clip(comp, 0, 1)
+    step = (b - a) <= 1e-12
+    comp[step] = grid[None, :] >= hi[step, None]
+    want = np.full((n_dist, len(grid)), np.nan)
+    for d in range(n_dist - 1):
+        m = dist == d
+        want[d] = (counts[m, None] * comp[m]).sum(axis=0) / counts[m].sum()
+    assert np.isnan(got[-1]).all()
+    np.testing.assert_allclose(got[:-1], want[:-1], atol=1e-12)
