@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from argus.analysis.frames import encode
 from argus.analysis.strata import center_within, group_strata
 from argus.compress import log_grid, mixture_cdf, w1, w1_matrix
 from argus.topology import Layout
@@ -230,9 +230,8 @@ def _outliers(cdf, ranks, mean, counts, grid, layout: Layout, kernel, stream, ca
 
 def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """A string column as (codes, the strings they index; a null is "")."""
-    enc = pc.dictionary_encode(col.combine_chunks().fill_null(""))
-    return (enc.indices.to_numpy(zero_copy_only=False),
-            np.asarray(enc.dictionary.to_numpy(zero_copy_only=False), dtype=str))
+    codes, vocab = encode(col.fill_null(""))
+    return codes, np.asarray(vocab, dtype=str)
 
 
 def _busy_ratio(cols: dict[str, np.ndarray], category: tuple[np.ndarray, np.ndarray],
