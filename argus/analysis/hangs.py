@@ -63,7 +63,13 @@ def load_hang_state(attempt: Attempt) -> HangState | None:
 
 
 def _behind(state: HangState) -> tuple[set[int], dict[int, tuple[str, int]]]:
-    """Ranks behind on a group whose other members wait; and, per group, (op, count) waited in."""
+    """Ranks behind on a group whose other members wait; and, per group, (op, count) waited in.
+
+    Behind is fewer collectives *started* on the group than the members waiting there: a rank
+    that has not issued the collective the others wait in never joined it, whatever its own
+    completed count says (a completion recorded late leaves ``issued > completed`` on a rank
+    that is in no collective at all: the repro's rank 2 at 23 issued / 22 completed against 25
+    everywhere else, blocked before its backward)."""
     members: dict[int, dict[int, dict]] = defaultdict(dict)  # group → rank → its slot
     for rank in state.rows:
         for key, g in state.groups_of(rank).items():
@@ -75,8 +81,9 @@ def _behind(state: HangState) -> tuple[set[int], dict[int, tuple[str, int]]]:
         if not waiting:
             continue
         top = max(g["issued"] for g in waiting.values())
-        waited[key] = (next(iter(waiting.values()))["op"], top)
-        behind |= {r for r, g in slots.items() if g["issued"] < top and g["issued"] <= g["completed"]}
+        at_top = [g for g in waiting.values() if g["issued"] == top]
+        waited[key] = (at_top[0]["op"], top)
+        behind |= {r for r, g in slots.items() if g["issued"] < top}
     return behind, waited
 
 
@@ -86,11 +93,12 @@ def hang_incident(attempt: Attempt, topology: Topology) -> Incident | None:
         return None
     rows = state.rows
     world = topology.world_size
-    waiting = sorted(r for r, row in rows.items() if row["waiting"])
+    behind, waited = _behind(state)
+    # a rank behind on a group waits for nobody there, whatever its in-flight flag says
+    waiting = sorted(r for r, row in rows.items() if row["waiting"] and r not in behind)
     if not waiting:
         return None  # nobody waits on anybody: a stall of this host, not a distributed hang
     dead = sorted(r for r, row in rows.items() if not row["alive"])
-    behind, waited = _behind(state)
     reported = set(rows)
     missing = sorted(set(range(world)) - reported)
     culprits = sorted(set(dead) | behind)
