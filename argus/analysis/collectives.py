@@ -117,6 +117,8 @@ def host_clock_offsets(f: PhaseFrame, inst: Instances, hosts: np.ndarray) -> dic
     mean_end = np.bincount(inst.inv, weights=end, minlength=len(inst.size)) / np.maximum(inst.size, 1)
     h = host_of_rank[f.rank[rows]][multi]
     resid = (end - mean_end[inst.inv])[multi]
+    if h.size == 0:  # no instance with two members here (a store holding part of a job): nothing to align by
+        return {str(x): 0.0 for x in host_ids}
     # median residual per host, for all hosts at once: sort by (host, residual), take the middles
     order = np.lexsort((resid, h))
     h, resid = h[order], resid[order]

@@ -37,7 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", default="argus-store", help="store directory (default ./argus-store)")
     p.add_argument("--layout", help="parallel layout, e.g. 'pp=2,dp=2' (default $ARGUS_LAYOUT, else pure DP)")
     p.add_argument("--order", help="rank order (default tp-cp-ep-dp-pp)")
-    p.add_argument("--run-id", help="run id shared by all ranks (default: torchrun's rdzv id, else generated)")
+    p.add_argument("--run-id", help="run id of every rank (default: $ARGUS_RUN_ID, Slurm's job id, else one the "
+                                    "job's ranks agree on through their rendezvous store)")
     p.add_argument("--host", default=os.environ.get("ARGUS_HOST") or socket.gethostname(),
                    help="host name for this host's partition")
     p.add_argument("--socket", help="use the processor already listening on this socket")
@@ -76,6 +77,17 @@ def _ranks_seen(store: str, host: str) -> int | None:
         return int(doc.get("ranks_seen", 0))
     except (OSError, ValueError, TypeError):
         return None
+
+
+def _runs_seen(store: str, host: str) -> list[str]:
+    """The run ids this host's ranks wrote, from its processor's status file."""
+    import json
+
+    try:
+        doc = json.loads((Path(store) / "processors" / f"{host}.json").read_text())
+        return sorted({str(key).split("/")[0] for key in doc.get("runs", [])})
+    except (OSError, ValueError, TypeError, AttributeError):
+        return []
 
 
 def _flush_progress(store: str, host: str) -> tuple[object, float]:
@@ -158,8 +170,11 @@ def run(args: argparse.Namespace) -> int:
     if not cmd:
         print("argus run: no command given (argus run --store S -- torchrun ...)", file=sys.stderr)
         return 2
-    run_id = args.run_id or os.environ.get("ARGUS_RUN_ID") or os.environ.get("TORCHELASTIC_RUN_ID") \
-        or time.strftime("run-%Y%m%d-%H%M%S")
+    # An id given here is every rank's; otherwise each rank proposes this host's name and the
+    # job's ranks agree on one through their rendezvous store (producer/activation.py): hosts
+    # started seconds apart still write one run.
+    given = args.run_id or os.environ.get("ARGUS_RUN_ID") or ""
+    run_id = given or time.strftime("run-%Y%m%d-%H%M%S")
     processor: subprocess.Popen | None = None
     if args.socket:
         sock = Path(args.socket)
@@ -198,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(INJECT_DIR), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     env["ARGUS_SOCKET"] = str(sock)
-    env["ARGUS_RUN_ID"] = run_id
+    env["ARGUS_RUN_ID" if given else "ARGUS_RUN_ID_PROPOSAL"] = run_id
     env["ARGUS_HOST"] = args.host
     for flag, var in ((args.layout, "ARGUS_LAYOUT"), (args.order, "ARGUS_ORDER"), (args.kernels, "ARGUS_KERNELS")):
         if flag:
@@ -237,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
                   "processes that call torch.distributed.init_process_group (set ARGUS_FORCE=1 to trace a job "
                   f"without one). The command exited with {code}.", file=sys.stderr)
         else:
-            print(f"argus run: traced run {run_id} into {args.store}  (argus diagnose {args.store})",
+            runs = ", ".join(_runs_seen(args.store, args.host)) or run_id
+            print(f"argus run: traced run {runs} into {args.store}  (argus diagnose {args.store})",
                   file=sys.stderr)
     return code

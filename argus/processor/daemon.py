@@ -164,7 +164,7 @@ class Processor:
                                       "socket": str(config.socket_path), "connections": 0, "ranks_seen": 0,
                                       "frames": 0, "events": 0, "garbage_frames": 0, "disconnects": 0,
                                       "windows_written": 0, "acked": [], "write_errors": 0,
-                                      "dropped_clients": {}, "accept_errors": 0, "refused_attempts": {}}
+                                      "dropped_clients": {}, "accept_errors": 0, "refused_attempts": {}, "runs": []}
         self._pending_bytes = 0  # bytes of unfinished frames over all connections
         self._rx = bytearray(1 << 20)  # every socket read lands here first (one loop thread)
         self._rx_view = memoryview(self._rx)
@@ -684,6 +684,8 @@ class Processor:
                                              local_ranks=np.full(world, -1),
                                              gpu_uuids=np.full(world, "", dtype=object)))
         self._attempts[key] = st
+        if f"{key[0]}/{key[1]}" not in self.stats["runs"] and len(self.stats["runs"]) < MAX_REFUSED:
+            self.stats["runs"].append(f"{key[0]}/{key[1]}")  # every run/attempt its ranks wrote (argus run says which)
         return st
 
     def _close(self, conn: _Conn, reason: str | None) -> None:

@@ -27,11 +27,13 @@ import os
 import sys
 from typing import Any, Callable
 
-__all__ = ["after_import", "arm", "TRACED_PID_ENV", "traced_ancestor", "wrap_init_process_group"]
+__all__ = ["after_import", "agree_run_id", "arm", "RUN_ID_KEY", "TRACED_PID_ENV", "traced_ancestor",
+           "wrap_init_process_group"]
 
 log = logging.getLogger("argus.producer")
 
 TRACED_PID_ENV = "ARGUS_TRACED_PID"  # set in a traced rank; its descendants are not ranks of their own
+RUN_ID_KEY = "argus/run_id"  # the key the ranks agree on a run id under, in the job's rendezvous store
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -143,3 +145,23 @@ def _record_module_tree(_torch: Any) -> None:
     from argus.producer.modules import ModuleTree
 
     ModuleTree.install_recorder()
+
+
+def agree_run_id(proposal: str) -> str:
+    """The run id every rank of this job uses: the first proposal to reach the default process
+    group's store (the job's own rendezvous store, shared by every host) under ``RUN_ID_KEY``.
+
+    One ``compare_set`` per rank at start: never a collective, never a wait for another rank
+    (the first rank sets the key, every later one reads it back in the same call). A store
+    that cannot (no default group, a store without ``compare_set``) leaves ``proposal``: a
+    single-host job is one run either way."""
+    try:
+        from torch.distributed import distributed_c10d
+
+        store = distributed_c10d._get_default_store()
+        agreed = store.compare_set(RUN_ID_KEY, "", proposal)
+        text = agreed.decode() if isinstance(agreed, bytes) else str(agreed)
+        return text or proposal
+    except Exception as exc:  # noqa: BLE001 - the job's store is the job's: any failure keeps our own id
+        log.info("argus: run id not agreed through the job's store (%s); using %s", exc, proposal)
+        return proposal

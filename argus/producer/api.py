@@ -38,8 +38,10 @@ def runtime() -> Any:
     return _RUNTIME
 
 
-def _start(options: dict[str, Any], rank: int | None = None, world: int | None = None) -> bool:
-    """Build and start the runtime (once per process)."""
+def _start(options: dict[str, Any], rank: int | None = None, world: int | None = None,
+           agree: Any = None) -> bool:
+    """Build and start the runtime (once per process); ``agree``: how the ranks agree on a run
+    id when none was given (``activation.agree_run_id``)."""
     global _RUNTIME, _ATEXIT
     with _START_LOCK:
         if _RUNTIME is not None:
@@ -50,7 +52,7 @@ def _start(options: dict[str, Any], rank: int | None = None, world: int | None =
         config = resolve_config(options)
         if not config.enabled:
             return False
-        identity = resolve_identity(config, rank=rank, world_size=world)
+        identity = resolve_identity(config, rank=rank, world_size=world, agree=agree)
         layout = make_layout(config, identity.world_size)
         rt = Runtime(config, identity, layout)
         _RUNTIME = rt
@@ -63,14 +65,14 @@ def _start(options: dict[str, Any], rank: int | None = None, world: int | None =
 
 def _start_from_process_group(options: dict[str, Any]) -> None:
     """This process's process group is up: it is a rank. Start with what the group says."""
-    from argus.producer.activation import traced_ancestor
+    from argus.producer.activation import agree_run_id, traced_ancestor
 
     if traced_ancestor() is not None:
         return
     import torch.distributed as dist
 
     try:
-        _start(options, dist.get_rank(), dist.get_world_size())
+        _start(options, dist.get_rank(), dist.get_world_size(), agree=agree_run_id)
     except Exception as exc:  # noqa: BLE001 - never stop training because of Argus
         warnings.warn(f"argus: tracing disabled: {exc}", RuntimeWarning, stacklevel=2)
 
@@ -82,14 +84,14 @@ def init(**options: Any) -> bool:
     if _RUNTIME is not None:
         return _RUNTIME.active
     try:
-        from argus.producer.activation import after_import, traced_ancestor, wrap_init_process_group
+        from argus.producer.activation import after_import, agree_run_id, traced_ancestor, wrap_init_process_group
         from argus.producer.config import resolve_config
 
         if not resolve_config(options).enabled or traced_ancestor() is not None:
             return False
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
-            return _start(options, dist.get_rank(), dist.get_world_size())
+            return _start(options, dist.get_rank(), dist.get_world_size(), agree=agree_run_id)
         if multiprocessing.parent_process() is not None and "RANK" not in os.environ:
             return False  # a DataLoader or pool worker importing the training script
         if any(v in os.environ for v in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from argus.errors import ConfigError
 
@@ -23,7 +23,8 @@ ENV = {
     "socket_path": "ARGUS_SOCKET",  # processor socket (default /tmp/argus-$UID/processor.sock, wire/paths.py)
     "layout": "ARGUS_LAYOUT",  # e.g. "pp=2,dp=2"; default pure data parallel
     "order": "ARGUS_ORDER",  # rank order, default tp-cp-ep-dp-pp
-    "run_id": "ARGUS_RUN_ID",  # default TORCHELASTIC_RUN_ID, else a name from the start time
+    "run_id": "ARGUS_RUN_ID",  # an id every rank is given (default: SLURM_JOB_ID, else agreed, see resolve_identity)
+    "run_id_proposal": "ARGUS_RUN_ID_PROPOSAL",  # what this rank proposes when the ranks agree on one (argus run)
     "attempt_id": "ARGUS_ATTEMPT_ID",  # default TORCHELASTIC_RESTART_COUNT, else "0"
     "host": "ARGUS_HOST",  # host name for the store (default: hostname)
     "flush_interval_s": "ARGUS_FLUSH_S",  # the transport thread's tick: (re)connect, read controls
@@ -50,6 +51,7 @@ class ProducerConfig:
     layout: str = ""
     order: str = ""
     run_id: str = ""
+    run_id_proposal: str = ""
     attempt_id: str = ""
     host: str = ""
     flush_interval_s: float = 1.0
@@ -128,10 +130,16 @@ class Identity:
 
 
 def resolve_identity(config: ProducerConfig, environ: Mapping[str, str] | None = None, rank: int | None = None,
-                     world_size: int | None = None) -> Identity:
+                     world_size: int | None = None, agree: Callable[[str], str] | None = None) -> Identity:
     """Rank and world from the process group when given (``rank``, ``world_size``), else from
     the usual launcher variables (torchrun, Slurm, MPI); host, run and attempt from the
-    options and the launcher."""
+    options and the launcher.
+
+    The run id is one for the whole job, however its hosts were started: an id given to every
+    rank (``ARGUS_RUN_ID``, ``--run-id``; Slurm's job id) as is; otherwise ``agree(proposal)``
+    returns the id the job's ranks agreed on (the first proposal to reach the job's own
+    rendezvous store, ``agree_run_id``). Each host's ``argus run`` proposes a name from its
+    own start time; hosts started a second apart would otherwise split one job into two runs."""
     env = os.environ if environ is None else environ
 
     def first(*names: str, default: str | None = None) -> str | None:
@@ -152,7 +160,11 @@ def resolve_identity(config: ProducerConfig, environ: Mapping[str, str] | None =
     if not 0 <= rank < world:
         raise ConfigError(f"rank {rank} is outside a world of {world}")
     host = config.host or first("ARGUS_HOST", "SLURMD_NODENAME", default=socket.gethostname()) or "localhost"
-    run_id = config.run_id or first("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", default="") or "run"
+    run_id = config.run_id or first("SLURM_JOB_ID", default="") or ""
+    if not run_id:
+        elastic = first("TORCHELASTIC_RUN_ID", default="") or ""
+        proposal = config.run_id_proposal or (elastic if elastic.lower() != "none" else "") or "run"
+        run_id = agree(proposal) if agree is not None else proposal
     attempt = config.attempt_id or first("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT", default="0") or "0"
     return Identity(rank, world, local, host.replace("/", "_"), run_id.replace("/", "_"),
                     attempt.replace("/", "_"), os.getpid())

@@ -79,3 +79,26 @@ def test_every_variable_is_documented():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "producer.md").read_text()
     missing = [var for var in ENV.values() if f"`{var}`" not in doc]
     assert not missing, f"docs/producer.md lacks {missing}"
+
+
+def test_a_run_id_given_to_every_rank_is_used_as_is():
+    asked: list[str] = []
+    for env in ({"ARGUS_RUN_ID": "given"}, {"SLURM_JOB_ID": "given", "ARGUS_RUN_ID_PROPOSAL": "run-1"}):
+        ident = resolve_identity(resolve_config({}, env), env, agree=lambda p: asked.append(p) or "other")
+        assert ident.run_id == "given"
+    assert asked == []
+
+
+def test_otherwise_the_ranks_agree_on_one_proposal():
+    """Each host's ``argus run`` proposes its own start time; what the job's store returns is the run."""
+    agreed: dict[str, str] = {}
+
+    def agree(proposal: str) -> str:  # first proposal wins, as compare_set on the job's store does
+        return agreed.setdefault("id", proposal)
+
+    ids = [resolve_identity(resolve_config({}, env), env, agree=agree).run_id for env in (
+        {"ARGUS_RUN_ID_PROPOSAL": "run-20261202-080127"}, {"ARGUS_RUN_ID_PROPOSAL": "run-20261202-080128"},
+        {"TORCHELASTIC_RUN_ID": "none"})]
+    assert ids == ["run-20261202-080127"] * 3
+    # torchrun's static rendezvous names every job "none": never a run id of its own
+    assert resolve_identity(ProducerConfig(), {"TORCHELASTIC_RUN_ID": "none"}).run_id == "run"
