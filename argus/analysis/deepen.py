@@ -5,7 +5,8 @@ excess (what-if impact and the critical path), the pipeline's busy/bubble pictur
 job is pipelined, the device's idle gaps inside a stalled phase, and the stalled host's
 stacks. Their findings become evidence; the what-if replaces L1's impact estimate (it
 isolates the culprits' share of the slowdown where L1 measures everything that happened);
-agreement with L1–L3 confirms the incident.
+agreement from another channel (stacks, the device's idle gaps) confirms the incident; the
+critical path and the pipeline's origin, replays of the same phases, are shown, never confirming.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ __all__ = ["DeepenConfig", "deepen", "MAX_REPLAY_ERROR_PCT"]
 #: events do not hold the dependencies that set the step): its what-if neither replaces the
 #: impact nor votes. The simulator and real gloo jobs replay within a few percent.
 MAX_REPLAY_ERROR_PCT = 10.0
+#: L4/L5 findings measured apart from the phase comparison that raised an incident: only these confirm it.
+INDEPENDENT_AGREEMENT = {"stacks", "gpu_idle"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +146,10 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
         if agree:
             inc.evidence.append({"level": "L4", "kind": "agreement", "with": agree,
                                  "note": "automated trace and stack analysis agree with L1–L3"})
-            if inc.state == State.SUSPECTED:
+            # the critical path and the pipeline's origin are replays of the phases that raised
+            # the incident: they agree by construction; stacks (another channel) and the device's
+            # idle gaps (kernels against phases) are evidence of their own
+            if inc.state == State.SUSPECTED and set(agree) & INDEPENDENT_AGREEMENT:
                 inc.state = State.CONFIRMED
     if timings is not None:
         timings.update(l4=time.perf_counter() - t_all - clock["l5"], l5=clock["l5"])

@@ -307,12 +307,17 @@ def _compute_incident(ctx: _Ctx, klass: IncidentClass, phase: str, ranks: list[i
                       if not ev["busy"]})
     wins = {w for ev in evs for w in ev["windows"]}
     lo, hi = min(steps), max(steps)
-    # Onset: an L1 level shift that starts just before the first flagged window is the better start.
+    # Onset: an L1 level shift that starts just before the first flagged step and is still on
+    # there is the better start (one that ended before it is another episode: charging its
+    # steps to these ranks made a 2-step finding cost the job 7% in a healthy run)
     for w in ctx.l1.windows:
-        if w.kind == "regression" and lo - 10 <= w.start_step <= lo and np.isfinite(w.magnitude):
+        if (w.kind == "regression" and lo - 10 <= w.start_step <= lo and w.end_step >= lo
+                and np.isfinite(w.magnitude)):
             lo = w.start_step
     steps = sorted(set(steps) | set(range(lo, hi + 1)))
-    both = any(ev["busy"] and ev["l3"] for ev in evs)
+    # L2 and L3 are independent only where L3 times the device (CUPTI kernels): sampled CPU
+    # ops run on the thread whose phases L2 times, on the same clock, so they agree by construction
+    both = any(ev["busy"] and any(o.category == "compute" for o in ev["l3"]) for ev in evs)
     thermal = [r for r in ranks if r in ctx.hw.thermal]
     confirmed = both or len(wins) >= 2 or bool(thermal)
     cost: Counter = Counter()  # the kernels named are those that cost the culprits the most time

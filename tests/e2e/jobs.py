@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -15,8 +16,22 @@ MODEL = ["--d-model", "64", "--seq", "64", "--batch", "8"]
 JOB_ENV = {"OMP_NUM_THREADS": "1", "ARGUS_OP_SAMPLE_EVERY": "4"}  # short jobs: CPU ops of one step in 4
 
 
+def same_hardware(nproc: int) -> list[str]:
+    """``taskset -c N`` for a job whose ranks could each own a vCPU, so that every rank runs on
+    the same one. On these shared VMs a vCPU's speed for identical work varies up to 2× for
+    seconds at a time, independently per vCPU and invisibly to the guest (no steal, no run-queue
+    delay; ``docs/diagnosis.md``): two ranks on two vCPUs are two devices of different speeds —
+    what Argus is there to report, and the reason a healthy 2-rank job got a compute straggler
+    in 1 run of 4. Ranks sharing one vCPU (or more ranks than vCPUs) share its speed."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not cpus or nproc > len(cpus) or not shutil.which("taskset"):
+        return []
+    return ["taskset", "-c", str(cpus[-1])]
+
+
 def launcher(nproc: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return [*same_hardware(nproc), sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc_per_node={nproc}"]
 
 
 def job(stack: str, out: Path, nproc: int, *extra: str) -> list[str]:
