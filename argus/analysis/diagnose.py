@@ -28,6 +28,7 @@ from argus.analysis.l2_stragglers import L2Config, detect_stragglers, screen_can
 from argus.analysis.collectives import p2p_transfers
 from argus.analysis.links import detect_link_shifts
 from argus.analysis.l3_kernels import L3Config, collective_calls, detect_kernels
+from argus.analysis.observations import Depth, Observation, observe
 from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents
 from argus.analysis.signals import HwSignals, load_hw_signals
 from argus.errors import ConfigError, StoreError
@@ -70,6 +71,8 @@ class Diagnosis:
     coverage: Coverage | None = None
     store_note: str = ""  # why the incidents were not stored (read-only store …), else empty
     skipped_windows: list[tuple[int, int]] = field(default_factory=list)  # windows without phases
+    depth: Depth | None = None  # how much could be compared (thin: "no incident" is not "match")
+    observations: list[Observation] = field(default_factory=list)  # measured per rank, never claims
 
     @property
     def missing(self) -> list[str]:
@@ -98,6 +101,8 @@ class Diagnosis:
             "baseline_step_s": None if not np.isfinite(self.l1.baseline_s) else round(self.l1.baseline_s, 6),
             "l1": [w.to_json() for w in self.l1.windows],
             "coverage": None if self.coverage is None else self.coverage.to_json(),
+            "depth": None if self.depth is None else self.depth.to_json(),
+            "observations": [o.to_json() for o in self.observations],
         })
 
 
@@ -230,8 +235,13 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     incidents.sort(key=lambda i: (-i.severity_rank, -(i.slowdown_pct or 0.0), i.start_step))
     timings["l4_l5"] = time.perf_counter() - t
     note = _store_incidents(attempt, incidents) if config.store_incidents and incidents else ""
+    t = time.perf_counter()
+    coverage = coverage_of(attempt)
+    steady = [int(s_) for s_, v in step_time.items() if np.isfinite(v) and l1.is_normal_step(s_)]
+    depth, observations = observe(attempt, steady, coverage.comparable)
+    timings["observations"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
-    return Diagnosis(attempt, l1, windows, incidents, hw, timings, coverage_of(attempt), note, skipped)
+    return Diagnosis(attempt, l1, windows, incidents, hw, timings, coverage, note, skipped, depth, observations)
 
 
 def _store_incidents(attempt: Attempt, incidents: list[Incident]) -> str:

@@ -93,6 +93,8 @@ def hang_incident(attempt: Attempt, topology: Topology) -> Incident | None:
         return None
     rows = state.rows
     world = topology.world_size
+    if _resumed(attempt, state):
+        return None  # the job went on after the snapshot: a long stall (L2 names it), not a hang
     behind, waited = _behind(state)
     # a rank behind on a group waits for nobody there, whatever its in-flight flag says
     waiting = sorted(r for r, row in rows.items() if row["waiting"] and r not in behind)
@@ -158,6 +160,18 @@ def hang_incident(attempt: Attempt, topology: Topology) -> Incident | None:
     return Incident(IncidentClass.HANG, culprits, hosts, gpus, step, step, phase or "", [], State.CONFIRMED,
                     Severity.CRITICAL, 100.0, world * state.stalled_s / 3600.0, Action.CHECKPOINT_AND_RESTART,
                     evidence, [step], summary)
+
+
+def _resumed(attempt: Attempt, state: HangState) -> bool:
+    """Whether every rank of the snapshot finished a step after it was taken: the stall ended
+    (a 31 s recompilation on a busy host crosses a 30 s threshold and then trains on)."""
+    ranks = ",".join(str(int(r)) for r in state.rows)
+    if not ranks:
+        return False
+    done = attempt.sql(f"SELECT rank, max(end_ns) AS e FROM steps WHERE end_ns >= 0 AND rank IN ({ranks}) "
+                       "GROUP BY rank").to_pylist()
+    last = {int(r["rank"]): int(r["e"]) for r in done if r["e"] is not None}
+    return all(last.get(int(r), -1) > row["detected_ns"] for r, row in state.rows.items())
 
 
 def _for_s(row: dict[str, Any] | None) -> float:

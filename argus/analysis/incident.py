@@ -50,6 +50,9 @@ class Severity(StrEnum):
 class Action(StrEnum):
     OBSERVE = "observe"
     RAISE_TRACE_FIDELITY = "raise_trace_fidelity"
+    #: a suspected hardware fault seen only by comparison: check the suspect (a GEMM on its GPU,
+    #: a transfer over its link) before anyone cordons it
+    VERIFY = "verify"
     CORDON_NODE = "cordon_node"
     CHECKPOINT_AND_RESTART = "checkpoint_and_restart"
 
@@ -108,7 +111,7 @@ class Incident:
         self.state, self.severity, self.action = State(self.state), Severity(self.severity), Action(self.action)
         if self.action == Action.CORDON_NODE and not any(h and h != UNKNOWN_HOST for h in self.hosts):
             # no topology row for the culprits: naming no host, we cannot send anyone to cordon one
-            self.action = Action.RAISE_TRACE_FIDELITY
+            self.action = Action.VERIFY
             self.summary += (" — their host is unknown (the store has no topology rows for these ranks), so no "
                              "host action is recommended")
 

@@ -339,7 +339,7 @@ def _compute_incident(ctx: _Ctx, klass: IncidentClass, phase: str, ranks: list[i
         excess = [f.typical_excess_s for ev in evs for f in ev["busy"] if f.microbatch < 0 and _block(f.name)]
         pct, gpuh, _ = _impact(ctx, steps, float(np.median(excess)) if excess else 0.0)
     severity = grade(pct)
-    action = Action.CORDON_NODE if confirmed else Action.RAISE_TRACE_FIDELITY
+    action = Action.CORDON_NODE if confirmed else Action.VERIFY
     evidence = _l1_evidence(ctx, lo, hi)
     for ev in evs[:4]:
         top = sorted(ev["busy"], key=lambda f: -f.excess_s)[:3]
@@ -649,7 +649,7 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
                          gpuh, Action.OBSERVE, evidence, steps, summary)]
     return [Incident(IncidentClass.LINK_DEGRADATION, ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
                      next(iter(collectives), "collectives"), kernels, State.CONFIRMED if confirmed else State.SUSPECTED,
-                     grade(pct), pct, gpuh, Action.CORDON_NODE if confirmed else Action.RAISE_TRACE_FIDELITY,
+                     grade(pct), pct, gpuh, Action.CORDON_NODE if confirmed else Action.VERIFY,
                      evidence, steps, summary)]
 
 
@@ -710,7 +710,7 @@ def _masked_compute(ctx: _Ctx, hosts: list[str], steps: list[int], ratios: dict[
                f"slowly: kernels {float(np.median(list(ratios.values()))):.2f}× their peers'; a NIC alarm there, but "
                f"their transfers explain little of the loss")
     return Incident(IncidentClass.COMPUTE_STRAGGLER, ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1], "compute",
-                    [], State.SUSPECTED, grade(pct), pct, gpuh, Action.RAISE_TRACE_FIDELITY, evidence, steps, summary)
+                    [], State.SUSPECTED, grade(pct), pct, gpuh, Action.VERIFY, evidence, steps, summary)
 
 
 def _rank_list(ranks: list[int], head: int = 8) -> str:

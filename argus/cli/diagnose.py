@@ -117,13 +117,18 @@ def print_diagnosis(diagnosis, evidence: bool = False) -> None:
     partial = cov.sentence() if cov is not None else ""
     if partial:
         out.print(f"[yellow]{term(partial)}[/yellow]")
+    depth = diagnosis.depth
+    thin = depth.sentence() if depth is not None else ""
     if not diagnosis.incidents:
         if cov is not None and cov.present and cov.comparable == 0:
             out.print("[yellow]no incident found, and none could be: nothing was compared[/yellow]")
+        elif thin:
+            out.print(f"[yellow]no incident found, but {term(thin)}[/yellow]")
         elif partial:
             out.print(f"[green]no incident[/green] among the {cov.comparable} ranks that could be compared")
         else:
             out.print("[green]no incident[/green]: every rank's work, collectives and kernels match its peers'")
+        _print_observations(out, diagnosis.observations)
         return
     table = Table(title=f"{len(diagnosis.incidents)} incident(s), most severe first", title_justify="left")
     for col in ("sev", "class", "state", "culprits", "steps", "phase", "impact", "action"):
@@ -144,6 +149,18 @@ def print_diagnosis(diagnosis, evidence: bool = False) -> None:
         if evidence:
             for ev in inc.evidence:
                 out.print("    " + term(json.dumps(ev, default=str)[:300]))
+    if thin:
+        out.print(f"[yellow]{term(thin)}[/yellow]")
+    _print_observations(out, diagnosis.observations)
     stored = any(a.files("incidents"))
     stderr_console().print(f"[dim]diagnosed in {diagnosis.timings_s['total']:.1f} s"
                            + (f"; incidents in {term(a.path / 'incidents')}" if stored else "") + "[/dim]")
+
+
+def _print_observations(out, observations) -> None:
+    """What each rank's own timeline shows: measured, not compared, never a verdict."""
+    if not observations:
+        return
+    out.print("observations (measured on each rank's own timeline; not verdicts):")
+    for o in observations:
+        out.print(f"  [cyan]{term(o.kind)}[/cyan] {term(o.summary)}", markup=True, highlight=False)

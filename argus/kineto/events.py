@@ -77,10 +77,21 @@ class Collected:
         self.steps: list[tuple[int, float, float, bool]] = []
         # (name, ts, dur, external id, tid, on_gpu, argus metadata or None)
         self.ann: list[tuple[str, float, float, int, Any, bool, dict | None]] = []
+        # annotations an older schema wrote as CPU ops (``Operator``): the same tuples, used
+        # where no annotation of that name and start exists (``merge_op_annotations``)
+        self.op_ann: list[tuple[str, float, float, int, Any, bool, dict | None]] = []
         # record_param_comms: (ts, dur, tid, the args that name its group)
         self.rpc: list[tuple[float, float, Any, dict]] = []
         self.strings: dict[str, str] = {}  # annotation names and group strings, one copy each
         self.rejects = Rejects()  # events left out for a bad value
+
+    def merge_op_annotations(self) -> None:
+        """Older Kineto schemas put ``record_function`` ranges among the CPU ops: they are
+        annotations all the same (newer traces carry both kinds; a range seen as both counts once)."""
+        if self.op_ann:
+            seen = {(a[0], a[1]) for a in self.ann if not a[5]}
+            self.ann += [a for a in self.op_ann if (a[0], a[1]) not in seen]
+            self.op_ann = []
 
     def time_range(self) -> tuple[float, float] | None:
         """First start and last end (µs) over the events kept, or None when there are none."""

@@ -14,7 +14,8 @@ from functools import lru_cache
 
 from argus.kineto.limits import MAX_STEP, MAX_WORLD_SIZE
 
-__all__ = ["PhaseName", "phase_name", "profiler_step", "rank_from_filename", "COMM_PREFIXES"]
+__all__ = ["PhaseName", "phase_name", "profiler_step", "rank_from_filename", "COMM_PREFIXES", "FRAMEWORK_PHASES",
+           "framework_phase", "is_annotation_name"]
 
 #: Annotation prefixes PyTorch gives collectives (``nccl:all_reduce``, ``gloo:broadcast``…).
 COMM_PREFIXES = ("nccl:", "gloo:", "mpi:", "ucc:", "xccl:")
@@ -37,7 +38,7 @@ class PhaseName:
     """What a raw annotation name means as a phase."""
 
     name: str  # ``## forward ##`` → ``forward``; otherwise the name as written
-    category: str  # ``comm`` or ``compute``
+    category: str  # ``comm``, ``compute`` or ``host`` (framework phases that are not the model's work)
     group_kind: str  # from an Argus-style prefix (``tp-allreduce`` → ``tp``), else empty
     microbatch: int  # from ``…-mb7`` / ``microbatch_7``, else -1
 
@@ -52,8 +53,34 @@ def phase_name(raw: str) -> PhaseName:
     return _cached_phase_name(raw) if len(raw) <= _CACHED_NAME_CHARS else _phase_name(raw)
 
 
+#: ``record_function`` names PyTorch itself gives framework work that is not the model's:
+#: the DataLoader's ``__next__`` is the rank waiting for its batch — host time, as the
+#: producer records it (``host_phases.py`` names its cause from the word ``dataloader``).
+#: Names stay as written (a trace may wrap the optimizer's own range in ``## optimizer ##``
+#: too: one name for both would count it twice).
+FRAMEWORK_PHASES = (("enumerate(dataloader)", "host"),)
+
+
+def framework_phase(raw: str) -> str | None:
+    """The category of a PyTorch framework ``record_function`` name, else None."""
+    low = raw[:64].lower()
+    return next((cat for prefix, cat in FRAMEWORK_PHASES if low.startswith(prefix)), None)
+
+
+def is_annotation_name(raw: str) -> bool:
+    """Whether a CPU *op* of this name is really a ``record_function`` annotation: older Kineto
+    schemas put annotations in ``Operator`` with the ops (``## forward ##``, collectives,
+    framework phases); newer ones give them ``user_annotation`` of their own."""
+    text = raw.strip()
+    return (framework_phase(text) is not None or text.lower().startswith(COMM_PREFIXES)
+            or (len(text) >= 4 and text.startswith("##") and text.endswith("##")))
+
+
 def _phase_name(raw: str) -> PhaseName:
     text = str(raw).strip()
+    framework = framework_phase(text)
+    if framework is not None:
+        return PhaseName(text, framework, "", -1)
     # ``## forward ##`` → ``forward``. Not a regex: ``^##\s*(.*?)\s*##$`` backtracks in the cube
     # of the length on ``##`` + spaces (18 s for 4,000 characters).
     if len(text) >= 4 and text.startswith("##") and text.endswith("##") and text[2:-2].strip():

@@ -56,7 +56,7 @@ from argus.kineto.limits import (
     as_time_us,
     as_world_size,
 )
-from argus.kineto.names import profiler_step, rank_from_filename
+from argus.kineto.names import is_annotation_name, profiler_step, rank_from_filename
 
 __all__ = ["RankTrace", "StepArrays", "PhaseArrays", "KernelArrays", "read_trace"]
 
@@ -260,7 +260,8 @@ def _kept_cpu_op(ev: dict) -> bool:
     """The CPU ops the importer uses: profiler steps, ``record_param_comms`` (a collective's
     group) and Argus' own CPU-only stand-ins for kernels."""
     name = ev.get("name")
-    if type(name) is str and (name == "record_param_comms" or name.startswith("ProfilerStep")):
+    if type(name) is str and (name == "record_param_comms" or name.startswith("ProfilerStep")
+                              or (len(name) <= MAX_NAME_CHARS and is_annotation_name(name))):
         return True
     args = ev.get("args")
     meta = args.get(ARGUS_ARG) if type(args) is dict else None
@@ -373,6 +374,9 @@ def _scan(events: Iterable[Any], c: Collected) -> None:
                         c.k_corr.append(-1)
                         c.k_ts.append(ts)
                         c.k_dur.append(dur)
+                    elif is_annotation_name(name):  # an older schema's record_function range
+                        c.op_ann.append((strings.setdefault(name, name), ts, dur, _external_id(args.get("External id")),
+                                         ev.get("tid"), False, None))
                 continue
             meta = args.get(ARGUS_ARG)
             c.ann.append((strings.setdefault(name, name), ts, dur, _external_id(args.get("External id")),
@@ -412,6 +416,7 @@ def read_trace(path: str | Path, on_bytes: Callable[[int], None] | None = None) 
 def _assemble(path: Path, c: Collected, capture: _Capture, t0: float) -> RankTrace:
     """File-level fields checked, then the per-rank arrays."""
     meta = _top_level(bytes(capture.head), capture.tail)
+    c.merge_op_annotations()
     if c.n == 0:
         has_key = b'"traceEvents"' in capture.head or b'"traceEvents"' in capture.tail
         raise IngestError(f"{path}: " + ("the traceEvents array is empty" if has_key else

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import json
 import math
 import os
@@ -108,6 +109,13 @@ class ArgusServer(ThreadingHTTPServer):
         except OSError as exc:
             raise ConfigError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}; "
                               "choose another --port (0: any free one)") from None
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A request that failed (a client gone mid-answer, a cut connection) is logged in one
+        line: socketserver's default prints a traceback on stderr, into whatever runs us."""
+        exc = sys.exc_info()[1]
+        logging.getLogger("argus.serve").info("request from %s failed: %s: %s", client_address,
+                                               type(exc).__name__ if exc else "?", exc)
 
     @property
     def port(self) -> int:

@@ -235,6 +235,9 @@ def _jit_stall(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[str, Any]]]:
 def _gc_pause(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[str, Any]]]:
     ranks = ctx.ranks_param(lambda: [_random_rank(ctx)])
     pool = [s for s in range(ctx.config.warmup_steps, ctx.steps)]
+    if not pool:
+        raise ScenarioError(f"gc_pause needs a step after the {ctx.config.warmup_steps} warm-up steps; the job has "
+                            f"{ctx.steps}")
     hit = [s for s in pool if ctx.rng.random() < float(ctx.p("probability"))] or pool[-1:]
     plan = _plan(ctx)
     for s in hit:

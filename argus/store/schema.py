@@ -246,7 +246,7 @@ TABLES: dict[str, TableSpec] = {
                 ("kernels", pa.list_(_STR), "degraded kernels"),
                 ("slowdown_pct", _F64, "share of job step time attributable, in percent"),
                 ("gpu_hours_lost", _F64, "job GPUs × extra time, in GPU-hours"),
-                ("action", _STR, "`observe`, `raise_trace_fidelity`, `cordon_node`, `checkpoint_and_restart`"),
+                ("action", _STR, "`observe`, `raise_trace_fidelity`, `verify`, `cordon_node`, `checkpoint_and_restart`"),
                 ("evidence", _STR, "JSON list of evidence references"),
                 ("detected_ns", _I64, "wall-clock time of detection (ns since epoch)"),
             ),

@@ -13,7 +13,8 @@ from argus.topology import RunIdentity, Topology, parse_layout
 GROUP = 8039201830801555756
 
 
-def _snapshot(tmp_path, states: dict[int, tuple[int, int, str, str]], alive: set[int] | None = None):
+def _snapshot(tmp_path, states: dict[int, tuple[int, int, str, str]], alive: set[int] | None = None,
+              resumed: bool = False):
     """A 4-rank dp job's hang snapshot: rank → (issued, completed, activity, stack)."""
     store = Store.create(tmp_path / "s")
     attempt = store.create_attempt(RunIdentity("job"), Topology.uniform(parse_layout("dp=4"), gpus_per_host=4),
@@ -21,7 +22,7 @@ def _snapshot(tmp_path, states: dict[int, tuple[int, int, str, str]], alive: set
     now = time.time_ns()
     w = attempt.writer("host0")
     steps = {c: [] for c in TABLES["steps"].column_names}
-    for step in range(12):
+    for step in range(14 if resumed else 12):  # resumed: steps 12 and 13 end after the snapshot
         for r in range(4):
             row = {"rank": r, "step": step, "start_ns": now - (13 - step) * 10**8, "end_ns": now - (12 - step) * 10**8}
             for c in steps:
@@ -61,3 +62,10 @@ def test_every_member_inside_the_same_collective_blames_the_collective_not_a_ran
 def test_a_dead_rank_is_the_culprit(tmp_path):
     (inc,) = _snapshot(tmp_path, {r: (25, 24, "dp-allreduce", "") for r in range(4)}, alive={0, 1, 3})
     assert inc.culprit_ranks == [2]
+
+
+def test_a_stall_the_job_recovered_from_is_no_hang(tmp_path):
+    # a 31 s recompilation crossed the 30 s threshold, then every rank trained on: a long stall,
+    # which L2 finds as a host stall with its cause, not a hang to restart for
+    waiting = (25, 23, "backward-compute", "")
+    assert _snapshot(tmp_path, {0: waiting, 1: waiting, 2: (23, 22, "compile", ""), 3: waiting}, resumed=True) == []
