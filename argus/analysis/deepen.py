@@ -35,6 +35,26 @@ MAX_REPLAY_ERROR_PCT = 10.0
 INDEPENDENT_AGREEMENT = {"stacks", "gpu_idle"}
 
 
+def _replay_blind(inc: Incident, wi, baseline_s: float, incidents: list[Incident]) -> bool:
+    """Whether the replay cannot see what L1 measured: the job's steps ran well above its healthy
+    level, the replay without the culprits' excess leaves them there, and no other incident is
+    there to explain the rest. Then the excess sits where the replayed phases do not hold it (on
+    the device behind host-timed annotations, behind asynchronous launches), and the replay may
+    not lower the measured impact: an unexplained slowdown is not "nobody's"."""
+    if not (np.isfinite(baseline_s) and baseline_s > 0) or not wi.replays:
+        return False
+    if grade(inc.slowdown_pct) == Severity.INFO or grade(wi.slowdown_pct) != Severity.INFO:
+        return False
+    recorded = float(np.median([r.recorded_s for r in wi.replays]))
+    fixed = float(np.median([r.without_fault_s for r in wi.replays]))
+    excess = recorded - baseline_s
+    if excess < 0.05 * baseline_s or fixed - baseline_s < 0.5 * excess:
+        return False  # nothing measured to explain, or the replay explains it
+    replayed = {r.step for r in wi.replays}
+    return not any(o is not inc and o.severity != Severity.INFO and replayed & set(o.steps or range(
+        o.start_step, o.end_step + 1)) for o in incidents)
+
+
 @dataclass(frozen=True, slots=True)
 class DeepenConfig:
     enabled: bool = True
@@ -44,11 +64,12 @@ class DeepenConfig:
 
 def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step_time: dict[int, float],
            normal_step, config: DeepenConfig = DeepenConfig(), frames: WindowFrames | None = None,
-           timings: dict[str, float] | None = None) -> None:
+           timings: dict[str, float] | None = None, baseline_s: float = float("nan")) -> None:
     """Add L4/L5 evidence to ``incidents`` in place; ``normal_step(s)`` says whether a step is
     neither warm-up nor checkpoint (those are replayed only when nothing else is affected).
     ``frames``: the windows' phases the diagnosis already read (default: read here); ``timings``
-    gains the seconds spent in L4 and in L5."""
+    gains the seconds spent in L4 and in L5; ``baseline_s``: L1's healthy step time (a replay that
+    leaves measured slow steps unexplained does not lower the impact, ``_replay_blind``)."""
     clock = {"l4": 0.0, "l5": 0.0}
     if timings is not None:
         timings.update(clock)
@@ -88,6 +109,25 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
                     f"the replay misses the recorded steps by {error:.0f}% (more than {MAX_REPLAY_ERROR_PCT:.0f}%): "
                     "it does not model this job; the impact is L1's")})
                 wi = None
+        if wi is not None and _replay_blind(inc, wi, baseline_s, incidents):
+            # L1 measured the job slower in these steps, the replay without the culprits' excess
+            # leaves them as slow, and nothing else explains it: the replay cannot see where their
+            # excess sits, so it may not lower L1's measured impact (a ×2 regression explained by
+            # one culprit set is never "info")
+            inc.evidence.append({**wi.to_json(), "kind": "what_if_skipped", "note": (
+                "replayed without the culprits' excess the steps stay as slow as recorded, above the job's "
+                "healthy level, and no other incident explains them: the replayed phases do not hold the "
+                "excess (device time behind host-timed annotations, asynchronous launches); the impact is L1's")})
+            inc.evidence.append(wi.critical_json())
+            if inc.klass == IncidentClass.HOST_STALL and inc.gpu_hours_lost and len(inc.steps) > 1:
+                # L1's extra time, spread over the steps from the first stall to the last (the
+                # convention the what-if follows for an intermittent stall)
+                extra = float(inc.gpu_hours_lost) * 3600.0 / max(topology.world_size, 1)
+                span = [step_time[s_] for s_ in range(inc.start_step, inc.end_step + 1)
+                        if np.isfinite(step_time.get(s_, np.nan))]
+                if span:
+                    inc.slowdown_pct = 100.0 * extra / max(sum(span) - extra, 1e-12)
+            wi = None
         if wi is not None:
             previous = {"slowdown_pct": inc.slowdown_pct, "gpu_hours_lost": inc.gpu_hours_lost}
             inc.evidence.append({"level": "L1", "kind": "impact_estimate", **{

@@ -231,7 +231,8 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     incidents = build_incidents(attempt, topology, l1, windows, hw, step_time, config.rootcause)
     timings["rootcause"] = time.perf_counter() - t
     t = time.perf_counter()
-    deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen, frames, timings)
+    deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen, frames, timings,
+           l1.baseline_s)
     incidents.sort(key=lambda i: (-i.severity_rank, -(i.slowdown_pct or 0.0), i.start_step))
     timings["l4_l5"] = time.perf_counter() - t
     note = _store_incidents(attempt, incidents) if config.store_incidents and incidents else ""

@@ -276,7 +276,8 @@ def _classify(ctx: _Ctx, ev: dict) -> tuple[IncidentClass, str]:
     ratios = {name: float(np.median(v)) for name, v in ev["ratios"].items()}
     fwd = [(v, n) for n, v in ratios.items() if _block(n) == "fwd" and "compute" in n.lower() or n.lower() == "forward"]
     bwd = [(v, n) for n, v in ratios.items() if _block(n) == "bwd" and "compute" in n.lower() or n.lower() == "backward"]
-    if fwd and bwd:
+    if fwd and bwd and ctx.topology.layout.pp > 1:  # one slow pass amplifies along a pipeline; without one it
+        # is a slow rank like any other
         (fv, fname), (bv, bname) = max(fwd), max(bwd)
         if bv >= ctx.config.pass_ratio and fv < ctx.config.other_pass:
             return IncidentClass.PIPELINE_IMBALANCE, bname
@@ -329,7 +330,11 @@ def _compute_incident(ctx: _Ctx, klass: IncidentClass, phase: str, ranks: list[i
         pct, gpuh, _ = _impact(ctx, steps)
         # … but the culprits cannot cost the job more than their own excess: a level shift that
         # something else caused (a recompile stalling every rank) is not charged to them
-        own = max((f.typical_excess_s for ev in evs for f in ev["busy"]), default=None)
+        # (on a GPU the excess is in the kernels: host-timed phases carry only what the host
+        # waited for, so the device's own excess per step counts as the culprit's too)
+        own = max([f.typical_excess_s for ev in evs for f in ev["busy"]] + [_kernel_excess_s(ev) for ev in evs],
+                  default=None)
+        own = own if own else None
         span = [ctx.step_time[s] for s in steps if ctx.normal(s)]
         if own is not None and span:
             cap = 100.0 * own * len(span) / max(sum(span) - own * len(span), 1e-12)
@@ -364,6 +369,14 @@ def _compute_incident(ctx: _Ctx, klass: IncidentClass, phase: str, ranks: list[i
                f"in {phase}; their collectives look short because the others wait for them")
     return Incident(klass, ranks, ctx.hosts_of(ranks), ctx.gpus_of(ranks), lo, hi, phase, kernels,
                     State.CONFIRMED if confirmed else State.SUSPECTED, severity, pct, gpuh, action, evidence, steps, summary)
+
+
+def _kernel_excess_s(ev: dict) -> float:
+    """A culprit's device-kernel time per step beyond its peers' (L3's slower compute kernels, over
+    the windows that flagged it); 0 without device kernels (CPU ops time the host's own phases)."""
+    extra = sum(o.extra_ns for o in ev["l3"] if o.category == "compute" and o.slower)
+    steps = sum(hi - lo + 1 for lo, hi in ev["windows"])
+    return extra / 1e9 / steps if steps else 0.0
 
 
 def _w1_matrix_evidence(ctx: _Ctx, ranks: list[int], evs: list[dict]) -> dict | None:
