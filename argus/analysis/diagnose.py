@@ -33,6 +33,7 @@ from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_inci
 from argus.analysis.signals import HwSignals, load_hw_signals
 from argus.errors import ConfigError, StoreError
 from argus.store import Attempt
+from argus.topology import GROUP_KINDS
 
 __all__ = ["DiagnoseConfig", "Diagnosis", "diagnose"]
 
@@ -91,6 +92,22 @@ class Diagnosis:
                        f"there: steps {spans}{more}")
         return out
 
+    def unjudged_communicators(self) -> list[dict[str, Any]]:
+        """Communicators no layout kind describes (Megatron's MODEL_PARALLEL grad-norm group, an
+        embedding group): with no peer of their own kind they are not judged, and the document
+        says which."""
+        seen: dict[tuple[str, str], float] = {}
+        for w in self.windows:
+            for kernel, _stream, op, rate in (w.l3.unjudged if w.l3 else []):
+                seen.setdefault((kernel, op), rate)
+        out: list[dict[str, Any]] = [{"kernel": k, "op": op, "launches_per_rank_step": round(r, 3),
+                                      "why": "no layout communicator launches it as often"}
+                                     for (k, op), r in sorted(seen.items())[:32]]
+        kinds = self.attempt.sql("SELECT DISTINCT group_kind FROM phases WHERE category = 'comm'").column(0)
+        own = sorted(k for k in kinds.to_pylist() if k and k not in GROUP_KINDS)
+        out += [{"group_kind": k, "why": "a group of its own kind (no layout group has its members)"} for k in own]
+        return out
+
     def document(self) -> dict[str, Any]:
         a = self.attempt
         return incidents_document(a.identity.run_id, a.identity.attempt_id, a.layout.world_size, self.incidents, {
@@ -102,6 +119,7 @@ class Diagnosis:
             "l1": [w.to_json() for w in self.l1.windows],
             "coverage": None if self.coverage is None else self.coverage.to_json(),
             "depth": None if self.depth is None else self.depth.to_json(),
+            "unjudged_communicators": self.unjudged_communicators(),
             "observations": [o.to_json() for o in self.observations],
         })
 

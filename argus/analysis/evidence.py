@@ -38,6 +38,7 @@ class EvidenceKind(StrEnum):
     KERNELS_NORMAL = "kernels_normal"
     TRANSFER_SHIFT = "transfer_shift"
     COMPUTE_CULPRIT_ON_HOSTS = "compute_culprit_on_hosts"
+    VICTIM_TRANSFERS = "victim_transfers"  # slow-looking transfers a compute culprit explains
     BLOCKED_IN_COLLECTIVES = "blocked_in_collectives"
     NEVER_JOINED = "never_joined"
     RANK_DIED = "rank_died"

@@ -46,6 +46,9 @@ class L3Config:
     max_shifted_share: float = 0.5  # a shift concerns a minority of the groups
 
 
+#: The communicator kinds a layout defines, whose groups can be compared with their like.
+LAYOUT_KINDS = ("tp", "ep", "dp", "edp", "pp", "cp")
+
 #: In a peer set of three, a rank is an outlier when its W₁ to the peers' median CDF is this many
 #: times the larger of the other two (which measure the healthy spread; the effect gates below
 #: still apply).
@@ -114,6 +117,9 @@ class L3Result:
     shifts: list[GroupShift] = field(default_factory=list)
     events_per_step: dict[tuple[str, int], float] = field(default_factory=dict)  # (kernel, stream) → per rank
     busy_ratio: dict[int, float] = field(default_factory=dict)  # rank → total compute-kernel time / peers' median
+    #: communication kernels no layout communicator launches as often: (kernel, stream, op,
+    #: launches per rank-step) — a group of a kind of its own, with no peer of that kind to judge it by
+    unjudged: list[tuple[str, int, str, float]] = field(default_factory=list)
 
 
 def _rank_cdfs(rows: dict[str, np.ndarray], grid: np.ndarray, world: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -164,7 +170,10 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
         if category == "comm":  # only the floors matter: no CDFs
             floor = np.full(len(ranks), np.inf)
             np.minimum.at(floor, np.searchsorted(ranks, rows["rank"]), rows["min_ns"])
-            kinds = kinds_for(op, res.events_per_step[(kernel, stream)], calls)
+            kinds = tuple(k for k in kinds_for(op, res.events_per_step[(kernel, stream)], calls) if k in LAYOUT_KINDS)
+            if not kinds:
+                res.unjudged.append((kernel, stream, op, res.events_per_step[(kernel, stream)]))
+                continue
             shift = _group_shift(ranks, floor, layout, hosts, kernel, stream, op, kinds, config)
             if shift is not None:
                 res.shifts.append(shift)
@@ -296,7 +305,7 @@ def _group_shift(ranks, floor, layout: Layout, hosts, kernel, stream, op, kinds:
     its floor still contains waiting."""
     best = None
     partitions = {kind: layout.group_index(kind)[ranks] for kind in kinds
-                  if kind in ("tp", "ep", "dp", "edp", "pp", "cp") and layout.group_size(kind) > 1}
+                  if kind in LAYOUT_KINDS and layout.group_size(kind) > 1}
     min_shift = np.log1p(config.shift_effect)
     for kind, gid in partitions.items():
         ug, inv = np.unique(gid, return_inverse=True)
@@ -367,7 +376,7 @@ def collective_calls(names: list[str], groups: list[str], per_rank_step: list[fl
 def kinds_for(op: str, events_per_rank_step: float, calls: list[CollectiveCalls] | None) -> tuple[str, ...]:
     """Group kinds whose collective phases launch as many kernels of ``op`` per rank-step as
     this kernel has (NCCL runs one kernel per call); all kinds when nothing is known."""
-    every = ("tp", "ep", "dp", "edp", "pp", "cp")
+    every = LAYOUT_KINDS
     if not calls:
         return every
     alias = {"send_recv": ("send_recv", "all_to_all"), "all_to_all": ("all_to_all", "send_recv")}.get(op, (op,))
@@ -376,10 +385,11 @@ def kinds_for(op: str, events_per_rank_step: float, calls: list[CollectiveCalls]
              if abs(c.per_rank_step - events_per_rank_step) <= 0.25 * max(c.per_rank_step, 1.0)]
     if match:
         return tuple(sorted(set(match)))
-    if same_op:  # no rate within 25%: the closest one
-        closest = min(same_op, key=lambda c: abs(np.log(max(c.per_rank_step, 1e-9) / max(events_per_rank_step, 1e-9))))
-        return (closest.group_kind,)
-    return every
+    # No layout communicator launches this op as often: the kernel belongs to a group of its own
+    # kind (Megatron's MODEL_PARALLEL grad-norm all-reduce over tp×pp, an embedding group…).
+    # Judged as the "closest" kind it was split along groups it does not run in, and those
+    # groups' floors compared (an 8- and a 16-rank communicator "tp" in a tp=4 job): not judged.
+    return () if same_op or calls else every
 
 
 def w1_matrix_for(summaries: pa.Table, kernel: str, stream: int, ranks: list[int], points: int = 256) -> np.ndarray:

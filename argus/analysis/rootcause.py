@@ -652,14 +652,15 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     summary = (f"{where} transfer slowly {pattern}: "
                f"{', '.join(c for c, _ in collectives.most_common(3)) or ', '.join(kernels)}; compute is normal")
     if masking:
+        # culprit over victim: the compute culprit explains the waits, so the slow-looking
+        # transfers are its victims' evidence, in its incident — never an incident of their own
         culprit = masking[0]
-        evidence.append({"level": "L2", "kind": "compute_culprit_on_hosts", "incident": culprit.id,
-                         "ranks": culprit.culprit_ranks[:8], "class": culprit.klass})
-        summary += (f" — but rank{'s' * (len(culprit.culprit_ranks) > 1)} {_rank_list(culprit.culprit_ranks)} "
-                    f"compute slowly there ({culprit.id}): the waits may be theirs, not the link's")
-        return [Incident(IncidentClass.LINK_DEGRADATION, ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
-                         next(iter(collectives), "collectives"), kernels, State.INCONCLUSIVE, Severity.INFO, pct,
-                         gpuh, Action.OBSERVE, evidence, steps, summary)]
+        culprit.evidence.append({
+            "level": "L2", "kind": "victim_transfers", "hosts": hosts, "ranks": ranks[:64], "steps": steps[:32],
+            "collectives": [c for c, _ in collectives.most_common(3)] or kernels[:3],
+            "note": "transfers on these hosts look slow while their ranks compute slowly: the others wait for "
+                    "them there; no link is blamed"})
+        return []
     return [Incident(IncidentClass.LINK_DEGRADATION, ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
                      next(iter(collectives), "collectives"), kernels, State.CONFIRMED if confirmed else State.SUSPECTED,
                      grade(pct), pct, gpuh, Action.CORDON_NODE if confirmed else Action.VERIFY,

@@ -21,7 +21,7 @@ from argus.kineto.limits import MAX_INT32, MAX_NAME_CHARS, MAX_WORLD_SIZE, Rejec
 from argus.kineto.names import phase_name
 
 __all__ = ["StepArrays", "PhaseArrays", "KernelArrays", "Collected", "StepIndex", "ns", "build_steps",
-           "build_kernels", "build_phases", "process_groups", "RPC_GROUP_KEYS"]
+           "build_kernels", "build_phases", "process_groups", "group_descriptions", "RPC_GROUP_KEYS"]
 
 _EMPTY: dict[str, Any] = {}
 _BIG = np.iinfo(np.int64).max
@@ -200,6 +200,20 @@ def _parse_ranks(value: Any) -> tuple[int, ...] | None:
             and all(type(v) is int and 0 <= v < MAX_WORLD_SIZE for v in value)):
         return tuple(sorted(value))
     return None
+
+
+def group_descriptions(dist: dict) -> dict[tuple[int, ...], str]:
+    """``distributedInfo.pg_config`` → member ranks → ``pg_desc`` (Megatron names its groups
+    there: ``TENSOR_MODEL_PARALLEL_GROUP``, ``MODEL_PARALLEL_GROUP`` …), where given."""
+    cfg = dist.get("pg_config")
+    entries = cfg.values() if isinstance(cfg, dict) else cfg if isinstance(cfg, list) else []
+    out: dict[tuple[int, ...], str] = {}
+    for e in entries:
+        if isinstance(e, dict) and type(e.get("pg_desc")) is str and len(e["pg_desc"]) <= 128:
+            ranks = _parse_ranks(e.get("ranks"))
+            if ranks:
+                out.setdefault(ranks, e["pg_desc"])
+    return out
 
 
 def process_groups(dist: dict) -> dict[str, tuple[int, ...]]:

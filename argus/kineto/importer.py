@@ -16,6 +16,7 @@ because a step's window gathers all ranks.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -31,7 +32,7 @@ from argus.errors import IngestError, LayoutError
 from argus.kineto.format import KIND_CODES, KIND_NAMES
 from argus.kineto.reader import RankTrace, read_trace
 from argus.store import Store
-from argus.topology import Layout, RunIdentity, Topology, new_run_id, parse_layout
+from argus.topology import GroupKind, Layout, RunIdentity, Topology, new_run_id, parse_layout
 
 if TYPE_CHECKING:
     from argus.store import Attempt
@@ -182,6 +183,15 @@ def read_traces(files: Sequence[str | Path], jobs: int | None = None,
 
 
 # --------------------------------------------------------------------------------------- topology
+def desc_kind(desc: str) -> str:
+    """A group no layout kind describes, named after its ``pg_desc`` (``MODEL_PARALLEL_GROUP`` →
+    ``model_parallel``): its own kind, never folded into tp or dp, and judged only against
+    groups of the same kind (the analysis compares layout kinds only); empty without a name."""
+    name = re.sub(r"[^a-z0-9]+", "_", desc.lower()).strip("_")
+    name = re.sub(r"_(group|pg)$", "", name)
+    return name[:48] if name and name not in {k.value for k in GroupKind} else ""
+
+
 def group_kind_of(layout: Layout, rank: int, members: Sequence[int]) -> str:
     """The layout's group kind whose group of ``rank`` has exactly ``members``; empty if none."""
     want = set(int(m) for m in members)
@@ -265,7 +275,8 @@ def _rank_tables(t: RankTrace, layout: Layout) -> _RankTables:
     p = t.phases
     kinds = p.group_kind.copy()
     if len(p) and (p.group_ref >= 0).any():
-        by_ref = np.array([group_kind_of(layout, rank, g) for g in t.groups] + [""], dtype=object)
+        by_ref = np.array([group_kind_of(layout, rank, g) or desc_kind(t.group_descs.get(g, ""))
+                           for g in t.groups] + [""], dtype=object)
         ref = p.group_ref
         kinds = np.where(ref >= 0, by_ref[ref], kinds)
     phases = pa.table({

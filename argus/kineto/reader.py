@@ -35,6 +35,7 @@ from argus.kineto.events import (
     build_kernels,
     build_phases,
     build_steps,
+    group_descriptions,
     process_groups,
 )
 from argus.kineto.format import ARGUS_ARG, CATEGORIES, KIND_CODES, Cat
@@ -88,6 +89,8 @@ class RankTrace:
     dropped: dict[str, int] = field(default_factory=dict)  # records outside every profiler step
     rejected: Rejects = field(default_factory=Rejects)  # events left out for a bad value
     notes: list[str] = field(default_factory=list)
+    #: member ranks → the group's ``pg_desc`` (pg_config), for groups no layout kind describes
+    group_descs: dict[tuple[int, ...], str] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------- reading
@@ -463,7 +466,8 @@ def _assemble(path: Path, c: Collected, capture: _Capture, t0: float) -> RankTra
         backend=backend if type(backend) is str and len(backend) <= 64 else None,
         hostname=hostname, groups=groups, base_ns=base_ns, steps=steps, phases=phases,
         kernels=kernels, events=c.n, bytes_read=capture.total, file_bytes=path.stat().st_size,
-        parse_s=time.perf_counter() - t0, dropped=dropped, rejected=c.rejects, notes=notes)
+        parse_s=time.perf_counter() - t0, dropped=dropped, rejected=c.rejects, notes=notes,
+        group_descs=group_descriptions(dist))
 
 
 def _short(value: Any, limit: int = 40) -> str:

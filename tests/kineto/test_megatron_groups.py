@@ -1,0 +1,112 @@
+"""Communicators judged like with like, on Kineto traces shaped like Megatron's: a group whose
+members span several layout axes (``MODEL_PARALLEL_GROUP`` = tp × pp, for the grad-norm
+all-reduce) is a kind of its own, named from its ``pg_desc``, never folded into tp or dp — and,
+with no peer of its kind, not judged (the document says so)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+from argus.analysis import DiagnoseConfig, diagnose
+from argus.kineto import import_kineto
+from argus.store import Store
+from argus.topology import parse_layout
+
+LAYOUT = parse_layout("tp=2,pp=2,dp=4", world_size=16)
+STEPS = 10
+NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+RS = "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+
+
+def _groups() -> dict[str, list[list[int]]]:
+    mp = [sorted(set(LAYOUT.group_of("tp", r).tolist()) | set(LAYOUT.group_of("tp", int(q)).tolist()))
+          for r in range(16) for q in LAYOUT.group_of("pp", r)]
+    return {"TENSOR_MODEL_PARALLEL_GROUP": LAYOUT.groups("tp").tolist(),
+            "DATA_PARALLEL_GROUP": LAYOUT.groups("dp").tolist(),
+            "PIPELINE_MODEL_PARALLEL_GROUP": LAYOUT.groups("pp").tolist(),
+            "MODEL_PARALLEL_GROUP": sorted({tuple(g) for g in mp})}
+
+
+def _trace(rank: int, slow_mp: set[int], named: bool = True) -> dict:
+    """One rank's 10 steps: 3 GEMMs, 4 tp all-reduces, a dp reduce-scatter, and the grad-norm
+    all-reduce on the model-parallel group (on its own stream, as each NCCL communicator has);
+    the model-parallel group in ``slow_mp`` crosses a slower path by nature, every step."""
+    groups = {desc: next(g for g in gs if rank in g) for desc, gs in _groups().items()}
+    ev, corr, t = [], 1, 1_000_000.0
+    mine = set(groups["MODEL_PARALLEL_GROUP"])
+
+    def collective(name: str, desc: str, kernel: str, stream: int, us: float) -> None:
+        nonlocal corr, t
+        ev.append({"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "ts": t, "dur": 8.0, "pid": 1, "tid": 1,
+                   "args": {"Process Group Ranks": json.dumps(groups[desc]),
+                            **({"Process Group Description": desc} if named else {})}})
+        ev.append({"ph": "X", "cat": "user_annotation", "name": name, "ts": t + 1, "dur": 6.0, "pid": 1, "tid": 1})
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t + 2, "dur": 3.0, "pid": 1,
+                   "tid": 1, "args": {"correlation": corr}})
+        ev.append({"ph": "X", "cat": "kernel", "name": kernel, "ts": t + 10, "dur": us, "pid": 0, "tid": stream,
+                   "args": {"stream": stream, "device": rank % 8, "correlation": corr}})
+        corr += 1
+        t += us + 20
+
+    for step in range(STEPS):
+        start = t
+        ev.append({"ph": "X", "cat": "user_annotation", "name": "## forward ##", "ts": t, "dur": 3300.0, "pid": 1,
+                   "tid": 1})
+        for i in range(3):
+            ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t + 1, "dur": 3.0,
+                       "pid": 1, "tid": 1, "args": {"correlation": corr}})
+            ev.append({"ph": "X", "cat": "kernel", "name": "sm90_xmma_gemm_bf16", "ts": t + 5,
+                       "dur": 1000.0 + 7 * ((rank + step + i) % 3), "pid": 0, "tid": 7,
+                       "args": {"stream": 7, "device": rank % 8, "correlation": corr}})
+            corr += 1
+            t += 1010
+        for _ in range(4):
+            collective("nccl:all_reduce", "TENSOR_MODEL_PARALLEL_GROUP", NCCL, 20, 50 + (rank + step) % 4)
+        collective("nccl:reduce_scatter", "DATA_PARALLEL_GROUP", RS, 22, 200 + (rank * 7 + step) % 9)
+        collective("nccl:all_reduce", "MODEL_PARALLEL_GROUP", NCCL, 21, 2000.0 if mine & slow_mp else 30.0)
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "ts": start,
+                   "dur": t - start, "pid": 1, "tid": 1})
+        t += 100
+    pg_config = [{"pg_name": str(i), **({"pg_desc": desc} if named else {}), "backend_config": "cuda:nccl",
+                  "pg_size": len(g), "ranks": g} for i, (desc, g) in enumerate(groups.items())]
+    return {"schemaVersion": 1, "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": 16,
+                                                    "pg_config": pg_config},
+            "host_name": f"node{rank // 8}", "baseTimeNanoseconds": 1_700_000_000_000_000_000, "traceEvents": ev}
+
+
+def _job(tmp_path, slow_mp: set[int], named: bool = True):
+    d = tmp_path / "traces"
+    d.mkdir()
+    for r in range(16):
+        (d / f"rank{r}.json.gz").write_bytes(gzip.compress(json.dumps(_trace(r, slow_mp, named)).encode()))
+    import_kineto([d], tmp_path / "s", "tp=2,pp=2,dp=4")
+    return Store.open(tmp_path / "s").attempt()
+
+
+def test_a_group_spanning_tp_and_pp_is_its_own_kind_and_is_not_judged_as_tp(tmp_path):
+    # the model-parallel group holding rank 6 runs its grad-norm all-reduce 60x slower by nature:
+    # compared as "tp" groups (split along groups it does not run in), it was a link incident
+    attempt = _job(tmp_path, slow_mp={6})
+    kinds = {r["group_kind"] for r in attempt.sql(
+        "SELECT DISTINCT group_kind FROM phases WHERE category = 'comm'").to_pylist()}
+    assert kinds == {"tp", "dp", "model_parallel"}
+    d = diagnose(attempt, DiagnoseConfig(store_incidents=False))
+    assert [i for i in d.incidents if i.klass == "link_degradation"] == []
+    shifts = [s for w in d.windows if w.l3 for s in w.l3.shifts]
+    assert shifts == []
+    unjudged = d.document()["unjudged_communicators"]
+    assert {"group_kind": "model_parallel", "why": "a group of its own kind (no layout group has its members)"} \
+        in unjudged
+    assert any(u.get("op") == "all_reduce" and u.get("launches_per_rank_step") == 1.0 for u in unjudged)
+
+
+def test_without_names_a_kernel_no_layout_communicator_launches_as_often_is_not_judged(tmp_path):
+    """The same job with no ``pg_desc`` anywhere: the grad-norm group is of no layout kind, so its
+    phases have none, and its kernel — one launch a step, where tp launches four — was split
+    along tp groups as the "closest" kind: a link incident on the slow group's hosts."""
+    attempt = _job(tmp_path, slow_mp={6}, named=False)
+    d = diagnose(attempt, DiagnoseConfig(store_incidents=False))
+    assert [i for i in d.incidents if i.klass == "link_degradation"] == []
+    assert [s for w in d.windows if w.l3 for s in w.l3.shifts] == []
+    assert any(u.get("op") == "all_reduce" for u in d.document()["unjudged_communicators"])
