@@ -30,6 +30,7 @@ PAIR_SHIFT = 1.0  # with only two groups (no spread to estimate): one ≥ 2× th
 FEW_GROUPS = 5  # with 3–4 groups: one group ≥ 1 + FEW_SHIFT × every other …
 FEW_SHIFT = 2.0
 FEW_MIN_EXTRA_NS = 1e6  # … and ≥ 1 ms longer
+PP_PAIR_FLOOR = 4.0  # two pipeline lines: one line's fastest transfer of the step this × the other's
 _KINDS = (GroupKind.TP, GroupKind.CP, GroupKind.EP, GroupKind.DP, GroupKind.EDP, GroupKind.PP)
 
 
@@ -121,7 +122,13 @@ def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray,
         g = grp[m]
         if m.sum() == 2:  # two groups of one stage do the same work; of two stages, they only narrow
             # (two pipeline lines are not: their transfers follow each stage's compute, and on
-            # a shared CPU host one line's receives run twice the other's by scheduling alone)
+            # a shared CPU host one line's receives run twice the other's by scheduling alone —
+            # but not their *fastest* transfer ``PP_PAIR_FLOOR``× the other's, step after step:
+            # scheduling delays some transfers, never every one of them)
+            if _KINDS[k] == GroupKind.PP and _pair(out, int(s), logt[m], g, steps, names, layout, hosts,
+                                                   narrow_only=False, shift=np.log(PP_PAIR_FLOOR),
+                                                   per_step=per_step[m]):
+                continue
             same = bool(strata[k][g[0]] == strata[k][g[1]]) and _KINDS[k] != GroupKind.PP
             _pair(out, int(s), np.log(np.maximum(total[m], 1.0)), g, steps, names, layout, hosts,
                   narrow_only=not same)
@@ -212,7 +219,8 @@ def _compare(out: list[LinkFinding], s: int, logt: np.ndarray, per_step: np.ndar
 
 
 def _pair(out: list[LinkFinding], s: int, v: np.ndarray, g: np.ndarray, steps: np.ndarray, names: list[str],
-          layout: Layout, hosts: np.ndarray, narrow_only: bool) -> bool:
+          layout: Layout, hosts: np.ndarray, narrow_only: bool, shift: float = float(np.log1p(PAIR_SHIFT)),
+          per_step: np.ndarray | None = None) -> bool:
     """Two groups of one kind, compared on per-step communication totals (collectives of
     varied sizes: the fastest op says little): the slower one, if ≥ 1 + PAIR_SHIFT times the
     other. Two groups of one stage (the data-parallel groups of two TP shards) do the same
@@ -220,12 +228,13 @@ def _pair(out: list[LinkFinding], s: int, v: np.ndarray, g: np.ndarray, steps: n
     groups of a two-stage pipeline) may move different amounts of data, so then it only
     narrows down the hosts of a finding from a comparable set of groups."""
     slow, fast = (0, 1) if v[0] > v[1] else (1, 0)
-    if v[slow] - v[fast] < np.log1p(PAIR_SHIFT):
+    if v[slow] - v[fast] < shift or np.exp(v[slow]) - np.exp(v[fast]) < FEW_MIN_EXTRA_NS:
         return False
     name_kind, si = divmod(s, len(steps) + 1)
     name_id, k = divmod(name_kind, len(_KINDS))
     ranks = sorted(int(r) for r in layout.groups(_KINDS[k])[g[slow]].ravel())
     out.append(LinkFinding(names[name_id], _KINDS[k], int(steps[si]), ranks, sorted({str(hosts[r]) for r in ranks}),
                            float(np.expm1(v[slow] - v[fast])), float(np.exp(v[slow]) - np.exp(v[fast])),
-                           narrow_only=narrow_only))  # extra: of the step's total
+                           narrow_only=narrow_only,  # extra: of the step's total, or (floors) of each transfer …
+                           per_step=1.0 if per_step is None else float(per_step[slow])))  # … × transfers a step
     return True

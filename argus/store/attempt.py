@@ -372,3 +372,28 @@ class AttemptWriter:
         self.bytes_written += write_parquet_atomic(path, t, table, self.writer_id, self.durable)
         return path
 
+
+
+class JoinedAttempt(Attempt):
+    """One job that was written as several runs (its hosts' ``argus run`` started seconds apart
+    and, before the ranks agreed on a run id, each named the job itself): the parts' files read
+    as one attempt. Writes (the diagnosis' incidents) go to the first part."""
+
+    def __init__(self, parts: list[Attempt]):
+        super().__init__(parts[0].path, {**parts[0].meta, "joined_runs": [p.identity.run_id for p in parts]})
+        self.parts = parts
+
+    def files(self, table: str) -> list[Path]:
+        out = [f for p in self.parts for f in p.files(table)]
+        self.uncommitted[table] = sum(p.uncommitted.get(table, 0) for p in self.parts)
+        return out
+
+    @property
+    def damage(self) -> list[Damage]:
+        return [d for p in self.parts for d in p.damage]
+
+    def scan_data(self) -> list[Damage]:
+        return [d for p in self.parts for d in p.scan_data()]
+
+    def __repr__(self) -> str:
+        return f"JoinedAttempt({', '.join(repr(p) for p in self.parts)})"

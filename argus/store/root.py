@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from argus.errors import StoreError
-from argus.store.attempt import ATTEMPT_META, Attempt
+from argus.store.attempt import ATTEMPT_META, Attempt, JoinedAttempt
 from argus.store.files import TMP_PREFIX, read_regular_bytes, write_bytes_atomic
 from argus.store.schema import SCHEMA_VERSION
 from argus.topology import Layout, RunIdentity, Topology
@@ -165,7 +165,51 @@ class Store:
                 if (run_id is None or att.parent.name == run_id) and (attempt_id is None or att.name == attempt_id):
                     raise exc
             raise StoreError(f"{self.root}: no run attempt{what} in this store")
+        if run_id is None:
+            return one_job(attempts[-1], attempts)
         return attempts[-1]
 
     def __repr__(self) -> str:
         return f"Store({self.root})"
+
+
+#: Attempts created this close together can be one job whose hosts named it apart.
+JOIN_WINDOW_S = 120.0
+
+
+def one_job(latest: Attempt, attempts: list[Attempt]) -> Attempt:
+    """``latest`` and the attempts of other runs that are the same job: same layout and attempt
+    id, created within ``JOIN_WINDOW_S``, written by other hosts, holding other ranks. Hosts of
+    one job launched a second apart, each naming the run itself (what Argus did before the ranks
+    agreed on a run id), left halves that only together are the job: read as one
+    (:class:`JoinedAttempt`)."""
+    def created(a: Attempt) -> float:
+        value = a.meta.get("created_ns")
+        return float(value) / 1e9 if isinstance(value, int) else float("nan")
+
+    def writers(a: Attempt) -> set[str]:
+        return {d.name for d in Attempt._entries(a.path / "steps")}
+
+    def ranks(a: Attempt) -> set[int]:
+        return set(a.read("steps", columns=["rank"]).column("rank").to_pylist())
+
+    mine_w, mine_r = writers(latest), None
+    parts = [latest]
+    for other in reversed(attempts[:-1]):
+        if (other.identity.run_id == latest.identity.run_id or other.identity.attempt_id != latest.identity.attempt_id
+                or str(other.layout) != str(latest.layout) or other.layout.order != latest.layout.order
+                or not abs(created(other) - created(latest)) <= JOIN_WINDOW_S):
+            continue
+        w = writers(other)
+        if not w or w & mine_w:
+            continue
+        mine_r = ranks(latest) if mine_r is None else mine_r
+        r = ranks(other)
+        if not r or r & mine_r:
+            continue
+        parts.append(other)
+        mine_w |= w
+        mine_r |= r
+    if len(parts) == 1:
+        return latest
+    return JoinedAttempt(sorted(parts, key=lambda a: a.identity.run_id))
