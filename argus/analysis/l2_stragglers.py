@@ -37,7 +37,8 @@ PAIR_Z4_EXCESS = 0.3  # peer sets of two: 30% above the faster peer counts as z 
 class L2Config:
     z: float = 4.0  # robust z to flag a rank within its peer group
     min_ratio: float = 1.2  # persistent: at least this × the peer median
-    spike_ratio: float = 2.0  # a single step this far out is an intermittent finding
+    spike_ratio: float = 2.0  # a single step this far out is an intermittent finding …
+    spike_step_share: float = 0.2  # … or one whose excess is this share of the step (a host stall, by its definition)
     cv_gate: float = 0.03  # groups whose std/mean is below this are left alone
     min_excess_frac: float = 0.03  # a rank's excess must be ≥ this share of the step time
     persist_frac: float = 0.6  # flagged in this share of the window's steps: persistent …
@@ -283,7 +284,9 @@ def _flag(res: L2Result, name: str, category: str, mb: int, kind: str, steps: np
         excess = vals - med
         costly = excess >= config.min_excess_frac * step_time[:, None]
         flagged = (z >= config.z) & (ratio >= config.min_ratio) & (cv >= config.cv_gate) & costly
-        spike = flagged & (ratio >= config.spike_ratio)
+        # a step far out relative to the phase, or by a stall's share of the whole step: a 60 ms
+        # pause in a 100 ms forward is 1.6x the phase but a quarter of a 225 ms step
+        spike = flagged & ((ratio >= config.spike_ratio) | (excess >= config.spike_step_share * step_time[:, None]))
     present = np.isfinite(vals).sum(axis=0)
     n_flag = flagged.sum(axis=0)
     steady = (n_flag >= config.persist_frac * present) & (n_flag >= config.persist_min)

@@ -117,6 +117,7 @@ class L3Result:
     shifts: list[GroupShift] = field(default_factory=list)
     events_per_step: dict[tuple[str, int], float] = field(default_factory=dict)  # (kernel, stream) → per rank
     busy_ratio: dict[int, float] = field(default_factory=dict)  # rank → total compute-kernel time / peers' median
+    busy_excess_s: dict[int, float] = field(default_factory=dict)  # rank → … minus the peers' median, per step (s)
     #: communication kernels no layout communicator launches as often: (kernel, stream, op,
     #: launches per rank-step) — a group of a kind of its own, with no peer of that kind to judge it by
     unjudged: list[tuple[str, int, str, float]] = field(default_factory=list)
@@ -148,7 +149,8 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
             ("rank", "stream", "count", "p50_ns", "p99_ns", "min_ns", "max_ns")}
     text = {c: _codes(summaries.column(c)) for c in ("kernel", "category", "op")}
     n_steps = max(end_step - start_step + 1, 1)
-    res.busy_ratio = _busy_ratio(cols, text["category"], layout)
+    res.busy_ratio, excess = _busy_ratio(cols, text["category"], layout)
+    res.busy_excess_s = {r: v / 1e9 / n_steps for r, v in excess.items()}
     # one integer key per (kernel, stream) and one sort: each kernel's rows are a slice, not a
     # string comparison over every row of the window
     kid, kernels = text["kernel"]
@@ -244,14 +246,14 @@ def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _busy_ratio(cols: dict[str, np.ndarray], category: tuple[np.ndarray, np.ndarray],
-                layout: Layout) -> dict[int, float]:
+                layout: Layout) -> tuple[dict[int, float], dict[int, float]]:
     """Each rank's total compute-kernel time (Σ count × p50) over its peer set's median (the
     faster one of a pair): a slow device or extra work raises it; noise scattered over
     individual kernels cancels out."""
     codes, cats = category
     compute = np.isin(codes, np.flatnonzero(np.isin(cats, ["compute", "cpu_op"])))
     if not compute.any():
-        return {}
+        return {}, {}
     rank = cols["rank"][compute].astype(np.int64)
     total = np.bincount(rank, weights=(cols["count"] * cols["p50_ns"])[compute], minlength=layout.world_size)
     present = np.bincount(rank, minlength=layout.world_size) > 0
@@ -267,7 +269,9 @@ def _busy_ratio(cols: dict[str, np.ndarray], category: tuple[np.ndarray, np.ndar
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio[groups] = vals / med
     ranks = np.flatnonzero(present & np.isfinite(ratio))
-    return dict(zip(ranks.tolist(), ratio[ranks].tolist()))
+    excess = np.full(layout.world_size, np.nan)
+    excess[groups] = vals - med  # ns over the window
+    return dict(zip(ranks.tolist(), ratio[ranks].tolist())), dict(zip(ranks.tolist(), excess[ranks].tolist()))
 
 
 def _more_launches(rows, ranks, mean, layout: Layout, kernel, stream, category, config: L3Config) -> list[KernelOutlier]:

@@ -210,7 +210,8 @@ def _hang(ctx: _Ctx) -> Incident | None:
 # -- compute ----------------------------------------------------------------------------------
 def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
     per_rank: dict[int, dict] = defaultdict(lambda: {"windows": set(), "busy": [], "l3": [], "arrival": [],
-                                                     "ratios": defaultdict(list), "stalled": False})
+                                                     "ratios": defaultdict(list), "stalled": False,
+                                                     "kernel_excess": []})
     for w in windows:
         busy: dict[int, list[Finding]] = defaultdict(list)
         for f in w.l2.findings:
@@ -235,6 +236,8 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
         for r in ranks:
             ev = per_rank[r]
             ev["windows"].add((w.lo, w.hi))
+            if w.l3 is not None and r in w.l3.busy_excess_s:
+                ev["kernel_excess"].append(w.l3.busy_excess_s[r])
             ev["busy"] += busy.get(r, [])
             ev["l3"] += slow.get(r, [])
             ev["stalled"] = ev["stalled"] or any(  # host work, or intermittent long work: the host's excess
@@ -257,7 +260,7 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
         for r in {f.rank for f in w.l2.findings if f.kind == "busy" and f.category == "compute" and not f.persistent
                   and any(f.excess_at(s) >= ctx.config.stall_share * ctx.step_time.get(s, np.inf) for s in f.steps)}:
             spiky_w[r] += 1
-    groups: dict[tuple[IncidentClass, str], list[int]] = defaultdict(list)
+    groups: dict[tuple[IncidentClass, str, bool], list[int]] = defaultdict(list)
     for r, ev in per_rank.items():
         if ev["busy"] and spiky_w[r] >= 2 * steady_w[r]:
             continue  # a recurring host stall (see _stalls), not a slow device
@@ -265,11 +268,37 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
             continue  # slower kernels in one window only, and work not longer: noise
         if not ev["busy"] and ev["stalled"]:
             continue  # long host phases (or intermittent long work) and no steady compute excess: a host stall
-        groups[_classify(ctx, ev)].append(r)
+        groups[(*_classify(ctx, ev), _constant_excess(ctx, windows, r))].append(r)
     out = []
-    for (klass, phase), members in groups.items():
-        out.append(_compute_incident(ctx, klass, phase, sorted(members), [per_rank[r] for r in sorted(members)]))
+    for (klass, phase, constant), members in groups.items():
+        out.append(_compute_incident(ctx, klass, phase, sorted(members), [per_rank[r] for r in sorted(members)],
+                                     constant))
     return out
+
+
+def _constant_excess(ctx: _Ctx, windows: list[WindowAnalysis], rank: int) -> bool:
+    """Whether the rank's kernel-time excess was there before L1's level shift as much as after:
+    a difference from the start (another shard's work, a slower part all along) did not make
+    the job slower at the shift, and is not charged with it (nor merged with the ranks that did:
+    on the real DLRM job a rank whose embedding kernels differ from the start joined a slowed
+    rank's incident and its regression)."""
+    shifts = [w.start_step for w in ctx.l1.windows if w.kind == "regression" and np.isfinite(w.magnitude)]
+    if not shifts:
+        return False
+    onset = min(shifts)
+    pre, post = [], []
+    for w in windows:
+        ratio = w.l3.busy_ratio.get(rank) if w.l3 is not None else None
+        if ratio is None or not np.isfinite(ratio):
+            continue
+        if w.lo >= onset:
+            post.append(ratio)
+        elif onset - w.lo >= (w.hi - w.lo + 1) / 2:  # mostly before the shift
+            pre.append(ratio)
+    if not pre or not post:
+        return False
+    before, after = float(np.median(pre)), float(np.median(post))
+    return before >= ctx.config.min_busy_ratio and before >= 0.8 * after
 
 
 def _classify(ctx: _Ctx, ev: dict) -> tuple[IncidentClass, str]:
@@ -302,7 +331,8 @@ def _classify(ctx: _Ctx, ev: dict) -> tuple[IncidentClass, str]:
     return IncidentClass.COMPUTE_STRAGGLER, "compute"
 
 
-def _compute_incident(ctx: _Ctx, klass: IncidentClass, phase: str, ranks: list[int], evs: list[dict]) -> Incident:
+def _compute_incident(ctx: _Ctx, klass: IncidentClass, phase: str, ranks: list[int], evs: list[dict],
+                      constant: bool = False) -> Incident:
     steps = sorted({s for ev in evs for f in ev["busy"] for s in f.steps}
                    | {s for ev in evs for lo, hi in ev["windows"] for s in range(lo, hi + 1)
                       if not ev["busy"]})
@@ -326,7 +356,7 @@ def _compute_incident(ctx: _Ctx, klass: IncidentClass, phase: str, ranks: list[i
         for o in ev["l3"]:
             cost[o.kernel] += o.extra_ns
     kernels = [k for k, _ in cost.most_common(8)]
-    if _regression_covering(ctx, steps):
+    if _regression_covering(ctx, steps) and not constant:
         pct, gpuh, _ = _impact(ctx, steps)
         # … but the culprits cannot cost the job more than their own excess: a level shift that
         # something else caused (a recompile stalling every rank) is not charged to them
@@ -340,8 +370,10 @@ def _compute_incident(ctx: _Ctx, klass: IncidentClass, phase: str, ranks: list[i
             cap = 100.0 * own * len(span) / max(sum(span) - own * len(span), 1e-12)
             if cap < pct:
                 gpuh, pct = gpuh * cap / pct if pct > 0 else 0.0, cap
-    else:  # no healthy level to compare with: the culprits' own excess is the job's extra time
+    else:  # no healthy level to compare with (or an excess older than it): the culprits' own excess
         excess = [f.typical_excess_s for ev in evs for f in ev["busy"] if f.microbatch < 0 and _block(f.name)]
+        if not excess:
+            excess = [x for x in (_kernel_excess_s(ev) for ev in evs) if x > 0]
         pct, gpuh, _ = _impact(ctx, steps, float(np.median(excess)) if excess else 0.0)
     severity = grade(pct)
     action = Action.CORDON_NODE if confirmed else Action.VERIFY
@@ -372,11 +404,13 @@ def _compute_incident(ctx: _Ctx, klass: IncidentClass, phase: str, ranks: list[i
 
 
 def _kernel_excess_s(ev: dict) -> float:
-    """A culprit's device-kernel time per step beyond its peers' (L3's slower compute kernels, over
-    the windows that flagged it); 0 without device kernels (CPU ops time the host's own phases)."""
-    extra = sum(o.extra_ns for o in ev["l3"] if o.category == "compute" and o.slower)
-    steps = sum(hi - lo + 1 for lo, hi in ev["windows"])
-    return extra / 1e9 / steps if steps else 0.0
+    """A culprit's device-kernel time per step beyond its peers' median (all its compute kernels,
+    L3's ``busy_excess_s``; the median over the windows that flagged it); 0 without device
+    kernels (sampled CPU ops time the host's own phases, which L2 already measures)."""
+    if not any(o.category == "compute" for o in ev["l3"]):
+        return 0.0
+    values = [v for v in ev["kernel_excess"] if np.isfinite(v)]
+    return max(float(np.median(values)), 0.0) if values else 0.0
 
 
 def _w1_matrix_evidence(ctx: _Ctx, ranks: list[int], evs: list[dict]) -> dict | None:

@@ -44,9 +44,34 @@ class PhaseArrays:
     step: np.ndarray  # int64
     start_ns: np.ndarray  # int64
     dur_ns: np.ndarray  # int64, -1 = never finished
+    on_gpu: np.ndarray | None = None  # bool: timed on the device (a GPU annotation), else on the host
 
     def __len__(self) -> int:
         return len(self.start_ns)
+
+    def host_waits(self) -> np.ndarray:
+        """``wait_ns`` per phase: for host-timed work, the host-timed collectives inside it (what
+        blocked the host thread); -1 for the rest (the analysis then subtracts nested comm). A
+        device-timed collective overlapping a host-timed phase did not block it — NCCL launches
+        return at once — and must not be taken off the host's work (on a real DDP trace the
+        backward's all-reduces run on the device during the next forward: its peers' forwards
+        looked 30 ms shorter than the one a 30 ms host stall had moved them out of)."""
+        out = np.full(len(self), -1, np.int64)
+        if self.on_gpu is None or not len(self):
+            return out
+        comm = (self.category == "comm") & ~self.on_gpu & (self.dur_ns > 0)
+        work = (self.category != "comm") & ~self.on_gpu & (self.dur_ns >= 0)
+        if not work.any():
+            return out
+        c = np.flatnonzero(comm)
+        order = c[np.argsort(self.start_ns[c], kind="stable")]
+        starts = self.start_ns[order]
+        cum = np.concatenate([[0], np.cumsum(self.dur_ns[order])])
+        w = np.flatnonzero(work)
+        lo = np.searchsorted(starts, self.start_ns[w], side="left")
+        hi = np.searchsorted(starts, self.start_ns[w] + self.dur_ns[w], side="left")
+        out[w] = np.minimum(cum[hi] - cum[lo], self.dur_ns[w])
+        return out
 
 
 @dataclass
@@ -348,7 +373,7 @@ def build_phases(c: Collected, base_ns: int, index: StepIndex, pgs: dict[str, tu
         name=np.array(names, dtype=object), category=np.array(cats, dtype=object),
         group_kind=np.array(kinds, dtype=object), group_ref=group_ref,
         microbatch=np.array(mbs, np.int32), step=step[rows].astype(np.int64), start_ns=start[rows],
-        dur_ns=np.where(np.array(unfinished, bool), -1, dur[rows]))
+        dur_ns=np.where(np.array(unfinished, bool), -1, dur[rows]), on_gpu=on_gpu[rows])
 
 
 def _text(value: Any, default: str) -> str:

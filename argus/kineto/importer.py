@@ -282,7 +282,8 @@ def _rank_tables(t: RankTrace, layout: Layout) -> _RankTables:
     phases = pa.table({
         "rank": pa.array(np.full(len(p), rank, np.int32)), "step": p.step, "microbatch": p.microbatch,
         "name": pa.array(p.name.tolist(), pa.string()), "category": pa.array(p.category.tolist(), pa.string()),
-        "group_kind": pa.array(kinds.tolist(), pa.string()), "start_ns": p.start_ns, "dur_ns": p.dur_ns})
+        "group_kind": pa.array(kinds.tolist(), pa.string()), "start_ns": p.start_ns, "dur_ns": p.dur_ns,
+        "wait_ns": p.host_waits()})
     k = t.kernels
     names = pa.DictionaryArray.from_arrays(pa.array(k.name_id, pa.int32()), pa.array(k.names, pa.string()))
     kind = pa.DictionaryArray.from_arrays(pa.array(k.kind.astype(np.int32)), pa.array(list(KIND_NAMES)))

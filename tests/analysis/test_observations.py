@@ -64,7 +64,7 @@ def test_a_single_process_profile_names_its_data_loading_in_either_schema(profil
     d = diagnose(Store.open(tmp_path / "s").attempt(), DiagnoseConfig(store_incidents=False))
     assert d.depth is not None and d.depth.thin and d.depth.comparable == 0
     (obs,) = [o for o in d.observations if o.kind == "host_time"]
-    assert obs.ranks == (0,) and obs.cause == "data_loading" and 0.2 <= obs.share <= 0.7, obs
+    assert obs.ranks == (0,) and obs.cause == "data_loading" and 0.2 <= obs.share <= 0.95, obs  # sleeps against compute: machine-dependent
     assert "DataLoader" in obs.phase
 
 
