@@ -45,6 +45,7 @@ class LinkFinding:
     extra_ns: float  # how much longer each transfer of the shifted groups took
     narrow_only: bool = False  # … a two-group comparison: narrows other findings' hosts, never alone
     per_step: float = 1.0  # transfers of this collective per rank and step in the shifted groups
+    pair_only: bool = False  # two pipeline lines, one far slower: no spread to judge by, stands only if persistent
 
     def to_json(self) -> dict:
         return {"collective": self.collective, "group_kind": self.group_kind, "step": self.step,
@@ -127,7 +128,7 @@ def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray,
             # scheduling delays some transfers, never every one of them)
             if _KINDS[k] == GroupKind.PP and _pair(out, int(s), logt[m], g, steps, names, layout, hosts,
                                                    narrow_only=False, shift=np.log(PP_PAIR_FLOOR),
-                                                   per_step=per_step[m]):
+                                                   per_step=per_step[m], pair_only=True):
                 continue
             same = bool(strata[k][g[0]] == strata[k][g[1]]) and _KINDS[k] != GroupKind.PP
             _pair(out, int(s), np.log(np.maximum(total[m], 1.0)), g, steps, names, layout, hosts,
@@ -220,7 +221,7 @@ def _compare(out: list[LinkFinding], s: int, logt: np.ndarray, per_step: np.ndar
 
 def _pair(out: list[LinkFinding], s: int, v: np.ndarray, g: np.ndarray, steps: np.ndarray, names: list[str],
           layout: Layout, hosts: np.ndarray, narrow_only: bool, shift: float = float(np.log1p(PAIR_SHIFT)),
-          per_step: np.ndarray | None = None) -> bool:
+          per_step: np.ndarray | None = None, pair_only: bool = False) -> bool:
     """Two groups of one kind, compared on per-step communication totals (collectives of
     varied sizes: the fastest op says little): the slower one, if ≥ 1 + PAIR_SHIFT times the
     other. Two groups of one stage (the data-parallel groups of two TP shards) do the same
@@ -236,5 +237,6 @@ def _pair(out: list[LinkFinding], s: int, v: np.ndarray, g: np.ndarray, steps: n
     out.append(LinkFinding(names[name_id], _KINDS[k], int(steps[si]), ranks, sorted({str(hosts[r]) for r in ranks}),
                            float(np.expm1(v[slow] - v[fast])), float(np.exp(v[slow]) - np.exp(v[fast])),
                            narrow_only=narrow_only,  # extra: of the step's total, or (floors) of each transfer …
-                           per_step=1.0 if per_step is None else float(per_step[slow])))  # … × transfers a step
+                           per_step=1.0 if per_step is None else float(per_step[slow]),  # … × transfers a step
+                           pair_only=pair_only))
     return True

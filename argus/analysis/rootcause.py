@@ -553,6 +553,14 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
 #: per-test false-alarm rate α, a group then raises one by chance at ~C(n, 2)·α² per window of
 #: n steps, instead of n·α.
 MIN_RECURRENCE = 2
+#: Two pipeline lines, one's fastest transfer of a step ≥ 4× the other's (``links.PP_PAIR_FLOOR``):
+#: with two values there is no spread to judge by, and on a shared CPU host scheduling alone
+#: makes one line's receives 4–22× the other's in a few steps (a healthy 4-rank pipeline on 2
+#: vCPUs: 3 of 12 steps). A slow link does it step after step (the throttled netns link: 60 of
+#: 60), so such a finding stands only when it holds in this share of the normal steps from its
+#: first to its last, and in at least ``PAIR_MIN_STEPS`` of them.
+PAIR_PERSISTENCE = 0.8
+PAIR_MIN_STEPS = 4
 #: Findings of one step within this share of its costliest one name the slow transfers;
 #: smaller ones (a collective a tenth as long that moves in the noise) neither narrow the hosts
 #: nor add culprits.
@@ -573,6 +581,9 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
         seen[(lf.group_kind, tuple(lf.ranks))].add(lf.step)
     by_step: dict[int, list] = defaultdict(list)
     for lf in findings:
+        if lf.pair_only and not _persistent_pair(ctx, seen[(lf.group_kind, tuple(lf.ranks))]) \
+                and not set(lf.hosts) & hw_hosts:
+            continue
         if len(seen[(lf.group_kind, tuple(lf.ranks))]) >= MIN_RECURRENCE or set(lf.hosts) & hw_hosts:
             by_step[lf.step].append(lf)
     shifts = [s for w in windows if w.l3 for s in w.l3.shifts]
@@ -699,6 +710,13 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
                      next(iter(collectives), "collectives"), kernels, State.CONFIRMED if confirmed else State.SUSPECTED,
                      grade(pct), pct, gpuh, Action.CORDON_NODE if confirmed else Action.VERIFY,
                      evidence, steps, summary)]
+
+
+def _persistent_pair(ctx: _Ctx, flagged: set[int]) -> bool:
+    """Did a two-line pipeline finding hold step after step (``PAIR_PERSISTENCE``)?"""
+    normal = [s for s in ctx.step_time if ctx.normal(s) and min(flagged) <= s <= max(flagged)]
+    hits = sum(1 for s in normal if s in flagged)
+    return hits >= PAIR_MIN_STEPS and hits >= PAIR_PERSISTENCE * len(normal)
 
 
 def _shift_cost_per_step(windows: list[WindowAnalysis], shifts: list, hosts: list[str]) -> dict[int, float]:

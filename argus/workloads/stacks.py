@@ -279,6 +279,8 @@ def run_stack(a: argparse.Namespace, rank: int, world: int, f: Faults, res: dict
             return loss
 
     for step in range(a.steps):
+        if step == 1 and a.pin_cpu is not None:
+            _pin_threads(a.pin_cpu)
         t = time.perf_counter()
         f.before_step(step, model)
         loss = step_fn(step)
@@ -287,6 +289,16 @@ def run_stack(a: argparse.Namespace, rank: int, world: int, f: Faults, res: dict
         res["seq_lens"].append(f.seq_len(rank if a.stack != "pipeline" else rank % (world // 2), step))
         res["steps_done"] = step + 1
     res["param_checksum_hex"] = _checksum(model).hex()
+
+
+def _pin_threads(cpu: int) -> None:
+    """Every thread of this process onto ``cpu`` (``sched_setaffinity`` moves one thread;
+    threads started later inherit their creator's set)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except OSError:  # a thread that just ended, or a CPU outside our cgroup: leave it
+            pass
 
 
 def _checksum(model: nn.Module) -> float:
@@ -449,6 +461,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pp-schedule", choices=["1f1b", "gpipe"], default="1f1b")
     p.add_argument("--pg-timeout", type=float, default=1800.0, help="process group timeout, s")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pin-cpu", type=int, default=None,
+                   help="after the first step (warm-up, compilation on every core) run all of this process's "
+                        "threads on this CPU: ranks that share it share its speed in the steps compared")
     a = p.parse_args(argv)
     if a.fault == "recompile" and a.stack not in COMPILED:
         p.error("--fault recompile needs --stack compile or compile_ddp")

@@ -25,3 +25,42 @@ def test_a_slow_data_parallel_group_names_that_group_not_its_hosts_or_stage(diag
     assert [i.klass for i in claims] == ["link_degradation"]
     assert claims[0].culprit_ranks == fault["culprit_ranks"] and len(fault["culprit_ranks"]) == 16
     assert "dp group of ranks" in claims[0].summary
+
+
+def _with_pair_findings(diagnosed, steps: list[int]):
+    """A healthy simulated pp=2 × dp=2 job (one rank a host) whose second pipeline line is
+    found ≥ 4× slower than the first (``links.PP_PAIR_FLOOR``) in ``steps``: the incidents
+    root cause builds from it."""
+    from dataclasses import replace
+
+    from argus.analysis.links import LinkFinding
+    from argus.analysis.rootcause import build_incidents
+    from argus.topology import GroupKind
+
+    attempt, _, d = diagnosed("healthy", ranks=4, steps=20, layout="pp=2,dp=2", gpus_per_host=1,
+                              checkpoint_every=0)
+    topology = attempt.topology()
+    ranks = sorted(int(r) for r in attempt.layout.groups(GroupKind.PP)[1])
+    hosts = sorted({str(topology.hosts[r]) for r in ranks})
+    windows = []
+    for w in d.windows:
+        found = [LinkFinding("pp-send/recv", GroupKind.PP, s, ranks, hosts, 9.0, 8e6, per_step=2.0, pair_only=True)
+                 for s in steps if w.lo <= s <= w.hi]
+        windows.append(replace(w, l2=replace(w.l2, links=list(w.l2.links) + found)))
+    step_time = {int(s): float(t) for s, t in zip(d.l1.steps, d.l1.step_time_s)}
+    return ranks, build_incidents(attempt, topology, d.l1, windows, d.hw, step_time)
+
+
+def test_two_pipeline_lines_apart_in_a_few_steps_are_scheduling_not_a_link(diagnosed):
+    """On a shared CPU host one pipeline line's receives ran 4–22× the other's in 3 of 12
+    steps of a healthy job (CI: a confirmed link incident, cordon_node). Two lines give no
+    spread to judge by; only persistence tells a link from the scheduler."""
+    _, incidents = _with_pair_findings(diagnosed, [5, 6, 11, 15])
+    assert [i for i in incidents if i.klass == "link_degradation"] == []
+
+
+def test_two_pipeline_lines_apart_step_after_step_are_a_slow_link(diagnosed):
+    """… while a throttled link makes it every step (the netns repro: 60 of 60)."""
+    ranks, incidents = _with_pair_findings(diagnosed, list(range(4, 20)))
+    (link,) = [i for i in incidents if i.klass == "link_degradation"]
+    assert link.culprit_ranks == ranks

@@ -16,6 +16,11 @@ MODEL = ["--d-model", "64", "--seq", "64", "--batch", "8"]
 JOB_ENV = {"OMP_NUM_THREADS": "1", "ARGUS_OP_SAMPLE_EVERY": "4"}  # short jobs: CPU ops of one step in 4
 
 
+def _one_cpu(nproc: int) -> int | None:
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return cpus[-1] if cpus and nproc <= len(cpus) else None
+
+
 def same_hardware(nproc: int) -> list[str]:
     """``taskset -c N`` for a job whose ranks could each own a vCPU, so that every rank runs on
     the same one. On these shared VMs a vCPU's speed for identical work varies up to 2× for
@@ -23,20 +28,27 @@ def same_hardware(nproc: int) -> list[str]:
     delay; ``docs/diagnosis.md``): two ranks on two vCPUs are two devices of different speeds —
     what Argus is there to report, and the reason a healthy 2-rank job got a compute straggler
     in 1 run of 4. Ranks sharing one vCPU (or more ranks than vCPUs) share its speed."""
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if not cpus or nproc > len(cpus) or not shutil.which("taskset"):
+    cpu = _one_cpu(nproc)
+    if cpu is None or not shutil.which("taskset"):
         return []
-    return ["taskset", "-c", str(cpus[-1])]
+    return ["taskset", "-c", str(cpu)]
 
 
-def launcher(nproc: int) -> list[str]:
-    return [*same_hardware(nproc), sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={nproc}"]
+def launcher(nproc: int, pinned: bool = True) -> list[str]:
+    return [*(same_hardware(nproc) if pinned else []), sys.executable, "-m", "torch.distributed.run",
+            "--standalone", f"--nproc_per_node={nproc}"]
+
+
+#: stacks whose first step compiles: they compile on every core and share one from step 1 on
+#: (``--pin-cpu``), which halves the compilation a test waits for (2 ranks on one vCPU: 52 s)
+COMPILED = {"compile", "compile_ddp"}
 
 
 def job(stack: str, out: Path, nproc: int, *extra: str) -> list[str]:
-    return [*launcher(nproc), "-m", "argus.workloads.stacks", "--stack", stack, "--out", str(out), "--steps",
-            str(STEPS), *MODEL, *extra]
+    cpu = _one_cpu(nproc) if stack in COMPILED else None
+    pin = ["--pin-cpu", str(cpu)] if cpu is not None else []
+    return [*launcher(nproc, pinned=cpu is None), "-m", "argus.workloads.stacks", "--stack", stack, "--out",
+            str(out), "--steps", str(STEPS), *MODEL, *pin, *extra]
 
 
 def argus_run(store: Path, *argus_args: str) -> list[str]:
