@@ -2,7 +2,8 @@
 # The README's test command: the system programs the integration tests drive (Chromium for
 # the browser checks; Prometheus, VictoriaMetrics and Alertmanager servers on 127.0.0.1),
 # the package with its test extra, ruff and mypy (config in pyproject.toml), then the whole
-# suite. Extra arguments go to pytest.
+# suite: the tests that measure real training processes alone, the rest in parallel workers.
+# Extra arguments go to pytest instead (one plain run).
 # Tests whose program could not be installed (no root, no apt) skip with a reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,4 +30,15 @@ fi
 pip install -e '.[test]'
 python -m ruff check argus tests
 python -m mypy
-python -m pytest -q "$@"
+if (($#)); then
+  exec python -m pytest -q "$@"
+fi
+# The tests that run real training processes and measure them (marked `serial` in
+# tests/conftest.py) run alone; the rest first, in parallel workers (one per core, at most 4).
+workers=$(nproc 2>/dev/null || echo 2)
+((workers > 4)) && workers=4
+((workers < 2)) && workers=2
+rc=0
+python -m pytest -q -n "$workers" -m "not serial" || rc=$?
+python -m pytest -q -m serial || rc=$?
+exit "$rc"

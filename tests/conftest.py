@@ -8,6 +8,23 @@ import pytest
 
 from argus.sim import SimConfig, simulate_to_store
 
+#: Test folders whose tests run real training processes and measure them (step times, CPU
+#: time, who is slower): they run one at a time, alone on the machine (``-m serial`` in
+#: scripts/test.sh), while the rest run in parallel workers. A slow rank that is only a busy
+#: neighbour is exactly what these tests must never see.
+SERIAL_DIRS = {"e2e", "processor", "producer", "cli"}
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    for item in items:
+        try:
+            top = Path(str(item.fspath)).relative_to(tests).parts[0]
+        except ValueError:
+            continue
+        if top in SERIAL_DIRS:
+            item.add_marker(pytest.mark.serial)
+
 
 @pytest.fixture(scope="session")
 def simulated(tmp_path_factory):
