@@ -25,7 +25,8 @@ import numpy as np
 
 from argus.bench.accuracy import RunScore, score
 
-__all__ = ["HELD_OUT_SEED0", "MAGNITUDES", "JobDraw", "HeldOutScore", "draw_job", "run_draw", "summarize_held_out"]
+__all__ = ["HELD_OUT_SEED0", "MAGNITUDES", "JobDraw", "HeldOutScore", "draw_job", "family", "run_draw",
+           "summarize_held_out"]
 
 #: First evaluation seed. Development (tests, tuning, docs/benchmarks.md's main figures) uses 0–99.
 HELD_OUT_SEED0 = 10_000
@@ -53,6 +54,7 @@ class JobDraw:
     seqlen_sigma: float
     jitter: float
     dataloader_spike_prob: float
+    megatron_groups: bool = False  # Megatron's EMBEDDING and MODEL_PARALLEL groups at the step's tail
 
 
 def draw_job(seed: int, min_ranks: int = 16, max_ranks: int = 256) -> JobDraw:
@@ -66,7 +68,22 @@ def draw_job(seed: int, min_ranks: int = 16, max_ranks: int = 256) -> JobDraw:
             break
     return JobDraw(seed, n, f"tp={tp},pp={pp},ep={ep},dp={dp}", float(rng.choice((5.0, 15.0, 40.0, 100.0))),
                    float(rng.choice((0.02, 0.08, 0.15))), float(rng.choice((0.01, 0.02, 0.04))),
-                   float(rng.choice((0.0, 0.01, 0.03))))
+                   float(rng.choice((0.0, 0.01, 0.03))), bool(rng.random() < 0.5))
+
+
+def family(layout: str) -> str:
+    """The layout family a job belongs to, by the axes it parallelises over: ``dp`` (data
+    parallel only), ``tp·dp``, ``pp`` (pipelined, dense), ``moe`` (experts, no pipeline),
+    ``moe·pp``. Scores are stated per family as well as pooled (and for the jobs that run
+    Megatron's own groups, ``megatron-groups``, across families): a detector tuned on the
+    common shape must not carry a family it fails on."""
+    sizes = {k: int(v) for k, v in (part.split("=") for part in layout.split(",") if "=" in part)}
+    tp, pp, ep = sizes.get("tp", 1), sizes.get("pp", 1), sizes.get("ep", 1)
+    if ep > 1:
+        return "moe·pp" if pp > 1 else "moe"
+    if pp > 1:
+        return "pp"
+    return "tp·dp" if tp > 1 else "dp"
 
 
 @dataclass
@@ -140,7 +157,7 @@ def run_draw(scenario: str, seed: int, magnitude: float | None = None, steps: in
     try:
         config = SimConfig(ranks=draw.ranks, steps=steps, seed=seed, layout=draw.layout, moe_alpha=draw.moe_alpha,
                            seqlen_sigma=draw.seqlen_sigma, jitter=draw.jitter,
-                           dataloader_spike_prob=draw.dataloader_spike_prob)
+                           dataloader_spike_prob=draw.dataloader_spike_prob, megatron_groups=draw.megatron_groups)
         t0 = time.perf_counter()
         try:
             res = simulate_to_store(config, scenario, tmp / "s", params=params, baseline=True)
@@ -200,4 +217,26 @@ def summarize_held_out(scores: list[HeldOutScore]) -> list[dict]:
             row["misses"] = [f"{s.draw.layout} s{s.draw.seed} m{s.magnitude} cost {s.cost_pct:.1f}%: {r.predicted}"
                              for s, r in costly if (r.recall or 0) < 1 or (r.precision or 0) < 1][:6]
         rows.append(row)
-    return rows
+    return rows + _by_family(scores, mean)
+
+
+def _by_family(scores: list[HeldOutScore], mean) -> list[dict]:
+    """Per layout family: false incidents on the healthy jobs, and the goal's figures over
+    every fault that cost ≥ 5%."""
+    out = []
+    families = {family(s.draw.layout) for s in scores} | ({"megatron-groups"} if any(
+        s.draw.megatron_groups for s in scores) else set())
+    for fam in sorted(families):
+        scored = [s for s in scores if s.score is not None and (
+            s.draw.megatron_groups if fam == "megatron-groups" else family(s.draw.layout) == fam)]
+        healthy = [s.score for s in scored if s.scenario == "healthy"]
+        costly = [s for s in scored if s.scenario != "healthy" and s.cost_pct is not None
+                  and s.cost_pct >= COST_FLOOR_PCT]
+        out.append({"bench": "accuracy-held-out-family", "family": fam,
+                    "layouts": len({s.draw.layout for s in scored}),
+                    "healthy_jobs": len(healthy), "false_incidents": sum(bool(r.false_incident) for r in healthy),
+                    "costly_runs": len(costly), "precision": mean([s.score.precision for s in costly]),
+                    "recall": mean([s.score.recall for s in costly]),
+                    "misses": [f"{s.scenario} {s.draw.layout} s{s.draw.seed} cost {s.cost_pct:.1f}%: {s.score.predicted}"
+                               for s in costly if (s.score.recall or 0) < 1 or (s.score.precision or 0) < 1][:6]})
+    return out

@@ -148,7 +148,10 @@ class _RankWriter:
                 f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{s}", "pid": {self.pid}, '
                 f'"tid": {self.pid}, "ts": {a}, "dur": {d}, "args": {{"External id": {e}{extra}}}}}')
 
-    def phases(self, t: pa.Table, step_end: dict[int, int], streams: dict[str, int]) -> None:
+    def phases(self, t: pa.Table, step_end: dict[int, int], streams: dict[str, int],
+               pgs: dict[str, dict] | None = None) -> None:
+        """``pgs``: group kind → this rank's ``pg_config`` entry; a collective of that kind is
+        preceded by the ``record_param_comms`` op PyTorch records, naming its process group."""
         name, cat, group = (t.column(c).to_pylist() for c in ("name", "category", "group_kind"))
         mb, step = _np(t, "microbatch"), _np(t, "step")
         start, dur = _np(t, "start_ns"), _np(t, "dur_ns")
@@ -163,6 +166,13 @@ class _RankWriter:
             if unfinished[i]:
                 meta["unfinished"] = True
             args = f'{{"External id": {e}, "{ARGUS_ARG}": {json.dumps(meta)}}}'
+            pg = pgs.get(group[i]) if pgs and cat[i] == "comm" else None
+            if pg is not None:
+                self.lines.append(
+                    f'{{"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": {self.pid}, '
+                    f'"tid": {self.pid}, "ts": {ts[i]}, "dur": 0.000, "args": {{"Process Group Name": '
+                    f'{json.dumps(pg["pg_name"])}, "Process Group Description": {json.dumps(pg["pg_desc"])}, '
+                    f'"Process Group Ranks": {json.dumps(json.dumps(pg["ranks"]))}}}}}')
             self.lines.append(f'{{"ph": "X", "cat": "user_annotation", "name": {json.dumps(shown)}, '
                               f'"pid": {self.pid}, "tid": {self.pid}, "ts": {ts[i]}, "dur": {ds_[i]}, "args": {args}}}')
             if self.gpu and cat[i] in ("compute", "comm"):
@@ -284,7 +294,9 @@ def export_kineto(store: str | Path | Store, out: str | Path, *, run_id: str | N
     ctx = _Export(out=out, attempt=attempt, result=result, hta_compat=hta_compat, compress=compress, gpu=not cpu_job,
                   base_ns=(min(mins) // 1_000_000_000) * 1_000_000_000,  # whole seconds: readable timestamps
                   backend=str(attempt.meta.get("backend") or ("gloo" if cpu_job else "nccl")),
-                  hosts=topo.hosts, local_ranks=topo.local_ranks)
+                  hosts=topo.hosts, local_ranks=topo.local_ranks,
+                  comm_kinds=sorted({str(k) for k in pc.unique(pc.filter(
+                      phases_t.column("group_kind"), pc.equal(phases_t.column("category"), "comm"))).to_pylist() if k}))
     steps_by_rank, phases_by_rank = _split(steps_t), _split(phases_t)
     for batch in _rank_batches(attempt, ranks, has_kernels):
         kernels_by_rank = (_split(attempt.read("kernels", steps=steps, filter=ds.field("rank").isin(batch)))
@@ -313,6 +325,25 @@ class _Export:
     hosts: np.ndarray
     local_ranks: np.ndarray
     comm_names: dict[str, bool] = field(default_factory=dict)
+    comm_kinds: list[str] = field(default_factory=list)  # group kinds the store's collectives ran in
+
+    def process_groups(self, rank: int) -> dict[str, dict]:
+        """The rank's process groups as PyTorch lists them in ``distributedInfo.pg_config``, named
+        as Megatron-core names them (``pg_desc``), for the kinds the store's collectives used:
+        tools that read only the trace (not Argus's own args) see each collective's group."""
+        from argus.topology import MEGATRON_DESC, megatron_group
+
+        layout = self.attempt.layout
+        out: dict[str, dict] = {}
+        for kind in self.comm_kinds:
+            members = megatron_group(layout, kind, rank) if rank < layout.world_size else None
+            if members is None or len(members) < 2:
+                continue
+            desc = MEGATRON_DESC.get(kind, kind.upper())
+            out[kind] = {"pg_name": f"{desc}:{int(members[0])}", "pg_desc": desc,
+                         "backend_config": f"{'cuda' if self.gpu else 'cpu'}:{self.backend}",
+                         "pg_size": int(len(members)), "ranks": [int(m) for m in members]}
+        return out
 
     def _placement(self, rank: int, kernels: pa.Table | None) -> tuple[int, dict[str, int]]:
         """The rank's device, and the streams its compute and communication kernels mostly ran on
@@ -348,13 +379,15 @@ class _Export:
         w.steps(steps, last_end)
         span = {int(s): (int(a), int(b))
                 for s, a, b in zip(_np(steps, "step"), _np(steps, "start_ns"), _np(steps, "end_ns"))}
-        w.phases(phases, {s: (b if b >= 0 else last_end.get(s, a)) for s, (a, b) in span.items()}, streams)
+        pgs = self.process_groups(rank)
+        w.phases(phases, {s: (b if b >= 0 else last_end.get(s, a)) for s, (a, b) in span.items()}, streams, pgs)
         if kernels is not None:
             w.kernels(kernels, span)
         ident = self.attempt.identity
         header = {"schemaVersion": 1,
                   "distributedInfo": {"backend": self.backend, "rank": rank,
-                                      "world_size": self.attempt.layout.world_size},
+                                      "world_size": self.attempt.layout.world_size,
+                                      "pg_config": list(pgs.values())},
                   "deviceProperties": [], "host_name": str(self.hosts[rank]), "baseTimeNanoseconds": self.base_ns,
                   "displayTimeUnit": "ms", "traceName": f"argus export of {ident.run_id}/{ident.attempt_id} rank {rank}"}
         events = w.metadata() + w.lines

@@ -53,6 +53,11 @@ class SimConfig:
     dataloader_spike_prob: float = 0.01  # chance per rank-step of a 20–80 ms loader hiccup
     jitter: float = 0.02  # lognormal sigma of each kernel launch's duration
     stack_rate_hz: float = 20.0  # always-on CPU stack sampling rate
+    #: Megatron's own process groups at the step's tail, as Megatron-core runs them: the tied
+    #: embedding's gradient all-reduce over EMBEDDING_GROUP (first and last stage, pp > 1) and
+    #: the gradient-norm all-reduce over MODEL_PARALLEL_GROUP (tp × pp) instead of the world.
+    #: Neither is a layout kind: the analysis must judge them apart (their own kinds).
+    megatron_groups: bool = False
     run_id: str | None = None
     workload: Workload = field(default_factory=Workload)
 

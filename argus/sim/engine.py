@@ -127,7 +127,7 @@ class Engine:
         self.id = {s: self.names.id(s) for s in (
             "compute", "comm", "host", "", "kernel", "forward-compute", "backward-compute", "dataloader",
             "checkpoint-save", "pp-send", "pp-recv", "moe_layer", "moe_layer-bwd", "tp", "cp", "ep", "dp",
-            "pp", "world")}
+            "pp", "world", "model_parallel", "embedding")}
         for op in w.comm_ops():
             self.names.id(op.phase)
             self.names.id(op.kernel.name)
@@ -212,7 +212,13 @@ class Engine:
         w = self.W
         for s in range(P):
             self._collective(s, w.dp_reduce_scatter, -1)
-        self._world(w.grad_norm)
+        if cfg.megatron_groups:
+            if P > 1:  # each column's first and last stage: the tied embedding's gradients
+                self._across_stages(w.embedding_allreduce, [0, P - 1], np.arange(C)[:, None])
+            if P > 1 or self.groups["tp"].shape[1] > 1:  # each TP group through every stage
+                self._across_stages(w.grad_norm_mp, list(range(P)), self.groups["tp"])
+        else:
+            self._world(w.grad_norm)
         for s in range(P):
             self._compute(s, w.optimizer, -1)
         for s in range(P):
@@ -383,6 +389,29 @@ class Engine:
                       arrive[:, None], (end - arrive)[:, None])
         self.waiting[s] += end - arrive
         self.t[s] = end
+
+    def _across_stages(self, op: CommOp, stages: list[int], cols: np.ndarray) -> None:
+        """A collective over groups that span stages: group ``g`` is the columns ``cols[g]`` of
+        every stage in ``stages`` (``cols`` covers each column once). It ends for all members at
+        the last arrival plus the transfer, slower where a member crosses hosts or a slow link."""
+        arrive = self.t[stages][:, cols]  # (S, nG, k)
+        last = arrive.max(axis=(0, 2))
+        hosts = self.host_of[self.stage_ranks[stages][:, cols]]  # (S, nG, k)
+        spans = (hosts != hosts[:1, :, :1]).any(axis=(0, 2))
+        xfer = self._transfer(op, cols.shape[0]) * np.where(spans, op.inter_host, 1.0)
+        if self.link is not None:
+            lf = self.link[hosts].max(axis=(0, 2))
+            xfer = xfer * np.where(spans, lf, 1.0)
+        end = last + xfer
+        kid = np.array([self.names.id(op.kernel.name)], np.int32)
+        for s in stages:
+            start = self.t[s].copy()
+            stop = start.copy()
+            stop[cols] = end[:, None]
+            self._phase(s, self.names.id(op.phase), self.id["comm"], self.id[op.group], -1, start, stop - start)
+            self._kernels(s, STREAMS[op.group], kid, start[:, None], (stop - start)[:, None])
+            self.waiting[s] += stop - start
+            self.t[s] = stop
 
     def _world(self, op: CommOp) -> None:
         arrive = self.t

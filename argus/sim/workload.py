@@ -14,7 +14,8 @@ from dataclasses import dataclass
 __all__ = ["KernelSpec", "ComputeOp", "CommOp", "Workload", "STREAMS"]
 
 #: Stream ids per kind of work, as CUDA would number them on one device.
-STREAMS = {"compute": 7, "tp": 21, "cp": 23, "ep": 25, "dp": 29, "edp": 29, "pp": 33, "world": 29}
+STREAMS = {"compute": 7, "tp": 21, "cp": 23, "ep": 25, "dp": 29, "edp": 29, "pp": 33, "world": 29,
+           "model_parallel": 29, "embedding": 29}
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +162,12 @@ class Workload:
     dp_allgather: CommOp = CommOp("dp-allgather", "dp", _k(NCCL_ALLGATHER, "AllGather", 7000, seq_exp=0), inter_host=2.5)
     grad_norm: CommOp = CommOp("grad-norm-allreduce", "world", _k(NCCL_ALLREDUCE_F32, "AllReduce", 40, seq_exp=0),
                                inter_host=2.0)
+    # Megatron's groups (``SimConfig.megatron_groups``): the grad norm over MODEL_PARALLEL (tp × pp),
+    # the tied embedding's gradients over EMBEDDING (the first and the last stage)
+    grad_norm_mp: CommOp = CommOp("grad-norm-allreduce", "model_parallel",
+                                  _k(NCCL_ALLREDUCE_F32, "AllReduce", 40, seq_exp=0), inter_host=2.0)
+    embedding_allreduce: CommOp = CommOp("embedding-allreduce", "embedding",
+                                         _k(NCCL_ALLREDUCE, "AllReduce", 900, seq_exp=0), inter_host=2.5)
     barrier: CommOp = CommOp("barrier", "world", _k(NCCL_ALLREDUCE_F32, "AllReduce", 20, seq_exp=0), inter_host=2.0)
     launch_gap_us: float = 3.0  # GPU idle between back-to-back kernels when the host keeps ahead
     dataloader_ms: float = 1.5
@@ -173,7 +180,7 @@ class Workload:
 
     def comm_ops(self) -> tuple[CommOp, ...]:
         return (self.tp_allreduce, self.ep_alltoall, self.pp_p2p, self.dp_reduce_scatter, self.dp_allgather,
-                self.grad_norm, self.barrier)
+                self.grad_norm, self.grad_norm_mp, self.embedding_allreduce, self.barrier)
 
     def is_moe(self, layer: int, ep: int) -> bool:
         return ep > 1 and (layer + 1) % self.moe_every == 0

@@ -235,3 +235,29 @@ class Layout:
             table = ranks[order].reshape(len(leaders), -1)
             cache[kind] = (index.astype(np.int64), table)
         return cache[kind]
+
+
+#: Megatron-core's names for its process groups (``pg_desc`` in a trace's ``pg_config``): the
+#: layout kinds, and two groups no layout kind describes — ``MODEL_PARALLEL_GROUP`` (tp × pp:
+#: the gradient-norm all-reduce) and ``EMBEDDING_GROUP`` (the first and the last stage: the
+#: tied embedding's gradients). The analysis keeps the latter as kinds of their own.
+MEGATRON_DESC: Mapping[str, str] = {
+    "tp": "TENSOR_MODEL_PARALLEL_GROUP", "cp": "CONTEXT_PARALLEL_GROUP", "ep": "EXPERT_MODEL_PARALLEL_GROUP",
+    "dp": "DATA_PARALLEL_GROUP", "edp": "EXPERT_DATA_PARALLEL_GROUP", "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
+    "world": "default_pg", "model_parallel": "MODEL_PARALLEL_GROUP", "embedding": "EMBEDDING_GROUP",
+}
+
+
+def megatron_group(layout: Layout, kind: str, rank: int) -> np.ndarray | None:
+    """Members of ``rank``'s group of ``kind`` — a layout kind or one of Megatron's own
+    (``model_parallel``, ``embedding``); None for a kind it does not know, or an embedding
+    group without a pipeline."""
+    if kind in GROUP_AXES:
+        return layout.group_of(kind, rank)
+    if kind == "model_parallel":
+        return np.unique(np.concatenate([layout.group_of("tp", int(q)) for q in layout.group_of("pp", rank)]))
+    if kind == "embedding" and layout.pp > 1:
+        line = layout.group_of("pp", rank)
+        by_stage = line[np.argsort(layout.stage_of(line))]
+        return np.array(sorted({int(by_stage[0]), int(by_stage[-1])}), np.int64)
+    return None

@@ -1,7 +1,7 @@
 """The held-out accuracy suite: its jobs are drawn from seeds development never used, its
 faults are costed against the same job without them, and it scores what diagnosis says."""
 
-from argus.bench.heldout import HELD_OUT_SEED0, MAGNITUDES, draw_job, run_draw, summarize_held_out
+from argus.bench.heldout import HELD_OUT_SEED0, MAGNITUDES, draw_job, family, run_draw, summarize_held_out
 from argus.sim import SCENARIOS
 
 
@@ -21,10 +21,18 @@ def test_a_run_is_costed_and_scored(tmp_path):
     healthy = run_draw("healthy", HELD_OUT_SEED0 + 3, steps=12, workdir=tmp_path)
     assert healthy.cost_pct is None and healthy.score.precision is None
     rows = summarize_held_out([s, healthy])
-    by = {r["scenario"]: r for r in rows}
+    by = {r["scenario"]: r for r in rows if "scenario" in r}
     assert by["healthy"]["false_incident_rate"] in (0.0, 1.0)
     assert by["compute_straggler"]["by_magnitude"][0]["magnitude"] == 6.0
     assert by["compute_straggler"]["costly_runs"] == 1
+    (fam,) = [r for r in rows if r["bench"] == "accuracy-held-out-family"]  # one job: one family
+    assert fam["family"] == family(s.draw.layout) and fam["healthy_jobs"] == 1 and fam["costly_runs"] == 1
+    assert fam["recall"] == s.score.recall
+
+
+def test_layout_families_follow_the_axes_a_job_parallelises_over():
+    assert [family(x) for x in ("tp=1,pp=1,ep=1,dp=8", "tp=4,pp=1,ep=1,dp=4", "tp=2,pp=4,ep=1,dp=2",
+                                "tp=1,pp=1,ep=4,dp=4", "tp=8,pp=2,ep=2,dp=2")] == ["dp", "tp·dp", "pp", "moe", "moe·pp"]
 
 
 def test_an_intermittent_fault_is_costed_over_the_steps_from_its_first_to_its_last():

@@ -110,3 +110,48 @@ def test_without_names_a_kernel_no_layout_communicator_launches_as_often_is_not_
     assert [i for i in d.incidents if i.klass == "link_degradation"] == []
     assert [s for w in d.windows if w.l3 for s in w.l3.shifts] == []
     assert any(u.get("op") == "all_reduce" for u in d.document()["unjudged_communicators"])
+
+
+def test_the_simulator_runs_megatrons_groups_and_the_exporter_names_them_as_megatron_does(tmp_path):
+    """``megatron_groups``: the grad-norm all-reduce over MODEL_PARALLEL (tp × pp) and the tied
+    embedding's over EMBEDDING (first and last stage). Exported, every collective is preceded by
+    its ``record_param_comms`` and every rank lists its groups with Megatron's ``pg_desc``, so a
+    reader of the trace alone (no Argus args) puts each collective in its group; a healthy job
+    raises nothing, and the two kinds of no layout are listed as not judged."""
+    from argus.kineto import export_kineto
+    from argus.sim import SimConfig, simulate_to_store
+    from argus.topology import megatron_group
+
+    # pp=3: with two stages the embedding group has the pipeline group's members (one communicator
+    # by its members; the trace then cannot tell them apart, nor need it)
+    layout = "tp=2,pp=3,dp=2"
+    simulate_to_store(SimConfig(ranks=12, steps=10, layout=layout, gpus_per_host=2, kernels=True,
+                                megatron_groups=True), "healthy", tmp_path / "s", baseline=False)
+    attempt = Store.open(tmp_path / "s").attempt()
+    per_step = {r["group_kind"]: r["n"] for r in attempt.sql(
+        "SELECT group_kind, count(*) / 120 AS n FROM phases WHERE category = 'comm' "
+        "AND group_kind IN ('model_parallel', 'embedding', 'world') GROUP BY group_kind").to_pylist()}
+    assert per_step == {"model_parallel": 1, "embedding": 2 / 3}  # every rank (first and last stage) each step; no world
+    d = diagnose(attempt, DiagnoseConfig(store_incidents=False))
+    assert [i.klass for i in d.incidents if i.severity != "info"] == []
+    own = {u["group_kind"] for u in d.document()["unjudged_communicators"] if "group_kind" in u}
+    assert own == {"model_parallel", "embedding"}
+
+    export_kineto(tmp_path / "s", tmp_path / "k")
+    doc = json.loads((tmp_path / "k" / "rank3.json").read_text())
+    pgs = {g["pg_desc"]: g["ranks"] for g in doc["distributedInfo"]["pg_config"]}
+    L = attempt.layout
+    assert pgs["MODEL_PARALLEL_GROUP"] == megatron_group(L, "model_parallel", 3).tolist() == [2, 3, 6, 7, 10, 11]
+    assert pgs["EMBEDDING_GROUP"] == [3, 11] and pgs["TENSOR_MODEL_PARALLEL_GROUP"] == [2, 3]
+    # the trace alone: without Argus's own args, the importer finds every group from PyTorch's records
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in (tmp_path / "k").glob("rank*.json"):
+        t = json.loads(f.read_text())
+        for e in t["traceEvents"]:
+            e.get("args", {}).pop("argus", None)
+        (bare / f.name).write_text(json.dumps(t))
+    import_kineto([bare], tmp_path / "s2", layout)
+    kinds = {r["group_kind"] for r in Store.open(tmp_path / "s2").attempt().sql(
+        "SELECT DISTINCT group_kind FROM phases WHERE category = 'comm'").to_pylist()}
+    assert {"tp", "dp", "pp", "model_parallel", "embedding"} <= kinds

@@ -61,7 +61,11 @@ def test_exported_files_look_like_kineto_for_trace_tools(tmp_path, sim_store):
     first_rank_line = next(line for line in text.splitlines() if '"rank"' in line)
     assert '"distributedInfo"' in first_rank_line and '"rank": 3,' in first_rank_line  # HTA's rank regex
     doc = json.loads(text)
-    assert doc["distributedInfo"] == {"backend": "nccl", "rank": 3, "world_size": 8}
+    info = doc["distributedInfo"]
+    assert {k: info[k] for k in ("backend", "rank", "world_size")} == {"backend": "nccl", "rank": 3, "world_size": 8}
+    # the rank's process groups, named as Megatron-core names them, each holding the rank
+    assert info["pg_config"] and all(3 in g["ranks"] and g["pg_size"] == len(g["ranks"]) >= 2
+                                     and g["pg_desc"].endswith(("_GROUP", "default_pg")) for g in info["pg_config"])
     ev = doc["traceEvents"]
     cats = Counter(e.get("cat") for e in ev if e["ph"] == "X")
     assert sorted(e["name"] for e in ev if e["name"].startswith("ProfilerStep")) == ["ProfilerStep#1", "ProfilerStep#2"]
