@@ -227,16 +227,16 @@ def _by_family(scores: list[HeldOutScore], mean) -> list[dict]:
     families = {family(s.draw.layout) for s in scores} | ({"megatron-groups"} if any(
         s.draw.megatron_groups for s in scores) else set())
     for fam in sorted(families):
-        scored = [s for s in scores if s.score is not None and (
+        scored = [(s, s.score) for s in scores if s.score is not None and (
             s.draw.megatron_groups if fam == "megatron-groups" else family(s.draw.layout) == fam)]
-        healthy = [s.score for s in scored if s.scenario == "healthy"]
-        costly = [s for s in scored if s.scenario != "healthy" and s.cost_pct is not None
+        healthy = [r for s, r in scored if s.scenario == "healthy"]
+        costly = [(s, r) for s, r in scored if s.scenario != "healthy" and s.cost_pct is not None
                   and s.cost_pct >= COST_FLOOR_PCT]
         out.append({"bench": "accuracy-held-out-family", "family": fam,
-                    "layouts": len({s.draw.layout for s in scored}),
+                    "layouts": len({s.draw.layout for s, _ in scored}),
                     "healthy_jobs": len(healthy), "false_incidents": sum(bool(r.false_incident) for r in healthy),
-                    "costly_runs": len(costly), "precision": mean([s.score.precision for s in costly]),
-                    "recall": mean([s.score.recall for s in costly]),
-                    "misses": [f"{s.scenario} {s.draw.layout} s{s.draw.seed} cost {s.cost_pct:.1f}%: {s.score.predicted}"
-                               for s in costly if (s.score.recall or 0) < 1 or (s.score.precision or 0) < 1][:6]})
+                    "costly_runs": len(costly), "precision": mean([r.precision for _, r in costly]),
+                    "recall": mean([r.recall for _, r in costly]),
+                    "misses": [f"{s.scenario} {s.draw.layout} s{s.draw.seed} cost {s.cost_pct:.1f}%: {r.predicted}"
+                               for s, r in costly if (r.recall or 0) < 1 or (r.precision or 0) < 1][:6]})
     return out
