@@ -443,11 +443,14 @@ def _w1_matrix_evidence(ctx: _Ctx, ranks: list[int], evs: list[dict]) -> dict | 
 #: (``incident.WARNING_PCT``) of the run; each must still be this share of its step, far above
 #: a shared host's scheduling noise at the L2 thresholds (z and ratio).
 RECURRING_SHARE = 0.05
+#: … and a step is one of the stall's only if its excess is at least this share of the stall's
+#: median excess (one piece of work recurs at about one size)
+SAME_STALL = 0.25
 RECURRING_MIN_STEPS = 3
 
 
-def _recurring_stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -> set[int]:
-    """Ranks whose intermittent long work recurs (≥ 3 steps in ≥ 2 windows) and costs the floor.
+def _recurring_stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -> set[tuple[int, str]]:
+    """(rank, phase) whose intermittent long work recurs (≥ 3 steps in ≥ 2 windows) and costs the floor.
 
     What recurs is one piece of work (a phase: the collector pausing again, the same compile):
     a late warm-up hiccup in one phase and two small collections in another are three
@@ -464,16 +467,20 @@ def _recurring_stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: s
                     excess[key][s] = max(excess[key].get(s, 0.0), f.excess_at(s))
                     where[key].add(i)
     run_s = sum(t for s, t in ctx.step_time.items() if ctx.stall_candidate(s))
-    return {key[0] for key, by in excess.items() if len(by) >= RECURRING_MIN_STEPS and len(where[key]) >= 2
+    return {key for key, by in excess.items() if len(by) >= RECURRING_MIN_STEPS and len(where[key]) >= 2
             and sum(by.values()) >= WARNING_PCT / 100.0 * run_s}
 
 
 def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -> list[Incident]:
     per_rank: dict[int, list[Finding]] = defaultdict(list)
     recurring = _recurring_stalls(ctx, windows, compute_ranks)
+    recurring_ranks = {r for r, _ in recurring}
 
-    def min_share(rank: int) -> float:
-        return RECURRING_SHARE if rank in recurring else ctx.config.stall_share
+    def min_share(f: Finding) -> float:
+        """The recurring work's own phase needs only RECURRING_SHARE of a step; the rank's other
+        phases the full stall share (a stall every third step does not make the rank's few ms of
+        scheduling noise in the steps between a stall: the CI job's steps 13 and 16)."""
+        return RECURRING_SHARE if (f.rank, f.name) in recurring else ctx.config.stall_share
 
     for w in windows:
         ratio = w.l3.busy_ratio if w.l3 else {}
@@ -490,21 +497,28 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
             if f.persistent and f.category == "compute" and w.l3 is None:
                 continue  # without kernel data a persistent excess is read as compute
             big = [s for s in f.steps if ctx.stall_candidate(s)  # warm-up and checkpoint steps vary by nature
-                   and f.excess_at(s) >= min_share(f.rank) * ctx.step_time.get(s, np.inf)]
-            if (len(f.steps) == 1 and f.rank not in recurring
+                   and f.excess_at(s) >= min_share(f) * ctx.step_time.get(s, np.inf)]
+            if (len(f.steps) == 1 and f.rank not in recurring_ranks
                     and f.excess_s < ctx.config.one_off_share * ctx.step_time.get(f.steps[0], np.inf)):
                 continue  # one hiccup below half a step: the noise of a shared host, not a stall
             if big:
                 per_rank[f.rank].append(f)
     out = []
     for rank, findings in per_rank.items():
-        # a window that a recurring stall happens to fill looks persistent, and its finding then
-        # lists that window's other steps too: the intermittent findings name the stalled steps
-        spiky = [f for f in findings if not f.persistent] or findings
+        # a window that a recurring stall happens to fill looks persistent (3 GC pauses and one 4 ms
+        # collection in 5 steps): its finding counts like any other, step by step — each step by its
+        # own excess against the stall's share and the stall's typical size, below
+        spiky = findings
         steps = sorted({s for f in spiky for s in f.steps if ctx.stall_candidate(s)
-                        and f.excess_at(s) >= min_share(rank) * ctx.step_time.get(s, np.inf)})
+                        and f.excess_at(s) >= min_share(f) * ctx.step_time.get(s, np.inf)})
         if not steps:
             continue
+        # what recurs is one piece of work of about one size: a step whose excess is a fraction of
+        # the stall's typical one is the host's noise, not the stall again (400 ms TorchScript
+        # compiles every third step; 7 ms more of the same phase in the step after one of them)
+        excess = {s: max(f.excess_at(s) for f in spiky if s in f.steps) for s in steps}
+        typical = float(np.median(list(excess.values())))
+        steps = [s for s in steps if excess[s] >= SAME_STALL * typical]
         main = max(findings, key=lambda f: f.excess_s)
         phase = main.name
         # the host phase that explains the costliest finding, in that finding's own steps (a
