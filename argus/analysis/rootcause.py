@@ -372,6 +372,11 @@ def _compute_incident(ctx: _Ctx, klass: IncidentClass, phase: str, ranks: list[i
                 gpuh, pct = gpuh * cap / pct if pct > 0 else 0.0, cap
     else:  # no healthy level to compare with (or an excess older than it): the culprits' own excess
         excess = [f.typical_excess_s for ev in evs for f in ev["busy"] if f.microbatch < 0 and _block(f.name)]
+        if not excess:  # no block flagged: the slowed module's own excess is the block's excess too (the
+            # demo's attention, 5 ms a step behind its peers' in 0.1 s steps whose noise hides it from L1,
+            # was "+0.0%"); modules nest in blocks and may nest in each other, so the largest per rank
+            excess = [max(f.typical_excess_s for f in ev["busy"] if f.microbatch < 0)
+                      for ev in evs if any(f.microbatch < 0 for f in ev["busy"])]
         if not excess:
             excess = [x for x in (_kernel_excess_s(ev) for ev in evs) if x > 0]
         pct, gpuh, _ = _impact(ctx, steps, float(np.median(excess)) if excess else 0.0)
