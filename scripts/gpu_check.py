@@ -203,6 +203,7 @@ def check_collective(torch) -> dict:
                     "clock_error_us": round(timer.clock_error_ns / 1e3, 2)})
     finally:
         timer.stop()
+    return doc
 
 
 # -- CUPTI vs torch.profiler -----------------------------------------------------------------------
