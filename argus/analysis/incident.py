@@ -120,12 +120,17 @@ class Incident:
         above the grade its attributable slowdown earns (``grade``), and never ``confirmed``
         below the impact floor, nor with an action other than ``observe`` there —
         whatever a detector or a later level sets. A hang stops the
-        job: it keeps what it was given."""
+        job: it keeps what it was given. A hardware signal whose cost this job cannot measure
+        (``slowdown_pct`` None: a link trained down that every comparable group crosses) earns
+        a warning at most — worth a look, never a confirmed claim."""
         kind = {"state": State, "severity": Severity, "action": Action}.get(name)
         object.__setattr__(self, name, kind(value) if kind is not None else value)
-        if name in ("severity", "slowdown_pct", "state", "action") and "action" in self.__dict__ \
+        if name in ("severity", "slowdown_pct", "state", "action", "evidence") and "summary" in self.__dict__ \
                 and self.klass != IncidentClass.HANG:
-            allowed = Severity(grade(self.slowdown_pct))
+            hw_only = self.slowdown_pct is None and any(e.get("level") == "hw" for e in self.evidence)
+            allowed = Severity.WARNING if hw_only else Severity(grade(self.slowdown_pct))
+            if hw_only and self.state == State.CONFIRMED:
+                object.__setattr__(self, "state", State.SUSPECTED)
             if _SEVERITY_RANK[self.severity] > _SEVERITY_RANK[allowed]:
                 object.__setattr__(self, "severity", allowed)
             if allowed == Severity.INFO:  # nothing to act on: watch it

@@ -118,6 +118,7 @@ class L3Result:
     events_per_step: dict[tuple[str, int], float] = field(default_factory=dict)  # (kernel, stream) → per rank
     busy_ratio: dict[int, float] = field(default_factory=dict)  # rank → total compute-kernel time / peers' median
     busy_excess_s: dict[int, float] = field(default_factory=dict)  # rank → … minus the peers' median, per step (s)
+    busy_total_ns: dict[int, float] = field(default_factory=dict)  # rank → its total compute-kernel time in the window
     #: communication kernels no layout communicator launches as often: (kernel, stream, op,
     #: launches per rank-step) — a group of a kind of its own, with no peer of that kind to judge it by
     unjudged: list[tuple[str, int, str, float]] = field(default_factory=list)
@@ -149,7 +150,7 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
             ("rank", "stream", "count", "p50_ns", "p99_ns", "min_ns", "max_ns")}
     text = {c: _codes(summaries.column(c)) for c in ("kernel", "category", "op")}
     n_steps = max(end_step - start_step + 1, 1)
-    res.busy_ratio, excess = _busy_ratio(cols, text["category"], layout)
+    res.busy_ratio, excess, res.busy_total_ns = _busy_ratio(cols, text["category"], layout)
     res.busy_excess_s = {r: v / 1e9 / n_steps for r, v in excess.items()}
     # one integer key per (kernel, stream) and one sort: each kernel's rows are a slice, not a
     # string comparison over every row of the window
@@ -232,6 +233,12 @@ def _outliers(cdf, ranks, mean, counts, grid, layout: Layout, kernel, stream, ca
         else:
             q1, q3 = np.percentile(d, [25, 75])
             flag = d > q3 + config.fence * (q3 - q1)
+            # a quarter or more of the peers slow (a host holding 2 of a stage's 6 ranks) puts Q3
+            # among them and the fence above them all: a minority far from the median CDF while
+            # the rest sit close to it stands out the way one of three does
+            far = d > FEW_PEERS_RATIO * np.median(d)
+            if far.sum() < 0.5 * members.size:
+                flag |= far
         for m in members[flag & (d >= config.min_w1_ns) & (d >= config.min_effect * peer_mean[members])]:
             out.append(KernelOutlier(int(ranks[m]), kernel, stream, category, float(dist[m]),
                                      float(dist[m] / peer_mean[m]), bool(mean[m] > peer_mean[m]), kind,
@@ -246,14 +253,14 @@ def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _busy_ratio(cols: dict[str, np.ndarray], category: tuple[np.ndarray, np.ndarray],
-                layout: Layout) -> tuple[dict[int, float], dict[int, float]]:
+                layout: Layout) -> tuple[dict[int, float], dict[int, float], dict[int, float]]:
     """Each rank's total compute-kernel time (Σ count × p50) over its peer set's median (the
     faster one of a pair): a slow device or extra work raises it; noise scattered over
     individual kernels cancels out."""
     codes, cats = category
     compute = np.isin(codes, np.flatnonzero(np.isin(cats, ["compute", "cpu_op"])))
     if not compute.any():
-        return {}, {}
+        return {}, {}, {}
     rank = cols["rank"][compute].astype(np.int64)
     total = np.bincount(rank, weights=(cols["count"] * cols["p50_ns"])[compute], minlength=layout.world_size)
     present = np.bincount(rank, minlength=layout.world_size) > 0
@@ -271,7 +278,8 @@ def _busy_ratio(cols: dict[str, np.ndarray], category: tuple[np.ndarray, np.ndar
     ranks = np.flatnonzero(present & np.isfinite(ratio))
     excess = np.full(layout.world_size, np.nan)
     excess[groups] = vals - med  # ns over the window
-    return dict(zip(ranks.tolist(), ratio[ranks].tolist())), dict(zip(ranks.tolist(), excess[ranks].tolist()))
+    return (dict(zip(ranks.tolist(), ratio[ranks].tolist())), dict(zip(ranks.tolist(), excess[ranks].tolist())),
+            dict(zip(ranks.tolist(), total[ranks].tolist())))
 
 
 def _more_launches(rows, ranks, mean, layout: Layout, kernel, stream, category, config: L3Config) -> list[KernelOutlier]:

@@ -133,6 +133,7 @@ def build_incidents(attempt: Attempt, topology: Topology, l1: L1Result, windows:
         if hang is not None:
             incidents.append(hang)
     compute = _compute(ctx, windows)
+    compute = _slow_hosts(ctx, windows, compute)
     incidents += compute
     # a compute "culprit" worth nothing (info) does not hide the same rank's host stall
     incidents += _stalls(ctx, windows, {r for inc in compute if inc.severity != Severity.INFO
@@ -452,10 +453,15 @@ RECURRING_SHARE = 0.05
 #: median excess (one piece of work recurs at about one size)
 SAME_STALL = 0.25
 RECURRING_MIN_STEPS = 3
+#: … or two steps, when each stall is at least this share of its step: a 300 ms compile in
+#: 0.5 s steps, twice in a 20-step job (the third hid in the warm-up), is no shared host's
+#: noise, and each alone was below the one-off bar (half a step)
+TWICE_SHARE = 1 / 3
 
 
 def _recurring_stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -> set[tuple[int, str]]:
-    """(rank, phase) whose intermittent long work recurs (≥ 3 steps in ≥ 2 windows) and costs the floor.
+    """(rank, phase) whose intermittent long work recurs (≥ 3 steps, or 2 of a third of a step
+    each, in ≥ 2 windows) and costs the floor.
 
     What recurs is one piece of work (a phase: the collector pausing again, the same compile):
     a late warm-up hiccup in one phase and two small collections in another are three
@@ -472,7 +478,11 @@ def _recurring_stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: s
                     excess[key][s] = max(excess[key].get(s, 0.0), f.excess_at(s))
                     where[key].add(i)
     run_s = sum(t for s, t in ctx.step_time.items() if ctx.stall_candidate(s))
-    return {key for key, by in excess.items() if len(by) >= RECURRING_MIN_STEPS and len(where[key]) >= 2
+    def often(by: dict[int, float]) -> bool:
+        big = sum(1 for s, v in by.items() if v >= TWICE_SHARE * ctx.step_time.get(s, np.inf))
+        return len(by) >= RECURRING_MIN_STEPS or big >= 2
+
+    return {key for key, by in excess.items() if often(by) and len(where[key]) >= 2
             and sum(by.values()) >= WARNING_PCT / 100.0 * run_s}
 
 
@@ -594,7 +604,10 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
         (stages may move other sizes) only with a hardware link signal on those hosts."""
         return not narrow_only or bool(set(hosts_) & hw_hosts)
 
-    findings = [lf for w in windows for lf in w.l2.links]
+    # not in warm-up or checkpoint steps: a communicator's first collective builds it (NCCL
+    # connects lazily: one group's first all-to-all far slower than the rest), a save's
+    # barrier waits on storage — neither is a link, and a second chance finding would make two
+    findings = [lf for w in windows for lf in w.l2.links if ctx.normal(lf.step)]
     seen: dict[tuple[str, tuple[int, ...]], set[int]] = defaultdict(set)
     for lf in findings:
         seen[(lf.group_kind, tuple(lf.ranks))].add(lf.step)
@@ -619,8 +632,9 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
                       and _host_kernel_time_known(windows, _ranks_on_hosts(ctx, [h]))}
     nic_steps = {step: hs & (slow_transfer | normal_compute) for step, hs in nic_all.items()
                  if hs & (slow_transfer | normal_compute)}
+    pcie = _pcie_steps_by_host(ctx)
     if not by_step and not shifts and not nic_steps:
-        return []
+        return _pcie_only(ctx, pcie, compute)
     per_step_hosts: dict[int, set[str]] = {}
     for step in list(by_step):
         stands = [f for f in by_step[step] if backed(f.hosts, f.narrow_only)]
@@ -647,14 +661,25 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
         per_step_hosts[step] = (per_step_hosts[step] & hs) or hs if step in per_step_hosts else set(hs)
     counts = Counter(h for hs in per_step_hosts.values() for h in hs)
     if not counts:
-        return []
+        return _pcie_only(ctx, pcie, compute)
     n_steps = len(per_step_hosts)
     hosts = sorted(h for h, c in counts.items() if c >= 0.5 * n_steps)
     if hw_hosts & set(hosts):
-        hosts = sorted(hw_hosts & set(hosts))
+        # the hardware names the hosts: those the comparisons agree on, and every other host
+        # whose PCIe link is down at the same time (noise picks one of two slow hosts per step)
+        hosts = sorted(hw_hosts & set(hosts) | set(pcie))
     steps = sorted(s for s, hs in per_step_hosts.items() if hs & set(hosts))
     if not hosts or not steps:
-        return []
+        return _pcie_only(ctx, pcie, compute)
+    # a link the hardware reports trained down is slow in every step it does so, whether or
+    # not a comparison of that step stood out: those steps are the incident's, never a clean
+    # baseline to measure its cost against
+    down_steps = {s_ for h in hosts for s_ in pcie.get(h, ()) if s_ in ctx.step_time and ctx.normal(s_)}
+    if down_steps and len(set(steps) & down_steps) < PCIE_COMPARED_SHARE * len(down_steps):
+        # comparisons stood out in a few of the steps the hardware reports the link down in:
+        # they measure noise, not the link (every group it slows crosses the slow hosts)
+        return _pcie_only(ctx, pcie, compute)
+    steps = sorted(set(steps) | {s_ for h in hosts for s_ in pcie.get(h, ()) if s_ in ctx.step_time})
     # what names the slow transfers: findings that stand (narrowing-only ones picked the hosts)
     standing = {s_: [f for f in fs if backed(f.hosts, f.narrow_only)] for s_, fs in by_step.items()}
     # Case 5: a NIC alarm pins slow steps to hosts whose compute kernels take far longer than
@@ -731,6 +756,56 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
                      evidence, steps, summary)]
 
 
+#: A link the hardware reports down is measured by transfer comparisons only when they stood
+#: out in at least this share of the steps it was down in.
+PCIE_COMPARED_SHARE = 0.25
+
+
+def _pcie_steps_by_host(ctx: _Ctx) -> dict[str, set[int]]:
+    """Host → the steps in which one of its ranks' PCIe links ran below its maximum."""
+    out: dict[str, set[int]] = defaultdict(set)
+    for r, steps in ctx.hw.pcie_steps.items():
+        out[str(ctx.topology.hosts[r])].update(int(s) for s in steps if s >= 0)
+    return dict(out)
+
+
+def _pcie_only(ctx: _Ctx, pcie: dict[str, set[int]], compute: list[Incident]) -> list[Incident]:
+    """PCIe links reported trained down where no comparison of transfers could stand: every
+    group those ranks' transfers cross runs through the slow hosts (two of three hosts), so
+    there is no healthy group of the same kind to compare with. The hardware names the hosts;
+    the cost is measured only if the job ran clean steps before the link went down — else it
+    is stated as not measurable (never inferred), the incident a warning to verify (an
+    active link check), not a confirmed cordon."""
+    steps = sorted({s for ss in pcie.values() for s in ss if s in ctx.step_time})
+    if not pcie or not steps:
+        return []
+    hosts = sorted(pcie)
+    ranks = sorted(int(r) for r in ctx.hw.pcie_degraded if str(ctx.topology.hosts[r]) in hosts)
+    if any(inc.severity != Severity.INFO and set(inc.hosts) & set(hosts) for inc in compute):
+        return []  # a compute culprit there explains the job's waits
+    measured = _measured_slowdown_pct(ctx, steps)
+    n_normal = sum(1 for s_ in steps if ctx.normal(s_))
+    gpuh = None if measured is None else ctx.world * measured / 100.0 * ctx.l1.baseline_s * n_normal / 3600.0
+    severity = grade(measured) if measured is not None else Severity.WARNING
+    evidence = [{"level": "hw", "kind": "pcie_degraded", "rank": r, "pcie_gen": ctx.hw.pcie_degraded[r][0],
+                 "pcie_width": ctx.hw.pcie_degraded[r][1]} for r in ranks[:8]]
+    evidence.append({"level": "L2", "kind": "not_compared",
+                     "note": "no group of the same kind runs clear of these hosts: transfers cannot be compared like "
+                             "with like" + ("" if measured is not None else
+                                            "; no clean step before the link went down: the cost is not measurable "
+                                            "from this job")})
+    first = min((s_ for s_ in ctx.step_time if ctx.normal(s_)), default=0)
+    when = "from the first step" if steps[0] <= first else f"from step {steps[0]} on"
+    gen, width = ctx.hw.pcie_degraded[ranks[0]]
+    summary = (f"PCIe links of {len(ranks)} rank{'s' * (len(ranks) > 1)} ({_rank_list(ranks)}) on {', '.join(hosts)} "
+               f"run below their maximum (Gen{gen:g} x{width:g}) {when}; every group their transfers belong to "
+               "crosses these hosts, so no comparison of transfers can single them out; "
+               + ("no clean step before it: the cost is not measurable from this job" if measured is None else
+                  f"the job ran {measured:.1f}% slower than before") + " — verify the links")
+    return [Incident(IncidentClass.LINK_DEGRADATION, ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
+                     "collectives", [], State.SUSPECTED, severity, measured, gpuh, Action.VERIFY, evidence, steps, summary)]
+
+
 def _persistent_pair(ctx: _Ctx, flagged: set[int]) -> bool:
     """Did a two-line pipeline finding hold step after step (``PAIR_PERSISTENCE``)?"""
     normal = [s for s in ctx.step_time if ctx.normal(s) and min(flagged) <= s <= max(flagged)]
@@ -761,17 +836,79 @@ def _ranks_on_hosts(ctx: _Ctx, hosts: list[str]) -> list[int]:
 def _host_kernel_time(ctx: _Ctx, windows: list[WindowAnalysis], ranks: list[int],
                       steps: list[int]) -> dict[int, float] | None:
     """Per rank of ``ranks``: its compute-kernel time over its peers' median (L3), in windows
-    overlapping ``steps``; None unless most of them run ≥ ``min_busy_ratio`` × their peers'."""
+    overlapping ``steps``; None unless most of them run ≥ ``min_busy_ratio`` × their peers'.
+
+    The peers are those on other hosts where there are any: the question is whether these
+    hosts compute slower than the rest, and a host that holds half of each peer set (8 of 16)
+    pulls the all-peer median half-way to itself (case 5 at ×2 read as 1.1×: a link)."""
     ratios: dict[int, list[float]] = defaultdict(list)
+    suspects = set(ranks)
+    layout = ctx.topology.layout
     for w in windows:
         if w.l3 is None or w.hi < steps[0] or w.lo > steps[-1]:
             continue
+        total = w.l3.busy_total_ns
         for r in ranks:
-            if r in w.l3.busy_ratio:
+            others = [total[int(q)] for q in layout.peer_set(r) if int(q) not in suspects and int(q) in total]
+            if r in total and others and np.median(others) > 0:
+                ratios[r].append(total[r] / float(np.median(others)))
+            elif r in w.l3.busy_ratio:
                 ratios[r].append(w.l3.busy_ratio[r])
     med = {r: float(np.median(v)) for r, v in ratios.items() if v}
     slow = {r: v for r, v in med.items() if v >= ctx.config.min_busy_ratio}
     return slow if ranks and len(slow) >= 0.5 * len(ranks) else None
+
+
+#: A host is slow when this share of its ranks compute ≥ ``min_busy_ratio`` × their peers on
+#: other hosts, in this many windows, each of them mostly inside an L1 regression.
+SLOW_HOST_SHARE = 0.75
+SLOW_HOST_WINDOWS = 2
+
+
+def _slow_hosts(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) -> list[Incident]:
+    """``compute`` with hosts whose ranks all compute slowly, judged against their peers on
+    other hosts, added — each in place of compute incidents that named a few of its ranks (one
+    of eight stood out against a peer set half made of its slow host-mates).
+
+    Per-rank comparisons (L2, L3) flag a rank against its whole peer set; a host that holds
+    half of every peer set (8 GPUs of a 16-rank data-parallel group) moves the peers' median
+    half-way to itself and no rank stands out — case 5 at ×2 was then a NIC alarm's link or
+    nothing. The question asked here is the host's: are its ranks slower than the same ranks'
+    peers elsewhere, in the windows where the job got slower (an L1 regression measures what
+    it cost)?"""
+    regressions = [w for w in ctx.l1.windows if w.kind == "regression" and np.isfinite(w.magnitude)]
+    if not regressions:
+        return compute
+    hosts = ctx.topology.hosts.astype(str)
+    out = list(compute)
+    for host in sorted(set(hosts.tolist())):
+        ranks = [int(r) for r in np.flatnonzero(hosts == host)]
+        named = {r for inc in compute for r in inc.culprit_ranks}
+        if len(named & set(ranks)) >= SLOW_HOST_SHARE * len(ranks):
+            continue  # already named as a whole
+        flagged, ratios = [], defaultdict(list)
+        for w in windows:
+            inside = sum(1 for s in range(w.lo, w.hi + 1) for rg in regressions if rg.start_step <= s <= rg.end_step)
+            if w.l3 is None or inside < 0.5 * (w.hi - w.lo + 1):
+                continue
+            slow = _host_kernel_time(ctx, [w], ranks, [w.lo, w.hi])
+            if slow is not None and len(slow) >= SLOW_HOST_SHARE * len(ranks):
+                flagged.append(w)
+                for r, v in slow.items():
+                    ratios[r].append(v)
+        if len(flagged) < SLOW_HOST_WINDOWS:
+            continue
+        steps = [s for w in flagged for s in range(w.lo, w.hi + 1)]
+        lo = min((rg.start_step for rg in regressions if rg.end_step >= steps[0]), default=steps[0])
+        steps = sorted(set(range(min(lo, steps[0]), steps[-1] + 1)))
+        inc = _masked_compute(ctx, [host], steps, {r: float(np.median(v)) for r, v in ratios.items()}, 0.0, 0.0)
+        within = [o for o in out if o.klass == IncidentClass.COMPUTE_STRAGGLER and set(o.culprit_ranks) <= set(ranks)]
+        if within and max(o.slowdown_pct or 0.0 for o in within) > (inc.slowdown_pct or 0.0):
+            inc.slowdown_pct = max(o.slowdown_pct or 0.0 for o in within)  # the same loss, measured there
+            inc.gpu_hours_lost = max(o.gpu_hours_lost or 0.0 for o in within)
+            inc.severity = max(within, key=lambda o: o.severity_rank).severity
+        out = [o for o in out if o not in within] + [inc]
+    return out
 
 
 def _host_kernel_time_known(windows: list[WindowAnalysis], ranks: list[int]) -> bool:
@@ -792,8 +929,8 @@ def _masked_compute(ctx: _Ctx, hosts: list[str], steps: list[int], ratios: dict[
                          "note": f"transfers explain {1e3 * explained_s:.1f} ms of the {1e3 * lost_s:.0f} ms each "
                                  "step lost: the alarm is not the cause"})
     summary = (f"{len(ranks)} rank{'s' * (len(ranks) > 1)} ({_rank_list(ranks)}) on {', '.join(hosts)} compute "
-               f"slowly: kernels {float(np.median(list(ratios.values()))):.2f}× their peers'; a NIC alarm there, but "
-               f"their transfers explain little of the loss")
+               f"slowly: kernels {float(np.median(list(ratios.values()))):.2f}× their peers' on other hosts"
+               + ("; a NIC alarm there, but their transfers explain little of the loss" if nic else ""))
     return Incident(IncidentClass.COMPUTE_STRAGGLER, ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1], "compute",
                     [], State.SUSPECTED, grade(pct), pct, gpuh, Action.VERIFY, evidence, steps, summary)
 

@@ -18,6 +18,7 @@ class HwSignals:
     pcie_degraded: dict[int, tuple[float, float]] = field(default_factory=dict)  # rank → (gen, width) at worst
     nic_down: dict[int, list[int]] = field(default_factory=dict)  # rank → steps (sample index) with port down
     thermal: dict[int, float] = field(default_factory=dict)  # rank → max temperature when throttled
+    pcie_steps: dict[int, list[int]] = field(default_factory=dict)  # rank → steps (sample index) below its max
 
     @property
     def empty(self) -> bool:
@@ -51,6 +52,13 @@ def load_hw_signals(attempt: Attempt, step_of_ts=None) -> HwSignals:
         w, wm = width.get(r, np.nan), width_max.get(r, np.nan)
         if (g < gm) or (w < wm):
             out.pcie_degraded[r] = (g, w)
+    # when: the samples below the rank's maximum (a link trains down at boot or on a bus
+    # error, and stays so; the steps it covers are no clean baseline for the job)
+    for r in out.pcie_degraded:
+        low = ((metric == "pcie_gen") & (value < gen_max.get(r, np.inf))) | \
+              ((metric == "pcie_width") & (value < width_max.get(r, np.inf)))
+        tss = ts[low & (rank == r)]
+        out.pcie_steps[r] = sorted({int(step_of_ts(r, int(x))) if step_of_ts else int(x) for x in tss})
     m = (metric == "nic_port_up") & (value < 0.5)
     for r in np.unique(rank[m]):
         tss = ts[m & (rank == r)]

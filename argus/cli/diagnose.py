@@ -137,7 +137,7 @@ def print_diagnosis(diagnosis, evidence: bool = False) -> None:
         ranks = ", ".join(map(str, inc.culprit_ranks[:6])) + ("…" if len(inc.culprit_ranks) > 6 else "")
         hosts = term(", ".join(inc.hosts[:3]) + ("…" if len(inc.hosts) > 3 else ""))
         impact = (f"+{inc.slowdown_pct:.1f}% · {_hours(inc.gpu_hours_lost)} GPU-h"
-                  if inc.slowdown_pct is not None else "-")
+                  if inc.slowdown_pct is not None else "not measurable")
         table.add_row(f"[{_STYLE.get(inc.severity, 'default')}]{term(inc.severity)}[/]", term(inc.klass),
                       term(inc.state), f"ranks {ranks}\n{hosts}", f"{inc.start_step}–{inc.end_step}",
                       term(inc.phase or "-"), impact, term(inc.action))

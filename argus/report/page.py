@@ -132,7 +132,7 @@ def incidents_table(data: ReportData, href: Callable[[IncidentView], str]) -> st
         w = j.get("window") or {}
         imp = j.get("impact") or {}
         impact = (f"+{fmt(imp.get('slowdown_pct'))}% · {fmt(imp.get('gpu_hours_lost'))} GPU-h"
-                  if imp.get("slowdown_pct") is not None else "—")
+                  if imp.get("slowdown_pct") is not None else "not measurable")
         rows.append(f'<tr class="incident-row"><td><span class="sev sev-{esc(j.get("severity"))}">'
                     f'{esc(j.get("severity"))}</span></td><td><a href="{esc(href(v))}">{esc(j.get("class"))}</a></td>'
                     f'<td>{esc(j.get("state"))}</td><td>{_ranks(list(j.get("culprit_ranks") or [])[:12])}'

@@ -48,6 +48,32 @@ def test_the_masked_straggler_is_compute_not_the_network(diagnosed):
     assert {"busy_outlier", "w1_outlier", "nic_port_down"} <= kinds  # the NIC alarm is shown, and overruled
 
 
+def test_a_slow_host_is_named_whole_when_one_of_its_ranks_stood_out_first(diagnosed):
+    """pp=8 × dp=16, one host's 8 ranks (half a stage) compute 2× slower behind a NIC alarm,
+    with heavy MoE-free noise: one of the 8 stood out against a peer set half made of its
+    slow host-mates and was named alone (recall 1/8). Judged against the same ranks' peers on
+    other hosts, the host is slow as a whole: one incident, all 8 ranks, in place of the one."""
+    _, truth, d = diagnosed("masked_compute_straggler", seed=62010, ranks=128, layout="tp=1,pp=8,dp=16",
+                            params={"factor": 2.0}, moe_alpha=5.0, seqlen_sigma=0.02, jitter=0.01,
+                            dataloader_spike_prob=0.03, megatron_groups=True)
+    (inc,) = _claims(d)
+    assert inc.klass == "compute_straggler" and inc.culprit_ranks == truth["faults"][0]["culprit_ranks"]
+    assert not any(i.klass == "link_degradation" and i.severity != "info" for i in d.incidents)
+
+
+def test_a_stall_of_a_third_of_a_step_twice_is_a_recurring_stall(diagnosed):
+    """300 ms compiles in 0.5 s steps at steps 2, 4 and 6; the first hides in the warm-up, so
+    two remain, each below the one-off bar (half a step) and short of three recurrences: no
+    incident at all while the job lost a third of those steps. Twice at a third of a step
+    each is no shared host's noise."""
+    _, truth, d = diagnosed("jit_stall", seed=62015, ranks=24, layout="tp=1,pp=1,ep=2,dp=12",
+                            params={"stall_ms": 300.0}, moe_alpha=15.0, seqlen_sigma=0.02, jitter=0.04,
+                            dataloader_spike_prob=0.03, megatron_groups=True)
+    (inc,) = _claims(d)
+    assert inc.klass == "host_stall" and inc.culprit_ranks == truth["faults"][0]["culprit_ranks"]
+    assert set(inc.steps) <= set(truth["faults"][0]["steps"]) and len(inc.steps) == 2
+
+
 def test_a_slow_backward_is_pipeline_imbalance_with_its_stage(diagnosed):
     _, truth, d = diagnosed("pipeline_bubble")
     (inc,) = _claims(d)

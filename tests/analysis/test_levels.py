@@ -187,3 +187,24 @@ def test_a_slow_kernel_in_a_peer_set_of_three_is_an_outlier():
                       dtype=np.float32)
     found = _outliers(cdf, np.arange(3), p50, np.full(3, 100.0), grid, layout, "gemm", 7, "compute", L3Config())
     assert [o.rank for o in found] == [2] and found[0].slower and found[0].extra_ns > 0
+
+
+def test_two_slow_kernels_in_a_peer_set_of_six_are_outliers_and_healthy_spread_is_not():
+    """Two of six peers slow (a host holding two ranks of a stage) put Q3 among them and the
+    IQR fence above both: the minority far from the median CDF is flagged; a healthy peer
+    set's few-percent spread is not."""
+    from argus.analysis.l3_kernels import L3Config, _outliers
+    from argus.compress import log_grid, mixture_cdf
+    from argus.topology import Layout
+
+    layout = Layout(dp=6)
+    grid = log_grid(1e4, 1e7, 96)
+
+    def flagged(p50):
+        cdf = mixture_cdf(grid, np.arange(6), np.full(6, 100), p50, p50 * 1.1, n_dist=6, lo=p50 * 0.9,
+                          hi=p50 * 1.2, dtype=np.float32)
+        return [o.rank for o in _outliers(cdf, np.arange(6), p50, np.full(6, 100.0), grid, layout, "gemm", 7,
+                                          "compute", L3Config())]
+
+    assert flagged(np.array([4.3e5, 4.4e5, 4.38e5, 4.39e5, 14.7e5, 14.4e5])) == [4, 5]
+    assert flagged(np.array([10.5e5, 10.3e5, 10.9e5, 10.4e5, 10.7e5, 10.2e5])) == []

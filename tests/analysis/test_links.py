@@ -64,3 +64,33 @@ def test_two_pipeline_lines_apart_step_after_step_are_a_slow_link(diagnosed):
     ranks, incidents = _with_pair_findings(diagnosed, list(range(4, 20)))
     (link,) = [i for i in incidents if i.klass == "link_degradation"]
     assert link.culprit_ranks == ranks
+
+
+def test_a_link_the_hardware_reports_down_that_every_group_crosses_is_a_warning_with_its_cost_unmeasured(diagnosed):
+    """tp=4 × dp=6 on three hosts: every data-parallel group crosses all three, so two hosts'
+    PCIe links trained down (Gen3 x4) slow every group alike and no comparison can stand.
+    The hardware names the hosts; the cost is stated as not measurable (no clean step before
+    the fault), never inferred and never zero — a warning to verify, not a confirmed cordon
+    (was: no incident at all, the job 10% slower)."""
+    _, truth, d = diagnosed("link_degradation", ranks=24, layout="tp=4,dp=6", params={"factor": 3.0, "hosts": "0,1"})
+    fault = truth["faults"][0]
+    claims = [i for i in d.incidents if i.severity != "info"]
+    assert [i.klass for i in claims] == ["link_degradation"], [i.summary for i in d.incidents]
+    inc = claims[0]
+    assert inc.hosts == fault["culprit_hosts"] and inc.culprit_ranks == fault["culprit_ranks"]
+    assert inc.slowdown_pct is None and inc.gpu_hours_lost is None
+    assert (inc.severity, inc.state, inc.action) == ("warning", "suspected", "verify")
+    assert any(e.get("kind") == "pcie_degraded" for e in inc.evidence)
+    assert inc.to_json()["impact"]["slowdown_pct"] is None
+
+
+def test_a_link_trained_down_mid_run_is_measured_against_the_steps_before(diagnosed):
+    """The same link going down at step 8: the steps before it are clean, so the cost is
+    measured (the job's own step time before and after), not stated unknown."""
+    _, truth, d = diagnosed("link_degradation", ranks=24, layout="tp=4,dp=6",
+                            params={"factor": 3.0, "hosts": "0,1", "start_step": 8})
+    claims = [i for i in d.incidents if i.severity != "info"]
+    assert [i.klass for i in claims] == ["link_degradation"], [i.summary for i in d.incidents]
+    assert claims[0].slowdown_pct is not None and claims[0].slowdown_pct >= 5.0
+    assert claims[0].start_step >= 8
+    assert truth["faults"][0]["impact"]["slowdown_pct"] >= 5.0
