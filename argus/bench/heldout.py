@@ -25,7 +25,7 @@ import numpy as np
 
 from argus.bench.accuracy import RunScore, score
 
-__all__ = ["HELD_OUT_SEED0", "MAGNITUDES", "JobDraw", "HeldOutScore", "draw_job", "family", "run_draw",
+__all__ = ["HELD_OUT_SEED0", "MAGNITUDES", "FAMILIES", "JobDraw", "HeldOutScore", "draw_job", "family", "run_draw",
            "summarize_held_out"]
 
 #: First evaluation seed. Development (tests, tuning, docs/benchmarks.md's main figures) uses 0–99.
@@ -55,28 +55,40 @@ class JobDraw:
     jitter: float
     dataloader_spike_prob: float
     megatron_groups: bool = False  # Megatron's EMBEDDING and MODEL_PARALLEL groups at the step's tail
+    virtual_stages: int = 1  # > 1: the interleaved 1F1B schedule (pipelined jobs, half of them)
+
+
+#: The layout families, drawn alike (a family the common draws rarely reach — data parallel
+#: alone needs dp ≥ 16 — is scored as often as the others)
+FAMILIES = ("dp", "tp·dp", "pp", "moe", "moe·pp")
 
 
 def draw_job(seed: int, min_ranks: int = 16, max_ranks: int = 256) -> JobDraw:
-    """A job's shape and noise, from ``seed`` alone."""
+    """A job's shape and noise, from ``seed`` alone: a family, then a layout of it (tp, pp,
+    ep in 1–8, dp in 2–32), the interleaved schedule for half the pipelined ones."""
     rng = np.random.default_rng(seed)
+    fam = str(rng.choice(FAMILIES))
     while True:
         tp, pp, ep = (int(rng.choice(v)) for v in ((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)))
-        dp = int(rng.choice((2, 3, 4, 6, 8, 12, 16)))
+        dp = int(rng.choice((2, 3, 4, 6, 8, 12, 16, 24, 32)))
         n = tp * pp * ep * dp
-        if min_ranks <= n <= max_ranks:
+        layout = f"tp={tp},pp={pp},ep={ep},dp={dp}"
+        if min_ranks <= n <= max_ranks and family(layout) == fam:
             break
-    return JobDraw(seed, n, f"tp={tp},pp={pp},ep={ep},dp={dp}", float(rng.choice((5.0, 15.0, 40.0, 100.0))),
-                   float(rng.choice((0.02, 0.08, 0.15))), float(rng.choice((0.01, 0.02, 0.04))),
-                   float(rng.choice((0.0, 0.01, 0.03))), bool(rng.random() < 0.5))
+    noise = (float(rng.choice((5.0, 15.0, 40.0, 100.0))), float(rng.choice((0.02, 0.08, 0.15))),
+             float(rng.choice((0.01, 0.02, 0.04))), float(rng.choice((0.0, 0.01, 0.03))))
+    megatron = bool(rng.random() < 0.5)
+    virtual = 2 if pp > 1 and rng.random() < 0.5 else 1
+    return JobDraw(seed, n, layout, *noise, megatron, virtual)
 
 
 def family(layout: str) -> str:
     """The layout family a job belongs to, by the axes it parallelises over: ``dp`` (data
     parallel only), ``tp·dp``, ``pp`` (pipelined, dense), ``moe`` (experts, no pipeline),
-    ``moe·pp``. Scores are stated per family as well as pooled (and for the jobs that run
-    Megatron's own groups, ``megatron-groups``, across families): a detector tuned on the
-    common shape must not carry a family it fails on."""
+    ``moe·pp``. Scores are stated per family as well as pooled (and, across families, for
+    the jobs that run Megatron's own groups, ``megatron-groups``, and the interleaved
+    schedule, ``interleaved``): a detector tuned on the common shape must not carry a family
+    it fails on."""
     sizes = {k: int(v) for k, v in (part.split("=") for part in layout.split(",") if "=" in part)}
     tp, pp, ep = sizes.get("tp", 1), sizes.get("pp", 1), sizes.get("ep", 1)
     if ep > 1:
@@ -157,7 +169,8 @@ def run_draw(scenario: str, seed: int, magnitude: float | None = None, steps: in
     try:
         config = SimConfig(ranks=draw.ranks, steps=steps, seed=seed, layout=draw.layout, moe_alpha=draw.moe_alpha,
                            seqlen_sigma=draw.seqlen_sigma, jitter=draw.jitter,
-                           dataloader_spike_prob=draw.dataloader_spike_prob, megatron_groups=draw.megatron_groups)
+                           dataloader_spike_prob=draw.dataloader_spike_prob, megatron_groups=draw.megatron_groups,
+                           virtual_stages=draw.virtual_stages)
         t0 = time.perf_counter()
         try:
             res = simulate_to_store(config, scenario, tmp / "s", params=params, baseline=True)
@@ -224,11 +237,12 @@ def _by_family(scores: list[HeldOutScore], mean) -> list[dict]:
     """Per layout family: false incidents on the healthy jobs, and the goal's figures over
     every fault that cost ≥ 5%."""
     out = []
-    families = {family(s.draw.layout) for s in scores} | ({"megatron-groups"} if any(
-        s.draw.megatron_groups for s in scores) else set())
+    across = {"megatron-groups": lambda d: d.megatron_groups, "interleaved": lambda d: d.virtual_stages > 1}
+    families = {family(s.draw.layout) for s in scores} | {k for k, has in across.items() if any(
+        has(s.draw) for s in scores)}
     for fam in sorted(families):
         scored = [(s, s.score) for s in scores if s.score is not None and (
-            s.draw.megatron_groups if fam == "megatron-groups" else family(s.draw.layout) == fam)]
+            across[fam](s.draw) if fam in across else family(s.draw.layout) == fam)]
         healthy = [r for s, r in scored if s.scenario == "healthy"]
         costly = [(s, r) for s, r in scored if s.scenario != "healthy" and s.cost_pct is not None
                   and s.cost_pct >= COST_FLOOR_PCT]

@@ -20,6 +20,8 @@ def add_sim_options(p: argparse.ArgumentParser, ranks: int = 64, steps: int = 20
     p.add_argument("--gpus-per-host", type=int, default=8, help="ranks per host (default 8)")
     p.add_argument("--layers", type=int, default=4, help="transformer layers per pipeline stage (default 4)")
     p.add_argument("--microbatches", type=int, default=8, help="microbatches per step (default 8)")
+    p.add_argument("--virtual-stages", type=int, default=1,
+                   help="model chunks per pipeline stage: > 1 runs Megatron's interleaved 1F1B schedule (default 1)")
     p.add_argument("--kernels", action="store_true", help="also store raw kernel events (small runs)")
     p.add_argument("--megatron-groups", action="store_true",
                    help="Megatron's own groups at the step's tail: the grad-norm all-reduce over MODEL_PARALLEL "
@@ -29,7 +31,8 @@ def add_sim_options(p: argparse.ArgumentParser, ranks: int = 64, steps: int = 20
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     return SimConfig(ranks=args.ranks, steps=args.steps, seed=args.seed, layout=args.layout, order=args.order,
                      gpus_per_host=args.gpus_per_host, layers=args.layers, microbatches=args.microbatches,
-                     kernels=args.kernels, megatron_groups=getattr(args, "megatron_groups", False))
+                     kernels=args.kernels, megatron_groups=getattr(args, "megatron_groups", False),
+                     virtual_stages=getattr(args, "virtual_stages", 1))
 
 
 def register_simulate(sub: argparse._SubParsersAction) -> None:

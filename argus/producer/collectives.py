@@ -155,7 +155,8 @@ class CollectiveTracker:
                 return original(pg, *args, **kwargs)
             try:
                 peer = args[peer_arg] if peer_arg is not None and len(args) > peer_arg else None
-                launch = tracker._launch(pg, op, peer if isinstance(peer, int) else None)
+                launch = tracker._launch(pg, op, peer if isinstance(peer, int) else None,
+                                         rt.cuda is not None and _on_cuda(args))
             except Exception as exc:  # noqa: BLE001
                 rt.fail(f"collective tracking failed ({type(exc).__name__}: {exc})")
                 return original(pg, *args, **kwargs)
@@ -175,7 +176,10 @@ class CollectiveTracker:
 
         return pg_method
 
-    def _launch(self, pg: Any, op: str, peer_local: int | None) -> tuple:
+    def _launch(self, pg: Any, op: str, peer_local: int | None, on_cuda: bool = True) -> tuple:
+        """``on_cuda``: the collective's tensors are on a CUDA device (GPU events time it); a
+        gloo collective on CPU tensors inside a GPU job is timed on the host — an event on the
+        GPU's stream would time that stream's queue instead."""
         rt = self.rt
         main = rt.on_main_thread()
         if main:
@@ -186,7 +190,7 @@ class CollectiveTracker:
         nid = self._name_id(name)
         rt.comm_issued += 1
         rt.ring.inflight.issued(g.slot, nid, t0)
-        m0 = rt.cuda.mark() if rt.cuda is not None else None  # GPU: the inputs are ready here
+        m0 = rt.cuda.mark() if rt.cuda is not None and on_cuda else None  # GPU: the inputs are ready here
         # CPU: the training thread's run-queue delay so far, so that a collective it waits for
         # itself (``wait()``) can record how much of its interval the thread spent preempted
         rq0 = rt.sched.runq_ns() if main and m0 is None else -1
@@ -194,6 +198,16 @@ class CollectiveTracker:
 
     def _track(self, work: Any, launch: tuple) -> None:
         if work is None:
+            # a synchronous collective the backend waited for itself (torch ≥ 2.8: "sync'ed at
+            # CPP level", no Work). On a GPU it returns once the current stream waits on the
+            # collective — not once the collective ran: an event recorded there now completes
+            # with it (the CPU's return is its launch, not its end)
+            if launch[5] is not None:
+                try:
+                    self.rt.cuda.phase(launch[5], self.rt.cuda.mark(), (self._gpu_done, launch))
+                    return
+                except Exception:  # noqa: BLE001 - no event: the host's interval is all there is
+                    pass
             self._finish_launch(launch, now_ns())
             return
         if launch[5] is not None and self._track_on_gpu(work, launch):
@@ -346,3 +360,15 @@ class CollectiveTracker:
             return original(ddp, state, hook)
 
         return register_comm_hook
+
+
+def _on_cuda(args: tuple) -> bool:
+    """Whether a process-group call's tensors are on a CUDA device: its first tensor argument
+    (a tensor, or a list of tensors or of lists of them), True when none is found."""
+    for a in args:
+        while isinstance(a, (list, tuple)) and a:
+            a = a[0]
+        is_cuda = getattr(a, "is_cuda", None)
+        if isinstance(is_cuda, bool):
+            return is_cuda
+    return True

@@ -41,6 +41,10 @@ class SimConfig:
     gpus_per_host: int = 8
     layers: int = 4  # transformer layers per pipeline stage
     microbatches: int = 8
+    #: model chunks per pipeline stage (Megatron's virtual pipeline size): > 1 runs the
+    #: interleaved 1F1B schedule — each stage holds ``virtual_stages`` chunks of
+    #: ``layers / virtual_stages`` layers, and the last stage sends to the first between chunks
+    virtual_stages: int = 1
     seed: int = 0
     kernels: bool = False  # write raw kernel events to the store (small runs)
     summaries: bool = True  # write compressed kernel summaries and sketches per window
@@ -62,7 +66,7 @@ class SimConfig:
     workload: Workload = field(default_factory=Workload)
 
     def __post_init__(self) -> None:
-        for name in ("ranks", "steps", "layers", "microbatches", "gpus_per_host", "window_steps"):
+        for name in ("ranks", "steps", "layers", "microbatches", "gpus_per_host", "window_steps", "virtual_stages"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"simulator {name} must be a positive integer, got {value!r}")
@@ -73,7 +77,15 @@ class SimConfig:
             raise ConfigError(f"simulator moe_alpha must be > 0, got {self.moe_alpha}")
         if self.warmup_steps < 0 or self.checkpoint_every < 0:
             raise ConfigError("simulator warmup_steps and checkpoint_every must be >= 0")
-        self.resolve_layout()  # fail early on a bad layout
+        layout = self.resolve_layout()  # fail early on a bad layout
+        if self.virtual_stages > 1:
+            if layout.pp < 2:
+                raise ConfigError(f"virtual_stages={self.virtual_stages} needs a pipeline (pp >= 2), got {layout}")
+            if self.layers % self.virtual_stages:
+                raise ConfigError(f"layers={self.layers} must divide into virtual_stages={self.virtual_stages} chunks")
+            if self.microbatches % layout.pp:
+                raise ConfigError(f"the interleaved schedule runs microbatches in groups of pp={layout.pp}: "
+                                  f"microbatches={self.microbatches} is not a multiple")
 
     def resolve_layout(self) -> Layout:
         if self.layout:

@@ -66,6 +66,7 @@ class Engine:
         self.W = config.workload
         n, p = self.layout.world_size, self.layout.pp
         self.N, self.P, self.C, self.M, self.L = n, p, n // p, config.microbatches, config.layers
+        self.V = config.virtual_stages  # model chunks per stage (interleaved 1F1B when > 1)
         hosts, self.host_of = np.unique(self.topology.hosts, return_inverse=True)
         self.n_hosts = len(hosts)
         self.faults = faults or FaultPlan(world_size=n, n_hosts=self.n_hosts)
@@ -103,6 +104,8 @@ class Engine:
         self.group_spans = {k: (h != h[..., :1]).any(-1) for k, h in self.group_hosts.items()}
         hs = self.host_of[self.stage_ranks]  # (P, C)
         self.pp_hosts = np.stack([hs[:-1], hs[1:]], axis=-1) if self.P > 1 else np.zeros((0, self.C, 2), np.int64)
+        if self.V > 1 and self.P > 2:  # interleaved: the last stage feeds the first stage's next chunk
+            self.pp_hosts = np.concatenate([self.pp_hosts, np.stack([hs[-1], hs[0]], axis=-1)[None]])
         self.pp_spans = self.pp_hosts[..., 0] != self.pp_hosts[..., 1]
         self.local_rank = self.topology.local_ranks[self.stage_ranks].astype(np.int32)
         # Data replica of each column: ranks that share (ep, dp) coordinates see the same samples.
@@ -132,19 +135,29 @@ class Engine:
             self.names.id(op.phase)
             self.names.id(op.kernel.name)
         self.block_kernels = {
-            (s, b): self._count_block_kernels(s, b) for s in range(self.P) for b in ("F", "B")}
+            (s, b, c): self._count_block_kernels(s, b, c) for s in range(self.P) for b in ("F", "B")
+            for c in range(self.V)}
 
-    def _count_block_kernels(self, s: int, block: str) -> int:
+    def _layers(self, c: int) -> range:
+        """The stage's layers in model chunk ``c``."""
+        per = self.L // self.V
+        return range(c * per, (c + 1) * per)
+
+    def _last(self, s: int, c: int) -> bool:
+        """Whether (stage, chunk) is the model's last virtual stage (it computes the loss)."""
+        return s == self.P - 1 and c == self.V - 1
+
+    def _count_block_kernels(self, s: int, block: str, c: int = 0) -> int:
         w, bwd = self.W, block == "B"
         n = 0
-        for layer in range(self.L):
+        for layer in self._layers(c):
             n += len((w.attention_bwd if bwd else w.attention_fwd).kernels)
             if w.is_moe(layer, self.layout.ep):
                 n += len((w.router_bwd if bwd else w.router_fwd).kernels)
                 n += len((w.experts_bwd if bwd else w.experts_fwd).kernels)
             else:
                 n += len((w.mlp_bwd if bwd else w.mlp_fwd).kernels)
-        if s == self.P - 1:
+        if self._last(s, c):
             n += len((w.loss_bwd if bwd else w.loss_fwd).kernels)
         return n
 
@@ -200,12 +213,12 @@ class Engine:
         self.fwd_out: dict[tuple[int, int], np.ndarray] = {}
         self.bwd_out: dict[tuple[int, int], np.ndarray] = {}
         stalls = self.faults.stalls_at(step)
-        for s, block, m in dependency_order(P, self.M):
-            self._enter_block(s, block, m, stalls)
+        for s, block, m, c in dependency_order(P, self.M, self.V):
+            self._enter_block(s, block, m, c, stalls)
             if block == "F":
-                self._forward(s, m)
+                self._forward(s, m, c)
             else:
-                self._backward(s, m)
+                self._backward(s, m, c)
             self._stall_gap = self._stall_first = None
 
         # Step tail: gradient reduce-scatter, global grad norm, optimizer, parameter all-gather.
@@ -242,10 +255,10 @@ class Engine:
         return int(s), int(c)
 
     # -- blocks ----------------------------------------------------------------------------
-    def _enter_block(self, s: int, block: str, m: int, stalls: list[HostStall]) -> None:
+    def _enter_block(self, s: int, block: str, m: int, c: int, stalls: list[HostStall]) -> None:
         gap = first = None
         for st in stalls:
-            if st.block != block or st.microbatch != m:
+            if st.block != block or st.microbatch != m or c != 0:  # a microbatch's stall: in its first chunk
                 continue
             stage_of = self.layout.stage_of(np.array(st.ranks))
             cols = [self._where(r)[1] for r, sr in zip(st.ranks, stage_of) if sr == s]
@@ -254,19 +267,19 @@ class Engine:
             ns = st.stall_ms_at(self.step) * _MS
             if st.mode == "sparse":
                 gap = np.zeros(self.C) if gap is None else gap
-                gap[cols] += ns / self.block_kernels[(s, block)]
+                gap[cols] += ns / self.block_kernels[(s, block, c)]
             else:
                 first = np.zeros(self.C) if first is None else first
                 first[cols] += ns
             self.stalled[s, cols] += ns
         self._stall_gap, self._stall_first = gap, first
 
-    def _forward(self, s: int, m: int) -> None:
-        w = self.W
-        if s > 0:
-            self._p2p(s - 1, s, self.fwd_out.pop((s - 1, m)), m)
+    def _forward(self, s: int, m: int, c: int = 0) -> None:
+        w, vs = self.W, c * self.P + s  # virtual stage: chunk c of stage s
+        if vs > 0:
+            self._p2p((vs - 1) % self.P, s, self.fwd_out.pop((vs - 1, m)), m)
         start = self.t[s].copy()
-        for layer in range(self.L):
+        for layer in self._layers(c):
             self._compute(s, w.attention_fwd, m)
             self._collective(s, w.tp_allreduce, m)
             if w.is_moe(layer, self.layout.ep):
@@ -274,20 +287,20 @@ class Engine:
             else:
                 self._compute(s, w.mlp_fwd, m)
             self._collective(s, w.tp_allreduce, m)
-        if s == self.P - 1:
+        if self._last(s, c):
             self._compute(s, w.loss_fwd, m)
         self._phase(s, self.id["forward-compute"], self.id["compute"], self.id[""], m, start, self.t[s] - start)
-        if s < self.P - 1:
-            self.fwd_out[(s, m)] = self.t[s].copy()
+        if not self._last(s, c):
+            self.fwd_out[(vs, m)] = self.t[s].copy()
 
-    def _backward(self, s: int, m: int) -> None:
-        w = self.W
-        if s < self.P - 1:
-            self._p2p(s + 1, s, self.bwd_out.pop((s + 1, m)), m)
+    def _backward(self, s: int, m: int, c: int = 0) -> None:
+        w, vs = self.W, c * self.P + s
+        if not self._last(s, c):
+            self._p2p((vs + 1) % self.P, s, self.bwd_out.pop((vs + 1, m)), m)
         start = self.t[s].copy()
-        if s == self.P - 1:
+        if self._last(s, c):
             self._compute(s, w.loss_bwd, m)
-        for layer in reversed(range(self.L)):
+        for layer in reversed(self._layers(c)):
             if w.is_moe(layer, self.layout.ep):
                 self._moe(s, m, layer, backward=True)
             else:
@@ -296,8 +309,8 @@ class Engine:
             self._compute(s, w.attention_bwd, m)
             self._collective(s, w.tp_allreduce, m)
         self._phase(s, self.id["backward-compute"], self.id["compute"], self.id[""], m, start, self.t[s] - start)
-        if s > 0:
-            self.bwd_out[(s, m)] = self.t[s].copy()
+        if vs > 0:
+            self.bwd_out[(vs, m)] = self.t[s].copy()
 
     def _moe(self, s: int, m: int, layer: int, backward: bool) -> None:
         w = self.W
@@ -428,7 +441,9 @@ class Engine:
 
     def _p2p(self, src: int, dst: int, send_post: np.ndarray, m: int) -> None:
         op = self.W.pp_p2p
-        link = min(src, dst)
+        # neighbouring stages share their link; the interleaved schedule's last → first stage
+        # transfer has one of its own (a two-stage pipeline's wraps onto the same pair)
+        link = min(src, dst) if abs(src - dst) == 1 or self.P == 2 else self.P - 1
         post = self.t[dst]
         xfer = self._transfer(op, self.C) * np.where(self.pp_spans[link], op.inter_host, 1.0)
         xfer = xfer * self.seq[m] ** op.kernel.seq_exp

@@ -15,6 +15,20 @@ def test_draws_are_reproducible_varied_and_valid_layouts():
     assert set(MAGNITUDES) <= set(SCENARIOS)
 
 
+def test_every_family_is_drawn_and_pipelined_jobs_interleave_half_the_time():
+    from collections import Counter
+
+    from argus.bench.heldout import FAMILIES
+
+    draws = [draw_job(HELD_OUT_SEED0 + i) for i in range(100)]
+    by = Counter(family(d.layout) for d in draws)
+    assert set(by) == set(FAMILIES) and min(by.values()) >= 10  # data parallel alone too (dp 16–32)
+    piped = [d for d in draws if "pp=1," not in d.layout]
+    assert all(d.virtual_stages == 1 for d in draws if "pp=1," in d.layout)
+    assert 0.25 < sum(d.virtual_stages > 1 for d in piped) / len(piped) < 0.75
+    assert max(int(d.layout.split("dp=")[1]) for d in draws) == 32
+
+
 def test_a_run_is_costed_and_scored(tmp_path):
     s = run_draw("compute_straggler", HELD_OUT_SEED0 + 3, 6.0, steps=12, workdir=tmp_path)
     assert s.score is not None and s.cost_pct is not None and s.cost_pct > 5  # a 6× attention is not free
@@ -25,8 +39,11 @@ def test_a_run_is_costed_and_scored(tmp_path):
     assert by["healthy"]["false_incident_rate"] in (0.0, 1.0)
     assert by["compute_straggler"]["by_magnitude"][0]["magnitude"] == 6.0
     assert by["compute_straggler"]["costly_runs"] == 1
-    (fam,) = [r for r in rows if r["bench"] == "accuracy-held-out-family"]  # one job: one family
-    assert fam["family"] == family(s.draw.layout) and fam["healthy_jobs"] == 1 and fam["costly_runs"] == 1
+    fams = {r["family"]: r for r in rows if r["bench"] == "accuracy-held-out-family"}
+    assert set(fams) == {family(s.draw.layout)} | ({"megatron-groups"} if s.draw.megatron_groups else set()) | (
+        {"interleaved"} if s.draw.virtual_stages > 1 else set())  # one job: its family, and what it runs across them
+    fam = fams[family(s.draw.layout)]
+    assert fam["healthy_jobs"] == 1 and fam["costly_runs"] == 1
     assert fam["recall"] == s.score.recall
 
 

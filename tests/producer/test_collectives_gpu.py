@@ -73,3 +73,46 @@ def test_a_gpu_collective_completes_when_its_callback_event_does(tmp_path):
     names = reader.new_names()
     (row,) = reader.drain(settled=False)[Msg.PHASES]
     assert names[row["name"]] == "dp-allreduce" and (row["start_ns"], row["dur_ns"], row["step"]) == (1_000, 4_000, 3)
+
+
+def test_a_synchronous_gpu_collective_without_work_ends_on_the_gpu_not_at_its_return(tmp_path):
+    """torch ≥ 2.8 returns no Work for a synchronous collective (the backend made the current
+    stream wait on it). Its end is an event recorded on that stream after the return — not the
+    CPU's return, which is only its launch; until the event resolves it is still in flight."""
+    ring = RingWriter.create(tmp_path)
+    reader = RingReader(ring.path)
+    rt = FakeRuntime(ring)
+    tracker = CollectiveTracker(rt, lambda: False)
+    from argus.producer.collectives import _Group
+
+    g = _Group("tp", ring.inflight.slot(group_key([0, 1]), 4, 2, 0), 4)
+    tracker.groups[(id("pg"), -1)] = g
+    launch = tracker._launch("pg", "allreduce", None)
+    tracker._track(None, launch)
+    ((m0, m1, meta),) = rt.cuda.spans  # timed between two GPU events …
+    assert (m0, m1) == (("event", 1), ("event", 2))
+    assert reader.inflight.read().groups[0].pending == 1  # … and not complete at the CPU's return
+    meta[0](meta[1], 2_000, 9_000)
+    assert reader.inflight.read().groups[0].completed == 1
+    names = reader.new_names()
+    (row,) = reader.drain(settled=False)[Msg.PHASES]
+    assert names[row["name"]] == "tp-allreduce" and (row["start_ns"], row["dur_ns"]) == (2_000, 7_000)
+
+
+def test_a_gloo_collective_on_cpu_tensors_in_a_gpu_job_is_timed_on_the_host(tmp_path):
+    """A GPU job's gloo group on CPU tensors: no GPU event (it would time the GPU stream's
+    queue, sometimes negative) — the host's launch and completion, as on a CPU job."""
+    import torch
+
+    from argus.producer.collectives import _Group, _on_cuda
+
+    assert _on_cuda(([torch.zeros(2)],)) is False and _on_cuda(([[torch.zeros(2)]], [torch.zeros(1)])) is False
+    assert _on_cuda((3,)) is True  # nothing to tell by: the device's clock, as before
+    ring = RingWriter.create(tmp_path)
+    rt = FakeRuntime(ring)
+    tracker = CollectiveTracker(rt, lambda: False)
+    tracker.groups[(id("pg"), -1)] = _Group("dp", ring.inflight.slot(group_key([0, 1]), 4, 2, 0), 4)
+    launch = tracker._launch("pg", "allreduce", None, on_cuda=False)
+    assert launch[5] is None and rt.cuda.marks == 0
+    tracker._track(None, launch)
+    assert rt.cuda.spans == []
