@@ -210,6 +210,13 @@ class CollectiveTracker:
                     pass
             self._finish_launch(launch, now_ns())
             return
+        if launch[5] is None and self.rt.cuda is not None and self.rt.cuda.capturing():
+            # inside CUDA-graph capture nothing runs: the collective runs at each replay. A
+            # future callback here would fork a pool stream into the capture that is never
+            # joined (the capture fails); leave the work alone, record nothing, and settle
+            # its in-flight count so hang snapshots do not see it waiting forever
+            self.rt.ring.inflight.completed(launch[3].slot, launch[0], launch[0])
+            return
         if launch[5] is not None and self._track_on_gpu(work, launch):
             return
         key = id(work)

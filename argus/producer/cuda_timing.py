@@ -170,6 +170,13 @@ class CudaTimer:
         """A step ended: ask the resolver for a fresh clock reference. Records nothing."""
         self._want_ref = True
 
+    def capturing(self) -> bool:
+        """Whether the current stream is capturing a CUDA graph (False on any CUDA error)."""
+        try:
+            return bool(self.cuda.is_current_stream_capturing())
+        except Exception:  # noqa: BLE001
+            return False
+
     def mark(self, stream: Any = None) -> Any:
         """An event on ``stream`` (default: the current stream of the rank's device); ``None``
         while the current stream is capturing a CUDA graph, or on any CUDA error."""

@@ -23,6 +23,9 @@ class FakeTimer:
     def phase(self, m0, m1, meta):
         self.spans.append((m0, m1, meta))
 
+    def capturing(self):
+        return False
+
 
 class FakeFuture:
     def __init__(self):
@@ -116,3 +119,26 @@ def test_a_gloo_collective_on_cpu_tensors_in_a_gpu_job_is_timed_on_the_host(tmp_
     assert launch[5] is None and rt.cuda.marks == 0
     tracker._track(None, launch)
     assert rt.cuda.spans == []
+
+
+def test_a_collective_issued_during_cuda_graph_capture_touches_no_future(tmp_path):
+    """A callback on the work's future during capture forks a pool stream into the capture
+    that is never joined: the user's capture fails. Nothing is added, nothing recorded, and
+    the in-flight count is settled."""
+    from argus.producer.collectives import _Group
+
+    ring = RingWriter.create(tmp_path)
+    reader = RingReader(ring.path)
+    rt = FakeRuntime(ring)
+    rt.cuda.mark = lambda: None  # CudaTimer.mark records nothing while capturing …
+    rt.cuda.capturing = lambda: True  # … and says why
+    tracker = CollectiveTracker(rt, lambda: False)
+    tracker.groups[(id("pg"), -1)] = _Group("tp", ring.inflight.slot(group_key([0, 1]), 4, 2, 0), 4)
+    launch = tracker._launch("pg", "allreduce", None)
+    work = FakeWork()
+    tracker._track(work, launch)
+    assert work.future.callbacks == [] and not tracker.pending and rt.cuda.spans == []
+    state = reader.inflight.read().groups[0]
+    assert state.pending == 0 and state.completed == 1
+    reader.new_names()
+    assert Msg.PHASES not in reader.drain(settled=False)
