@@ -83,6 +83,10 @@ class CollectiveTracker:
         self.last_bucket_ns = 0  # … and when the last one was
         self.last_bucket_runq = 0
         self.instrumented_ddp: set[int] = set()
+        #: id(pg) → launches issued between its ``_start_coalescing`` and ``_end_coalescing``
+        #: (``batch_isend_irecv`` on NCCL): they complete with the coalesced work the end returns
+        self.coalescing: dict[int, list[tuple]] = {}
+        self.coalesced: dict[int, list[tuple]] = {}  # id(coalesced work) → its launches after the first
         self._ddp_register: Callable | None = None
 
     # -- install ---------------------------------------------------------------------------
@@ -98,6 +102,9 @@ class CollectiveTracker:
             if original is not None:
                 self._patch(ProcessGroup, method, self._wrap(original, op, method))
         self._patch(Work, "wait", self._wrap_wait(Work.wait))
+        if hasattr(ProcessGroup, "_start_coalescing") and hasattr(ProcessGroup, "_end_coalescing"):
+            self._patch(ProcessGroup, "_start_coalescing", self._wrap_start_coalescing(ProcessGroup._start_coalescing))
+            self._patch(ProcessGroup, "_end_coalescing", self._wrap_end_coalescing(ProcessGroup._end_coalescing))
         try:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -169,12 +176,63 @@ class CollectiveTracker:
             finally:
                 tracker.local.inside = False
             try:
+                batch = tracker.coalescing.get(id(pg))
+                if batch is not None:  # its own work is a placeholder: the coalesced one completes it
+                    batch.append(launch)
+                    return work
                 tracker._track(work, launch)
             except Exception as exc:  # noqa: BLE001
                 rt.fail(f"collective tracking failed ({type(exc).__name__}: {exc})")
             return work
 
         return pg_method
+
+    def _wrap_start_coalescing(self, original: Callable) -> Callable:
+        tracker = self
+
+        @functools.wraps(original)
+        def start(pg: Any, *args: Any, **kwargs: Any) -> Any:
+            out = original(pg, *args, **kwargs)
+            if tracker.rt.active and not tracker.is_compiling():
+                tracker.coalescing[id(pg)] = []
+            return out
+
+        return start
+
+    def _wrap_end_coalescing(self, original: Callable) -> Callable:
+        tracker = self
+
+        @functools.wraps(original)
+        def end(pg: Any, *args: Any, **kwargs: Any) -> Any:
+            launches = tracker.coalescing.pop(id(pg), None)
+            try:
+                work = original(pg, *args, **kwargs)
+            except BaseException:
+                for launch in launches or ():
+                    tracker._finish_launch(launch, now_ns())
+                raise
+            if launches:
+                try:
+                    tracker._track_coalesced(work, launches)
+                except Exception as exc:  # noqa: BLE001
+                    tracker.rt.fail(f"collective tracking failed ({type(exc).__name__}: {exc})")
+            return work
+
+        return end
+
+    def _track_coalesced(self, work: Any, launches: list[tuple]) -> None:
+        """Launches of one coalesced batch complete with its work: on the GPU each by its own
+        event in the work's callback; on the CPU the first by the work (callback or ``wait``)
+        and the others with it."""
+        cpu = work is not None and launches[0][5] is None and not (self.rt.cuda is not None and self.rt.cuda.capturing())
+        if cpu:
+            if len(self.coalesced) >= _MAX_PENDING:
+                self.coalesced.pop(next(iter(self.coalesced)))
+            self.coalesced[id(work)] = launches[1:]
+            self._track(work, launches[0])
+            return
+        for launch in launches:
+            self._track(work, launch)
 
     def _launch(self, pg: Any, op: str, peer_local: int | None, on_cuda: bool = True) -> tuple:
         """``on_cuda``: the collective's tensors are on a CUDA device (GPU events time it); a
@@ -270,6 +328,8 @@ class CollectiveTracker:
             t1 = now_ns()
             rq = self.rt.sched.runq_ns() - launch[6] if waited and launch[6] >= 0 else -1
             self._finish_launch(launch, t1, max(rq, -1))
+            for other in self.coalesced.pop(key, ()):  # the rest of its coalesced batch
+                self._finish_launch(other, t1)
 
     def _finish_launch(self, launch: tuple, t1: int, wait_ns: int = -1) -> None:
         t0, mb, step, g, nid = launch[:5]

@@ -142,3 +142,50 @@ def test_a_collective_issued_during_cuda_graph_capture_touches_no_future(tmp_pat
     assert state.pending == 0 and state.completed == 1
     reader.new_names()
     assert Msg.PHASES not in reader.drain(settled=False)
+
+
+class _CpuRuntime(FakeRuntime):
+    def __init__(self, ring):
+        super().__init__(ring)
+        self.cuda = None
+        self.failures = []
+
+    def fail(self, why):
+        self.failures.append(why)
+
+
+def test_a_coalesced_p2p_batch_completes_with_the_work_its_end_returns(tmp_path):
+    """``batch_isend_irecv`` on NCCL: sends and receives issued between ``_start_coalescing``
+    and ``_end_coalescing`` return placeholder works; the batch completes with the work the
+    end returns. Each is in flight until then, and ends when it does."""
+    from argus.producer.collectives import _Group
+
+    ring = RingWriter.create(tmp_path)
+    reader = RingReader(ring.path)
+    rt = _CpuRuntime(ring)
+    tracker = CollectiveTracker(rt, lambda: False)
+    pg = object()
+    for peer in (0, 1):
+        tracker.groups[(id(pg), peer)] = _Group("pp", ring.inflight.slot(group_key([0, 1 + peer]), 6, 2, 0), 6)
+    placeholders = []
+
+    def send(pg_, tensors, peer, tag=0):
+        placeholders.append(FakeWork())
+        return placeholders[-1]
+
+    batch_work = FakeWork()
+    start = tracker._wrap_start_coalescing(lambda pg_, device=None: None)
+    end = tracker._wrap_end_coalescing(lambda pg_, device=None: batch_work)
+    pg_send = tracker._wrap(send, "send", "send")
+    start(pg, "cuda")
+    pg_send(pg, [], 0)
+    pg_send(pg, [], 1)
+    assert all(w.future.callbacks == [] for w in placeholders)  # the placeholders are not what completes
+    assert end(pg, "cuda") is batch_work
+    assert sum(g.pending for g in reader.inflight.read().groups) == 2
+    (cb,) = batch_work.future.callbacks
+    cb(batch_work.future)
+    groups = reader.inflight.read().groups
+    assert sum(g.pending for g in groups) == 0 and sum(g.completed for g in groups) == 2
+    reader.new_names()
+    assert len(reader.drain(settled=False)[Msg.PHASES]) == 2 and rt.failures == []
