@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from argus.wire.protocol import CATEGORIES, GROUP_KINDS, KINDS, Msg
+from argus.wire.protocol import CATEGORIES, GPU_STEP_PHASE, GROUP_KINDS, KINDS, Msg
 from argus.store import WindowData
 from argus.store import conform
 from argus.store.dictionary import first_seen_dictionary
@@ -62,6 +62,12 @@ class RankInfo:
     max_step: int = -1
     step_starts: list[int] = field(default_factory=list)  # recent steps, for placing kernels in time
     step_ids: list[int] = field(default_factory=list)
+    #: … and the same steps' starts on the GPU (``GPU_STEP_PHASE``): the CPU runs ahead of the
+    #: device, so a kernel belongs to the step the GPU was in when it ran, not the host's
+    gpu_step_starts: list[int] = field(default_factory=list)
+    gpu_step_ids: list[int] = field(default_factory=list)
+    gpu_step_name: int = -1  # its id in ``names``, once seen
+    names_checked: int = 0  # how much of ``names`` was searched for it
 
 
 @dataclass
@@ -107,6 +113,11 @@ class WindowAssembler:
         if bad.any():
             self.note_drop(-1, info.rank, table, int(bad.sum()), 0, "invalid_values")
             records = records[~bad]
+            n = len(records)
+            if n == 0:
+                return
+        if msg == Msg.PHASES:
+            records = self._take_gpu_steps(info, records)
             n = len(records)
             if n == 0:
                 return
@@ -156,11 +167,36 @@ class WindowAssembler:
         if not unknown.any():
             return steps, False
         steps = steps.copy()
-        steps[unknown] = self._place(info, records["start_ns"][unknown])
+        steps[unknown] = self._place(info, records["start_ns"][unknown], gpu=msg == Msg.KERNELS)
         return steps, True
 
-    def _place(self, info: RankInfo, ts: np.ndarray) -> np.ndarray:
-        """The step whose start is the latest at or before each timestamp."""
+    def _take_gpu_steps(self, info: RankInfo, records: np.ndarray) -> np.ndarray:
+        """Keep the GPU's step starts out of the phases, for placing kernels."""
+        if info.names_checked < len(info.names):
+            if info.gpu_step_name < 0 and GPU_STEP_PHASE in info.names[info.names_checked:]:
+                info.gpu_step_name = info.names.index(GPU_STEP_PHASE, info.names_checked)
+            info.names_checked = len(info.names)
+        if info.gpu_step_name < 0:
+            return records
+        gpu = records["name"] == info.gpu_step_name
+        if not gpu.any():
+            return records
+        got = records[gpu]
+        pairs = sorted(zip(got["step"].tolist(), got["start_ns"].tolist()))
+        known = dict(zip(info.gpu_step_ids, info.gpu_step_starts))
+        known.update(pairs)
+        ids = sorted(known)[-self.keep_steps:]
+        info.gpu_step_ids, info.gpu_step_starts = ids, [known[i] for i in ids]
+        return records[~gpu]
+
+    def _place(self, info: RankInfo, ts: np.ndarray, gpu: bool = False) -> np.ndarray:
+        """The step whose start is the latest at or before each timestamp; ``gpu`` (kernels):
+        by the GPU's step starts where they reach back that far, else the host's."""
+        if gpu and info.gpu_step_starts:
+            starts = np.asarray(info.gpu_step_starts)
+            idx = np.searchsorted(starts, ts, side="right") - 1
+            by_gpu = np.asarray(info.gpu_step_ids)[np.maximum(idx, 0)].astype(np.int64)
+            return np.where(idx >= 0, by_gpu, self._place(info, ts))
         if not info.step_starts:
             return np.full(len(ts), max(info.max_step + 1, 0), np.int64)
         starts = np.asarray(info.step_starts)

@@ -24,7 +24,7 @@ from argus.producer.activation import TRACED_PID_ENV
 from argus.producer.config import Identity, ProducerConfig, default_socket
 from argus.producer.recorder import Recorder, now_ns
 from argus.topology import Layout, parse_layout
-from argus.wire import Msg, RingWriter, ring_dir
+from argus.wire import GPU_STEP_PHASE, Msg, RingWriter, ring_dir
 
 __all__ = ["Runtime", "ring_capacities"]
 
@@ -66,6 +66,7 @@ class Runtime:
         self.kernels: Any = None
         self.stacks: Any = None
         self.cuda: Any = None
+        self._gpu_step_mark: Any = None  # the GPU event at the last step's end
         self.transport: Any = None
         self.main_ident = threading.get_ident()  # the training thread: the one that started tracing
         self.main_tid = threading.get_native_id()
@@ -340,7 +341,17 @@ class Runtime:
                 log.info("argus: kernel source stopped (%s)", exc)
                 self.kernels = None
         if self.cuda is not None:
+            self._gpu_step_boundary(self.step - 1)
             self.cuda.rebase()
+
+    def _gpu_step_boundary(self, step: int) -> None:
+        """An event at the step's end on the current stream: with the previous one, the step's
+        interval on the GPU (``GPU_STEP_PHASE``) — where its kernels ran, while the CPU may be
+        a step or two ahead. The processor places kernels by it, not by host time."""
+        m = self.cuda.mark()
+        if self._gpu_step_mark is not None and m is not None:
+            self.cuda.phase(self._gpu_step_mark, m, (step, -1, GPU_STEP_PHASE, "host", ""))
+        self._gpu_step_mark = m
 
     # -- process groups ----------------------------------------------------------------------
     def kind_of_group(self, members: list[int], peer: int | None = None) -> str:

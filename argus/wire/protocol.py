@@ -34,7 +34,7 @@ import numpy as np
 from argus.errors import ProtocolError
 
 __all__ = ["MAGIC", "VERSION", "HEADER", "MAX_PAYLOAD", "MAX_JSON_PAYLOAD", "JSON_MSGS", "Msg", "DTYPES", "CATEGORIES",
-           "GROUP_KINDS", "KINDS",
+           "GROUP_KINDS", "KINDS", "GPU_STEP_PHASE",
            "TABLES_BY_MSG", "encode_frame", "encode_json", "encode_array", "decode_header", "decode_json",
            "decode_array"]
 
@@ -86,6 +86,10 @@ CATEGORIES = ("compute", "comm", "host")
 GROUP_KINDS = ("", "tp", "cp", "ep", "dp", "edp", "pp", "world")
 KINDS = ("kernel", "memcpy", "memset", "cpu_op")
 DROP_TABLES = ("steps", "phases", "kernels", "stacks", "hw", "frames")
+#: A PHASES record of this name is a step's interval on the GPU (between the events recorded at
+#: the previous and this step's end on the compute stream): the processor places kernels in
+#: steps by it and stores it nowhere else.
+GPU_STEP_PHASE = "gpu-step"
 
 
 def encode_frame(msg: Msg, payload: bytes) -> bytes:

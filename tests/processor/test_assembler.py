@@ -89,3 +89,30 @@ def test_names_are_decoded_per_rank():
     a.add(r1, Msg.KERNELS, _kernels([0], [1], name=1))
     data, _ = a.take(0)
     assert data.kernels.column("name").to_pylist() == ["beta", "alpha"]
+
+
+def _gpu_steps(name_id, steps, starts):
+    r = np.zeros(len(steps), DTYPES[Msg.PHASES])
+    r["step"], r["start_ns"], r["dur_ns"], r["name"], r["microbatch"] = steps, starts, 80, name_id, -1
+    return r
+
+
+def test_kernels_are_placed_by_the_gpu_step_boundaries_when_the_cpu_runs_ahead():
+    """The host starts steps 5, 6, 7 at 1500, 1600, 1700 while the GPU, a step behind, runs
+    them from 1590, 1690, 1790: a kernel at 1650 ran in step 5 on the device (by host time:
+    step 6). The GPU's step phases place it and are not stored as phases."""
+    from argus.wire.protocol import GPU_STEP_PHASE
+
+    a = WindowAssembler(window_steps=1, clock=Clock())
+    r0 = RankInfo(rank=0, names=["k", "forward", GPU_STEP_PHASE])
+    a.add(r0, Msg.STEPS, _steps([5, 6, 7], t0=1000))
+    a.add(r0, Msg.PHASES, _gpu_steps(2, [5, 6, 7], [1590, 1690, 1790]))
+    a.add(r0, Msg.KERNELS, _kernels([-1, -1, -1, -1], [1550, 1650, 1750, 1799]))
+    got, phases = {}, 0
+    for w in sorted(a.windows):
+        data, _ = a.take(w)
+        if data.kernels is not None:
+            got[w] = data.kernels.column("step").to_pylist()
+        phases += 0 if data.phases is None else data.phases.num_rows
+    # 1550: before the GPU's first known start, placed by host time (step 5)
+    assert got == {5: [5, 5], 6: [6], 7: [7]} and phases == 0

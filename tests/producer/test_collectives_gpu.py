@@ -189,3 +189,19 @@ def test_a_coalesced_p2p_batch_completes_with_the_work_its_end_returns(tmp_path)
     assert sum(g.pending for g in groups) == 0 and sum(g.completed for g in groups) == 2
     reader.new_names()
     assert len(reader.drain(settled=False)[Msg.PHASES]) == 2 and rt.failures == []
+
+
+def test_each_step_end_marks_the_gpu_and_the_steps_gpu_interval_is_emitted():
+    """At every step end an event on the current stream; between two of them the step's
+    interval on the GPU, as a ``gpu-step`` phase (the processor places kernels by it)."""
+    from types import SimpleNamespace
+
+    from argus.producer.runtime import Runtime
+    from argus.wire import GPU_STEP_PHASE
+
+    rt = SimpleNamespace(cuda=FakeTimer(), _gpu_step_mark=None)
+    Runtime._gpu_step_boundary(rt, 0)  # the first step's start on the GPU is unknown: nothing yet
+    Runtime._gpu_step_boundary(rt, 1)
+    Runtime._gpu_step_boundary(rt, 2)
+    assert [(m0, m1) for m0, m1, _ in rt.cuda.spans] == [(("event", 1), ("event", 2)), (("event", 2), ("event", 3))]
+    assert [meta for *_, meta in rt.cuda.spans] == [(1, -1, GPU_STEP_PHASE, "host", ""), (2, -1, GPU_STEP_PHASE, "host", "")]
