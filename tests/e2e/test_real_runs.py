@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("torch")
 
 from argus.workloads.netns import NamespaceCluster, available, cleanup_stale, launch_job  # noqa: E402
+from tests.e2e.jobs import same_hardware  # noqa: E402
 
 WORKLOAD = [sys.executable, "-m", "argus.workloads.train_transformer"]
 STEPS = ["--steps", "30", "--microbatches", "2"]
@@ -26,12 +27,16 @@ JOB_ENV = {"OMP_NUM_THREADS": "1", "ARGUS_OP_SAMPLE_EVERY": "5"}  # short jobs: 
 
 
 def _argus_run(store: Path, job: list[str], layout: str | None = None, nproc: int = 4,
-               env: dict | None = None) -> None:
+               env: dict | None = None, one_cpu: bool = False) -> None:
+    """``one_cpu``: every rank of the job on one vCPU (``jobs.same_hardware``). Four ranks
+    floating over two vCPUs of different speed make two ranks a slower device for seconds: a
+    pipeline of two lines compares each rank with its one peer, and the CI job read rank 1's
+    backward 1.36× rank 0's for a window (a pipeline_imbalance beside the injected fault)."""
     cmd = [sys.executable, "-m", "argus", "run", "--store", str(store), "--run-id", "e2e"]
     if layout:
         cmd += ["--layout", layout]
-    cmd += ["--", sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "argus.workloads.train_transformer", *STEPS, *job]
+    cmd += ["--", *(same_hardware(1) if one_cpu else []), sys.executable, "-m", "torch.distributed.run",
+            "--standalone", f"--nproc_per_node={nproc}", "-m", "argus.workloads.train_transformer", *STEPS, *job]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**_env(), **JOB_ENV, **(env or {})})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "traced run e2e" in done.stderr
@@ -87,7 +92,7 @@ def test_host_stall_in_one_microbatch(tmp_path):
 
 def test_compute_slowdown_in_a_pipeline_stage(tmp_path):
     _argus_run(tmp_path / "s", ["--mode", "pipeline", "--fault", "compute", "--fault-rank", "3", "--fault-start", "8",
-                                "--slowdown", "6"], layout="pp=2,dp=2")
+                                "--slowdown", "6"], layout="pp=2,dp=2", one_cpu=True)
     inc = _only(_incidents(tmp_path / "s"))
     assert inc["class"] in ("compute_straggler", "pipeline_imbalance") and inc["culprit_ranks"] == [3]
 
