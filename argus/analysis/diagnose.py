@@ -27,7 +27,7 @@ from argus.analysis.l1_windows import L1Config, L1Result, detect_windows
 from argus.analysis.l2_stragglers import L2Config, detect_stragglers, screen_candidates
 from argus.analysis.collectives import p2p_transfers
 from argus.analysis.links import detect_link_shifts
-from argus.analysis.l3_kernels import L3Config, collective_calls, detect_kernels
+from argus.analysis.l3_kernels import L3Config, collective_calls, detect_kernels, kernel_time_per_rank
 from argus.analysis.observations import Depth, Observation, observe
 from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents
 from argus.analysis.signals import HwSignals, load_hw_signals
@@ -209,6 +209,8 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
         special = int(((special_steps >= lo) & (special_steps <= hi)).sum())
         usable = summ.num_rows and special <= 0.25 * (hi - lo + 1)  # warm-up mixes regimes into every kernel
         l3 = detect_kernels(summ, layout, topology.hosts, i, lo, hi, calls, config.l3) if usable else None
+        kernel_time = l3.busy_total_ns if l3 is not None else kernel_time_per_rank(summ, layout) if summ.num_rows \
+            else None
         del summ
         t_l3 += time.perf_counter() - t
         t = time.perf_counter()
@@ -226,7 +228,7 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
         l2.links = links
         del frame
         t_l2 += time.perf_counter() - t
-        windows.append(WindowAnalysis(lo, hi, l2, l3))
+        windows.append(WindowAnalysis(lo, hi, l2, l3, kernel_time))
         if on_window is not None:
             on_window(i + 1, len(spans))
     timings.update(l2=t_l2, l3=t_l3)

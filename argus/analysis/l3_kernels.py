@@ -32,7 +32,7 @@ from argus.compress import log_grid, mixture_cdf, w1, w1_matrix
 from argus.topology import Layout
 
 __all__ = ["CollectiveCalls", "GroupShift", "KernelOutlier", "L3Config", "L3Result", "collective_calls",
-           "detect_kernels", "kinds_for", "w1_matrix_for"]
+           "detect_kernels", "kernel_time_per_rank", "kinds_for", "w1_matrix_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +250,15 @@ def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
     """A string column as (codes, the strings they index; a null is "")."""
     codes, vocab = encode(col.fill_null(""))
     return codes, np.asarray(vocab, dtype=str)
+
+
+def kernel_time_per_rank(summaries: pa.Table, layout: Layout) -> dict[int, float]:
+    """Each rank's compute-kernel time in a window's summaries (Σ count × p50, ns): cheap, and
+    meaningful where the full L3 is not run (a warm-up window: each kernel at its median)."""
+    if summaries.num_rows == 0:
+        return {}
+    cols = {c: summaries.column(c).to_numpy(zero_copy_only=False) for c in ("rank", "count", "p50_ns")}
+    return _busy_ratio(cols, _codes(summaries.column("category")), layout)[2]
 
 
 def _busy_ratio(cols: dict[str, np.ndarray], category: tuple[np.ndarray, np.ndarray],

@@ -59,6 +59,9 @@ class WindowAnalysis:
     hi: int
     l2: L2Result
     l3: L3Result | None
+    #: rank → compute-kernel time in the window (Σ launches × median duration), also where L3
+    #: did not run (a warm-up window): a rank's own baseline before a regression
+    kernel_time_ns: dict[int, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -686,13 +689,14 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     # their peers' while their measured transfers explain little of the loss — the network is
     # the red herring; the hosts' GPUs are slow (even where the host holds half a peer set and
     # no per-rank test can single its ranks out)
-    slow_compute = _host_kernel_time(ctx, windows, _ranks_on_hosts(ctx, hosts), steps)
+    own: set[int] = set()
+    slow_compute = _host_kernel_time(ctx, windows, _ranks_on_hosts(ctx, hosts), steps, own)
     if slow_compute is not None and any(nic_steps.get(s_, set()) & set(hosts) for s_ in steps):
         lost = _impact(ctx, steps)[2] / max(sum(1 for s_ in steps if ctx.normal(s_)), 1)
         explained = max((f.extra_per_step_ns for s_ in steps for f in standing.get(s_, [])
                          if set(f.hosts) & set(hosts)), default=0.0) / 1e9
         if explained < 0.5 * lost:
-            return [_masked_compute(ctx, hosts, steps, slow_compute, explained, lost)]
+            return [_masked_compute(ctx, hosts, steps, slow_compute, explained, lost, own)]
     # A compute culprit on these hosts explains the waits: never call it a link. Transfers
     # measured slow there too cannot be told apart from it: shown, as inconclusive, not claimed.
     masking = [inc for inc in compute if inc.severity != "info" and set(inc.hosts) & set(hosts)
@@ -834,29 +838,60 @@ def _ranks_on_hosts(ctx: _Ctx, hosts: list[str]) -> list[int]:
 
 
 def _host_kernel_time(ctx: _Ctx, windows: list[WindowAnalysis], ranks: list[int],
-                      steps: list[int]) -> dict[int, float] | None:
+                      steps: list[int], own: set[int] | None = None) -> dict[int, float] | None:
     """Per rank of ``ranks``: its compute-kernel time over its peers' median (L3), in windows
     overlapping ``steps``; None unless most of them run ≥ ``min_busy_ratio`` × their peers'.
 
     The peers are those on other hosts where there are any: the question is whether these
     hosts compute slower than the rest, and a host that holds half of each peer set (8 of 16)
-    pulls the all-peer median half-way to itself (case 5 at ×2 read as 1.1×: a link)."""
+    pulls the all-peer median half-way to itself (case 5 at ×2 read as 1.1×: a link). A rank
+    whose every peer is on these hosts (the host holds a whole pipeline stage) is compared
+    with itself: its kernel time per step against its own before L1's regression began,
+    relative to the same change on the ranks of other hosts (a job that slowed everywhere —
+    a shared machine, one host only — changes nothing; those ranks are added to ``own``)."""
     ratios: dict[int, list[float]] = defaultdict(list)
     suspects = set(ranks)
     layout = ctx.topology.layout
+    start = _regression_start(ctx)
     for w in windows:
         if w.l3 is None or w.hi < steps[0] or w.lo > steps[-1]:
             continue
         total = w.l3.busy_total_ns
+        elsewhere: float | None = None  # the other hosts' own change, once needed
         for r in ranks:
             others = [total[int(q)] for q in layout.peer_set(r) if int(q) not in suspects and int(q) in total]
+            before = None if others or r not in total or w.lo < start else _own_kernel_time_before(ctx, windows, r)
+            if before is not None and elsewhere is None:
+                changes = [total[q] / (w.hi - w.lo + 1) / b for q in total if q not in suspects
+                           for b in [_own_kernel_time_before(ctx, windows, q)] if b is not None]
+                elsewhere = float(np.median(changes)) if changes else np.nan
             if r in total and others and np.median(others) > 0:
                 ratios[r].append(total[r] / float(np.median(others)))
+            elif before is not None and elsewhere is not None and elsewhere > 0:
+                ratios[r].append(total[r] / (w.hi - w.lo + 1) / before / elsewhere)
+                if own is not None:
+                    own.add(r)
             elif r in w.l3.busy_ratio:
                 ratios[r].append(w.l3.busy_ratio[r])
     med = {r: float(np.median(v)) for r, v in ratios.items() if v}
     slow = {r: v for r, v in med.items() if v >= ctx.config.min_busy_ratio}
     return slow if ranks and len(slow) >= 0.5 * len(ranks) else None
+
+
+def _regression_start(ctx: _Ctx) -> float:
+    """The first step of L1's earliest measured regression (inf: none)."""
+    return min((w.start_step for w in ctx.l1.windows if w.kind == "regression" and np.isfinite(w.magnitude)),
+               default=np.inf)
+
+
+def _own_kernel_time_before(ctx: _Ctx, windows: list[WindowAnalysis], rank: int) -> float | None:
+    """The rank's compute-kernel time per step in the windows that ended before L1's
+    regression began (each kernel at its window's median duration: warm-up steps do not
+    weigh), or None without a regression or such a window."""
+    start = _regression_start(ctx)
+    per_step = [w.kernel_time_ns[rank] / (w.hi - w.lo + 1) for w in windows
+                if w.kernel_time_ns is not None and w.hi < start and rank in w.kernel_time_ns]
+    return float(np.median(per_step)) if per_step and np.median(per_step) > 0 else None
 
 
 #: A host is slow when this share of its ranks compute ≥ ``min_busy_ratio`` × their peers on
@@ -886,12 +921,14 @@ def _slow_hosts(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident
         named = {r for inc in compute for r in inc.culprit_ranks}
         if len(named & set(ranks)) >= SLOW_HOST_SHARE * len(ranks):
             continue  # already named as a whole
-        flagged, ratios = [], defaultdict(list)
+        flagged: list[WindowAnalysis] = []
+        ratios: dict[int, list[float]] = defaultdict(list)
+        own: set[int] = set()
         for w in windows:
             inside = sum(1 for s in range(w.lo, w.hi + 1) for rg in regressions if rg.start_step <= s <= rg.end_step)
             if w.l3 is None or inside < 0.5 * (w.hi - w.lo + 1):
                 continue
-            slow = _host_kernel_time(ctx, [w], ranks, [w.lo, w.hi])
+            slow = _host_kernel_time(ctx, windows, ranks, [w.lo, w.hi], own)
             if slow is not None and len(slow) >= SLOW_HOST_SHARE * len(ranks):
                 flagged.append(w)
                 for r, v in slow.items():
@@ -901,7 +938,8 @@ def _slow_hosts(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident
         steps = [s for w in flagged for s in range(w.lo, w.hi + 1)]
         lo = min((rg.start_step for rg in regressions if rg.end_step >= steps[0]), default=steps[0])
         steps = sorted(set(range(min(lo, steps[0]), steps[-1] + 1)))
-        inc = _masked_compute(ctx, [host], steps, {r: float(np.median(v)) for r, v in ratios.items()}, 0.0, 0.0)
+        inc = _masked_compute(ctx, [host], steps, {r: float(np.median(v)) for r, v in ratios.items()}, 0.0, 0.0,
+                              own)
         within = [o for o in out if o.klass == IncidentClass.COMPUTE_STRAGGLER and set(o.culprit_ranks) <= set(ranks)]
         if within and max(o.slowdown_pct or 0.0 for o in within) > (inc.slowdown_pct or 0.0):
             inc.slowdown_pct = max(o.slowdown_pct or 0.0 for o in within)  # the same loss, measured there
@@ -917,19 +955,26 @@ def _host_kernel_time_known(windows: list[WindowAnalysis], ranks: list[int]) -> 
 
 
 def _masked_compute(ctx: _Ctx, hosts: list[str], steps: list[int], ratios: dict[int, float], explained_s: float,
-                    lost_s: float) -> Incident:
+                    lost_s: float, own: set[int] | None = None) -> Incident:
+    """``own``: ranks judged against their own kernel time before the slowdown (their host
+    holds every peer they have), not against peers on other hosts."""
     ranks = sorted(ratios)
+    own = set(own or ()) & set(ranks)
     pct, gpuh, _ = _impact(ctx, steps)
     evidence = _l1_evidence(ctx, steps[0], steps[-1])
     evidence += [{"level": "L3", "kind": "kernel_time", "rank": r, "ratio": round(v, 3),
-                  "note": "compute-kernel time over the peers' median"} for r, v in sorted(ratios.items())[:8]]
+                  "note": "compute-kernel time over its own before the slowdown (every peer on this host)" if r in own
+                  else "compute-kernel time over the peers' median on other hosts"}
+                 for r, v in sorted(ratios.items())[:8]]
     nic = sorted(r for r in ctx.hw.nic_down if str(ctx.topology.hosts[r]) in hosts)
     if nic:
         evidence.append({"level": "hw", "kind": "nic_port_down", "ranks": nic[:8],
                          "note": f"transfers explain {1e3 * explained_s:.1f} ms of the {1e3 * lost_s:.0f} ms each "
                                  "step lost: the alarm is not the cause"})
     summary = (f"{len(ranks)} rank{'s' * (len(ranks) > 1)} ({_rank_list(ranks)}) on {', '.join(hosts)} compute "
-               f"slowly: kernels {float(np.median(list(ratios.values()))):.2f}× their peers' on other hosts"
+               f"slowly: kernels {float(np.median(list(ratios.values()))):.2f}× "
+               + ("their own before the slowdown (the host holds their every peer)" if own == set(ranks) else
+                  "their peers' on other hosts" if not own else "their peers' on other hosts, or their own before")
                + ("; a NIC alarm there, but their transfers explain little of the loss" if nic else ""))
     return Incident(IncidentClass.COMPUTE_STRAGGLER, ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1], "compute",
                     [], State.SUSPECTED, grade(pct), pct, gpuh, Action.VERIFY, evidence, steps, summary)

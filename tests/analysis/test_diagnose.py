@@ -61,6 +61,19 @@ def test_a_slow_host_is_named_whole_when_one_of_its_ranks_stood_out_first(diagno
     assert not any(i.klass == "link_degradation" and i.severity != "info" for i in d.incidents)
 
 
+def test_a_slow_host_holding_a_whole_stage_is_compute_not_the_nic_alarm(diagnosed):
+    """tp=2 × pp=4 × dp=4 on four hosts: each host holds one whole stage, so its ranks have no
+    peer elsewhere to be compared with. Case 5 there (mlp ×5.7 behind a NIC alarm) was a
+    critical link incident from one alarmed step; judged against their own kernel time before
+    the slowdown, the host's ranks compute slowly — the alarm is overruled."""
+    _, truth, d = diagnosed("masked_compute_straggler", ranks=32, layout="tp=2,pp=4,dp=4")
+    fault = truth["faults"][0]
+    (inc,) = _claims(d)
+    assert inc.klass == "compute_straggler" and inc.culprit_ranks == fault["culprit_ranks"]
+    assert inc.hosts == fault["culprit_hosts"] and "their own before the slowdown" in inc.summary
+    assert not any(i.klass == "link_degradation" for i in d.incidents)
+
+
 def test_a_stall_of_a_third_of_a_step_twice_is_a_recurring_stall(diagnosed):
     """300 ms compiles in 0.5 s steps at steps 2, 4 and 6; the first hides in the warm-up, so
     two remain, each below the one-off bar (half a step) and short of three recurrences: no
