@@ -119,6 +119,9 @@ class L3Result:
     busy_ratio: dict[int, float] = field(default_factory=dict)  # rank → total compute-kernel time / peers' median
     busy_excess_s: dict[int, float] = field(default_factory=dict)  # rank → … minus the peers' median, per step (s)
     busy_total_ns: dict[int, float] = field(default_factory=dict)  # rank → its total compute-kernel time in the window
+    #: the compute time is the device's (CUPTI kernels), not sampled CPU ops: those are timed on
+    #: the ranks' own threads, one step in several, and a shared core stretches them
+    device: bool = False
     #: communication kernels no layout communicator launches as often: (kernel, stream, op,
     #: launches per rank-step) — a group of a kind of its own, with no peer of that kind to judge it by
     unjudged: list[tuple[str, int, str, float]] = field(default_factory=list)
@@ -152,6 +155,8 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
     n_steps = max(end_step - start_step + 1, 1)
     res.busy_ratio, excess, res.busy_total_ns = _busy_ratio(cols, text["category"], layout)
     res.busy_excess_s = {r: v / 1e9 / n_steps for r, v in excess.items()}
+    codes, cats = text["category"]
+    res.device = bool(np.isin(codes, np.flatnonzero(cats == "compute")).any())
     # one integer key per (kernel, stream) and one sort: each kernel's rows are a slice, not a
     # string comparison over every row of the window
     kid, kernels = text["kernel"]

@@ -87,6 +87,18 @@ def test_a_stall_of_a_third_of_a_step_twice_is_a_recurring_stall(diagnosed):
     assert set(inc.steps) <= set(truth["faults"][0]["steps"]) and len(inc.steps) == 2
 
 
+def test_a_third_of_a_step_is_measured_against_a_healthy_step_not_the_stalled_one(diagnosed):
+    """The same 300 ms compiles in 0.62 s steps (an interleaved tp=4, pp=4 job): each read
+    0.326 of its own stalled step, short of a third, and nothing was reported (held-out
+    seed 66009). Against the job's healthy level each is 0.48 of a step."""
+    _, truth, d = diagnosed("jit_stall", seed=66009, ranks=96, layout="tp=4,pp=4,ep=1,dp=6",
+                            params={"stall_ms": 300.0}, moe_alpha=15.0, seqlen_sigma=0.02, jitter=0.01,
+                            dataloader_spike_prob=0.01, megatron_groups=True, virtual_stages=2)
+    (inc,) = _claims(d)
+    assert inc.klass == "host_stall" and inc.culprit_ranks == truth["faults"][0]["culprit_ranks"]
+    assert len(inc.steps) == 2
+
+
 def test_a_slow_backward_is_pipeline_imbalance_with_its_stage(diagnosed):
     _, truth, d = diagnosed("pipeline_bubble")
     (inc,) = _claims(d)

@@ -3,8 +3,9 @@
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
-from argus.analysis.rootcause import _measured_slowdown_pct
+from argus.analysis.rootcause import _measured_slowdown_pct, _spread_pct
 
 
 def _ctx(times: np.ndarray, change_points: list[int]) -> SimpleNamespace:
@@ -28,3 +29,12 @@ def test_an_intermittent_link_that_slows_its_steps_is_still_charged():
     times = np.r_[np.full(6, 0.13), np.full(19, 0.45)] * (1 + 0.02 * rng.standard_normal(25))
     times[[7, 12, 18]] *= 1.3  # the flaps cost 30% of their steps
     assert _measured_slowdown_pct(_ctx(times, change_points=[6]), [7, 12, 18]) > 20.0
+
+
+def test_an_intermittent_link_is_charged_over_the_steps_from_its_first_to_its_last():
+    """Three steps 4% slower between steps 5 and 16 (12 steps): the job ran 1% slower there."""
+    times = np.full(25, 0.14)
+    times[[5, 15, 16]] *= 1.04
+    ctx = _ctx(times, change_points=[])
+    assert _spread_pct(ctx, [5, 15, 16], 4.0) == pytest.approx(100 * 3 * 0.14 * 0.04 / (12 * 0.14), rel=1e-6)
+    assert _spread_pct(ctx, [5, 6, 7], 4.0) == pytest.approx(4.0)  # no steps between: its own steps' cost

@@ -106,13 +106,17 @@ def _netns_pipeline_job(store: Path, throttled_host: int | None) -> list[str]:
     """Six hosts (one namespace each), a two-stage pipeline, data parallel by three; optionally
     one host's link limited to 20 Mbit/s from the start. Each host runs its own ``argus run``
     (its own processor) into one shared store, as on a cluster with a shared filesystem.
+    Every worker runs on one vCPU (``jobs.same_hardware``; the processors float): six workers
+    and six processors floating over two vCPUs of different speed left one rank on the slower
+    one for most of a CI run — its kernels 1.22× its peers' on other hosts from step 8 on, a
+    slower device, which the unthrottled job then reported as a compute straggler.
     Returns the host names."""
     cleanup_stale()
     with NamespaceCluster(6) as cluster:
         if throttled_host is not None:
             cluster.throttle(throttled_host, rate="20mbit", burst="32kbit", latency="400ms")
         results = launch_job(cluster, "-m", ["argus", "run", "--store", str(store), "--run-id", "e2e", "--layout",
-                                             "pp=2,dp=3", "--", *WORKLOAD, "--mode", "pipeline", "--steps", "25",
+                                             "pp=2,dp=3", "--", *same_hardware(1), *WORKLOAD, "--mode", "pipeline", "--steps", "25",
                                              "--microbatches", "2", "--d-model", "64", "--layers", "1", "--vocab",
                                              "256"], env=JOB_ENV, timeout=300)
         names = [cluster.host_name(h) for h in range(6)]

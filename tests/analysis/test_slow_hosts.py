@@ -1,0 +1,58 @@
+"""A host named slow by its compute-kernel time against its peers on other hosts: only from
+device kernels, and only where its extra kernel time explains what the steps lost."""
+
+import numpy as np
+
+from argus.analysis.l1_windows import AnomalousWindow, L1Result
+from argus.analysis.l2_stragglers import L2Result
+from argus.analysis.l3_kernels import L3Result
+from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, _Ctx, _slow_hosts
+from argus.analysis.signals import HwSignals
+from argus.topology import Topology, parse_layout
+
+STEPS = 25
+BASE_S = 0.14
+
+
+def _ctx(lost_s: float) -> _Ctx:
+    """Six hosts of one rank each (pp=2, dp=3); every step from 5 on ``lost_s`` slower."""
+    layout = parse_layout("pp=2,dp=3")
+    topo = Topology(layout, np.array([f"h{r}" for r in range(6)]), np.zeros(6, int),
+                    np.array([f"gpu-{r}" for r in range(6)]))
+    times = np.array([BASE_S] * 5 + [BASE_S + lost_s] * (STEPS - 5))
+    l1 = L1Result(np.arange(STEPS), times, BASE_S,
+                  [AnomalousWindow("regression", 5, STEPS - 1, (BASE_S + lost_s) / BASE_S)])
+    return _Ctx(None, topo, l1, HwSignals(), {s: float(t) for s, t in enumerate(times)}, RootCauseConfig())
+
+
+def _windows(device: bool, slow_ms: float, peer_ms: float = 5.0) -> list[WindowAnalysis]:
+    """Windows of 5 steps; rank 2's compute-kernel time per step ``slow_ms`` from step 5 on,
+    everyone else's ``peer_ms``."""
+    out = []
+    for lo in range(0, STEPS, 5):
+        per_step = {r: peer_ms for r in range(6)}
+        if lo >= 5:
+            per_step[2] = slow_ms
+        total = {r: 5 * v * 1e6 for r, v in per_step.items()}
+        l3 = L3Result(lo // 5, lo, lo + 4, busy_total_ns=total, device=device,
+                      busy_ratio={r: v / peer_ms for r, v in per_step.items()})
+        out.append(WindowAnalysis(lo, lo + 4, L2Result(lo, lo + 4), l3, dict(total)))
+    return out
+
+
+def test_a_slow_gpu_that_explains_the_loss_names_its_host():
+    """Rank 2's kernels take 40 ms more per step and each step lost 40 ms: its host is slow."""
+    (inc,) = _slow_hosts(_ctx(0.040), _windows(device=True, slow_ms=45.0), [])
+    assert inc.culprit_ranks == [2] and inc.hosts == ["h2"] and inc.klass == "compute_straggler"
+
+
+def test_sampled_cpu_ops_alone_name_no_host():
+    """The same numbers from sampled CPU ops (a CPU job on a shared core): timed on the rank's
+    own thread, which L2's phases already judge — no host is named from them."""
+    assert _slow_hosts(_ctx(0.040), _windows(device=False, slow_ms=45.0), []) == []
+
+
+def test_extra_kernel_time_that_explains_little_of_the_loss_names_no_host():
+    """Kernels 2× their peers' (5 ms more per step) while each step lost 40 ms: whatever slowed
+    the job, these kernels are not it (a healthy CI job read this on a shared core)."""
+    assert _slow_hosts(_ctx(0.040), _windows(device=True, slow_ms=10.0), []) == []
