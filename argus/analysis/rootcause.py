@@ -162,14 +162,14 @@ def _impact(ctx: _Ctx, steps: list[int], extra_per_step_s: float | None = None) 
 
 def _spread_pct(ctx: _Ctx, steps: list[int], pct: float) -> float:
     """An intermittent fault's slowdown over the steps from its first to its last, as a user
-    sees it (and as L4's what-if and the benches state it), from ``pct`` over ``steps`` alone:
-    3 scattered steps 4% slower in 12 cost the job 1% there, not 4%."""
-    hit = [ctx.step_time[s] for s in steps if ctx.normal(s) and np.isfinite(ctx.step_time.get(s, np.nan))]
-    span = [ctx.step_time[s] for s in range(steps[0], steps[-1] + 1) if np.isfinite(ctx.step_time.get(s, np.nan))]
-    if not hit or not span or not pct > 0:
+    sees it (and as L4's what-if and the benches state it), from ``pct`` over ``steps`` alone
+    (``_impact``'s definition: extra time over L1's level × the normal steps): 3 scattered
+    steps 4% slower in 12 cost the job 1% there, not 4%."""
+    n = sum(1 for s in steps if ctx.normal(s))
+    if not n or not pct > 0 or not np.isfinite(ctx.l1.baseline_s):
         return pct
-    extra = sum(hit) * pct / (100.0 + pct)  # the hit steps' extra time over their healthy level
-    return 100.0 * extra / max(sum(span) - extra, 1e-12)
+    span = {s: ctx.step_time[s] for s in range(steps[0], steps[-1] + 1) if s in ctx.step_time}
+    return run_share_pct(span, pct / 100.0 * ctx.l1.baseline_s * n)
 
 
 def _regression_covering(ctx: _Ctx, steps: list[int]) -> bool:
@@ -975,10 +975,9 @@ def _slow_hosts(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident
         steps = [s for w in flagged for s in range(w.lo, w.hi + 1)]
         lo = min((rg.start_step for rg in regressions if rg.end_step >= steps[0]), default=steps[0])
         steps = sorted(set(range(min(lo, steps[0]), steps[-1] + 1)))
-        _, _, lost = _impact(ctx, steps)
-        normal = [s for s in steps if ctx.normal(s)] or steps
+        pct = _impact(ctx, steps)[0]  # the steps' loss: pct % of L1's level, per step
         explained = float(np.median([np.median(v) for v in extra.values()]))
-        if lost <= 0 or explained < SLOW_HOST_EXPLAINED * lost / len(normal):
+        if not pct > 0 or explained < SLOW_HOST_EXPLAINED * pct / 100.0 * ctx.l1.baseline_s:
             continue
         inc = _masked_compute(ctx, [host], steps, {r: float(np.median(v)) for r, v in ratios.items()}, 0.0, 0.0,
                               own)

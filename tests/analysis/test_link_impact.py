@@ -36,5 +36,6 @@ def test_an_intermittent_link_is_charged_over_the_steps_from_its_first_to_its_la
     times = np.full(25, 0.14)
     times[[5, 15, 16]] *= 1.04
     ctx = _ctx(times, change_points=[])
-    assert _spread_pct(ctx, [5, 15, 16], 4.0) == pytest.approx(100 * 3 * 0.14 * 0.04 / (12 * 0.14), rel=1e-6)
-    assert _spread_pct(ctx, [5, 6, 7], 4.0) == pytest.approx(4.0)  # no steps between: its own steps' cost
+    ctx.l1.baseline_s = 0.14
+    assert _spread_pct(ctx, [5, 15, 16], 4.0) == pytest.approx(1.0, rel=1e-6)
+    assert _spread_pct(ctx, [15, 16], 4.0) == pytest.approx(4.0)  # no steps between: its own steps' cost
