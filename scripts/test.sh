@@ -39,6 +39,7 @@ workers=$(nproc 2>/dev/null || echo 2)
 ((workers > 4)) && workers=4
 ((workers < 2)) && workers=2
 rc=0
-python -m pytest -q -n "$workers" -m "not serial" || rc=$?
-python -m pytest -q -m serial || rc=$?
+# --durations: where CI time goes, in every CI log (the 20-minute budget)
+python -m pytest -q -n "$workers" -m "not serial" --durations=15 || rc=$?
+python -m pytest -q -m serial --durations=25 || rc=$?
 exit "$rc"

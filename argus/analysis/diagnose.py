@@ -224,7 +224,8 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
         p2p = p2p_transfers(frame, layout, topology.hosts) if subset is None and layout.pp > 1 else None
         links = detect_link_shifts(totals, layout, topology.hosts, p2p)
         del totals
-        l2 = detect_stragglers(frame, layout, topology.hosts, steady_time, config.l2, host_totals)
+        l2 = detect_stragglers(frame, layout, topology.hosts, steady_time, config.l2, host_totals,
+                               prior=windows[-1].l2 if windows else None)
         l2.links = links
         del frame
         t_l2 += time.perf_counter() - t

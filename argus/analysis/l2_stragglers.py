@@ -44,6 +44,11 @@ class L2Config:
     persist_frac: float = 0.6  # flagged in this share of the window's steps: persistent …
     persist_min: int = 2  # … and in at least this many steps (a window cut short by the job's end)
     mad_floor: float = 0.01  # MAD floor as a share of the median (timer noise)
+    #: a step whose phase ran this share of the step longer than the rank's own usual, beyond
+    #: its peers' change in that step, is an intermittent finding against the rank itself (a
+    #: host stall on a rank whose work differs from its peers' all along; see ``_own_excess``)
+    own_step_share: float = 0.05
+    own_min_steps: int = 3  # … in a window of at least this many steps (the rank's usual is their median)
 
 
 @dataclass
@@ -92,6 +97,10 @@ class L2Result:
     clock_offset_ns: dict[str, float] = field(default_factory=dict)
     links: list[LinkFinding] = field(default_factory=list)
     phase_ratio: dict[tuple[int, str], float] = field(default_factory=dict)  # (rank, name) → median ratio
+    #: (phase, microbatch) → each rank's usual value (s; its median over this window's steps):
+    #: the next window's reference where that one is too short to have its own
+    usual: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    prior_usual: dict[tuple[str, int], np.ndarray] = field(default_factory=dict, repr=False)
 
 
 def peer_kind(name: str, layout: Layout) -> str:
@@ -208,11 +217,14 @@ def screen_candidates(t: PhaseTotals, layout: Layout, job_step_s: dict[int, floa
 
 
 def detect_stragglers(f: PhaseFrame, layout: Layout, hosts: np.ndarray, job_step_s: dict[int, float],
-                      config: L2Config = L2Config(), host_totals: dict[str, np.ndarray] | None = None) -> L2Result:
+                      config: L2Config = L2Config(), host_totals: dict[str, np.ndarray] | None = None,
+                      prior: L2Result | None = None) -> L2Result:
     """L2 over one window's phases. ``job_step_s``: job step time per step (for cost gates);
     ``host_totals``: whole-run seconds of each host phase per rank (``load_host_totals``), so
-    that a pause every rank takes once, in steps of its own, blames none of them."""
+    that a pause every rank takes once, in steps of its own, blames none of them; ``prior``:
+    the previous window's result, whose ``usual`` serves a window too short for its own."""
     res = L2Result(f.lo, f.hi)
+    res.prior_usual = prior.usual if prior is not None else {}
     if f.n == 0:
         return res
     world = layout.world_size
@@ -249,7 +261,7 @@ def detect_stragglers(f: PhaseFrame, layout: Layout, hosts: np.ndarray, job_step
         if category == "comm":
             continue  # waiting is not blamed; arrival skew names who is waited for
         before = len(res.findings)
-        _flag(res, f.names[k], category, -1, kind, steps, tot[k] / 1e9, med, z, cv, step_time, config)
+        _flag(res, f.names[k], category, -1, kind, steps, tot[k] / 1e9, med, z, cv, step_time, config, groups)
         if category == "host" and host_totals is not None and f.names[k] in host_totals:
             _drop_symmetric(res, before, host_totals[f.names[k]], groups, config)
 
@@ -269,15 +281,17 @@ def detect_stragglers(f: PhaseFrame, layout: Layout, hosts: np.ndarray, job_step
                 med, z, cv = _group_stats(vals, groups, config.mad_floor)
                 for m in range(M):
                     _flag(res, f.names[k], f.cats[cat_of[k]], m, kind, steps, vals[:, m], med[:, m], z[:, m],
-                          cv[:, m], step_time, config)
+                          cv[:, m], step_time, config, groups)
 
     _arrival_skew(res, f, layout, hosts, steps, step_i, step_time, config)
     return res
 
 
 def _flag(res: L2Result, name: str, category: str, mb: int, kind: str, steps: np.ndarray, vals: np.ndarray,
-          med: np.ndarray, z: np.ndarray, cv: np.ndarray, step_time: np.ndarray, config: L2Config) -> None:
-    """Flag ranks whose value (S, N) stands out in enough steps, or hugely in one."""
+          med: np.ndarray, z: np.ndarray, cv: np.ndarray, step_time: np.ndarray, config: L2Config,
+          groups: np.ndarray | None = None) -> None:
+    """Flag ranks whose value (S, N) stands out in enough steps, or hugely in one; with
+    ``groups``, also steps that stand out against the rank's own usual (``_own_excess``)."""
     with np.errstate(invalid="ignore", divide="ignore"):
         # peers that spent ~nothing busy (all waiting) must not make any rank infinitely slow
         ratio = vals / np.maximum(med, 0.01 * step_time[:, None])
@@ -299,6 +313,50 @@ def _flag(res: L2Result, name: str, category: str, mb: int, kind: str, steps: np
             steps=[int(steps[i]) for i in rows], ratio=float(np.median(ratio[rows, r])),
             z=float(np.max(z[rows, r])), excess_s=float(np.mean(excess[rows, r])), peer_kind=kind,
             persistent=persistent, step_excess_s=[float(e) for e in excess[rows, r]]))
+    if groups is None:
+        return
+    if int(np.isfinite(vals).sum(axis=0).max(initial=0)) >= config.own_min_steps:
+        own = nanmedian(vals.T, keepdims=False)
+        res.usual[(name, mb)] = own
+    elif (name, mb) in res.prior_usual and len(res.prior_usual[(name, mb)]) == vals.shape[1]:
+        own = res.prior_usual[(name, mb)]  # a window cut short (the job's last steps): the last full one's
+    else:
+        return
+    own_excess, own_z = _own_excess(vals, own, groups, config.mad_floor)
+    with np.errstate(invalid="ignore"):
+        own_hit = (own_z >= config.z) & (own_excess >= config.own_step_share * step_time[:, None])
+    own_hit[:, candidates] &= ~flagged[:, candidates]  # steps a peer finding already holds
+    for r in np.flatnonzero(own_hit.any(axis=0)):
+        rows = np.flatnonzero(own_hit[:, r])
+        res.findings.append(Finding(
+            kind="busy", rank=int(r), name=name, category=category, microbatch=mb,
+            steps=[int(steps[i]) for i in rows], ratio=float(np.median(vals[rows, r]) / own[r]) if own[r] > 0 else float("nan"),
+            z=float(np.max(own_z[rows, r])), excess_s=float(np.mean(own_excess[rows, r])), peer_kind="own",
+            persistent=False, step_excess_s=[float(e) for e in own_excess[rows, r]]))
+
+
+def _own_excess(vals: np.ndarray, own: np.ndarray, groups: np.ndarray, mad_floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each step's value (S, N) above the rank's own usual ``own`` (N,), less the same
+    change of its peers in that step (a step every rank took longer is the job's), and its
+    robust z against that residual's spread over the group's steps and ranks.
+
+    The peer comparison alone misses a stall on a rank whose work differs from its peers' all
+    along: on the real DLRM job rank 1's forward is 10 ms against 3–9 ms on its peers, so a
+    10 ms pause in it (half a 20 ms step, every third step) stood at z < 4 among them. Against
+    its own usual 10 ms, that step is 2× and nothing else moved. A median over the window's
+    steps is the rank's usual only where stalls hit fewer than half of them: what persists is
+    the peer comparison's to find."""
+    change = vals - own[None, :]
+    peers = _group_stats(change, groups, mad_floor)[0]
+    excess = change - peers
+    g = np.moveaxis(excess[:, groups], 0, -1).reshape(groups.shape[0], -1)  # (nG, S × size)
+    with np.errstate(invalid="ignore", divide="ignore"), _quiet():
+        mad = nanmedian(np.abs(g - nanmedian(g)))  # (nG, 1)
+        level = _scatter(np.broadcast_to(np.abs(own[groups]), groups.shape), groups, own.shape)
+        scale = np.maximum(1.4826 * _scatter(np.broadcast_to(mad, groups.shape), groups, own.shape),
+                           mad_floor * level) + 1e-9
+        z = excess / scale[None, :]
+    return excess, z
 
 
 def _drop_symmetric(res: L2Result, start: int, totals: np.ndarray, groups: np.ndarray, config: L2Config) -> None:

@@ -208,3 +208,51 @@ def test_two_slow_kernels_in_a_peer_set_of_six_are_outliers_and_healthy_spread_i
 
     assert flagged(np.array([4.3e5, 4.4e5, 4.38e5, 4.39e5, 14.7e5, 14.4e5])) == [4, 5]
     assert flagged(np.array([10.5e5, 10.3e5, 10.9e5, 10.4e5, 10.7e5, 10.2e5])) == []
+
+
+def _frame(values_ms: np.ndarray, first_step: int = 5):
+    """One ``forward`` compute phase per (step, rank), ``values_ms`` (S, N)."""
+    from argus.analysis.frames import PhaseFrame
+
+    rows = []
+    S, N = values_ms.shape
+    for i in range(S):
+        for r in range(N):
+            rows.append((r, first_step + i, 0, 0, (first_step + i) * 10**9, int(values_ms[i, r] * 1e6)))
+    rows.sort(key=lambda x: (x[0], x[4]))
+    a = np.array(rows, np.int64)
+    return PhaseFrame(first_step, first_step + S - 1, a[:, 0], a[:, 1], np.full(len(a), -1), a[:, 2], a[:, 3],
+                      np.zeros(len(a), np.int64), a[:, 4], a[:, 5], a[:, 5].astype(np.float64),
+                      ["forward"], ["compute"], ["none"])
+
+
+def test_a_stall_on_a_rank_whose_work_differs_from_its_peers_all_along_is_found_against_its_own_usual():
+    """The real DLRM job's ranks run forwards of 3–10 ms: a 10 ms pause on the 10 ms rank (half
+    a 20 ms step) stands at z < 4 among its peers, but doubles its own usual forward."""
+    from argus.topology import Layout
+
+    layout, hosts = Layout(dp=4), np.array(["h0"] * 4)
+    rng = np.random.default_rng(3)
+    usual = np.array([4.5, 10.0, 3.4, 8.9])
+    vals = usual + rng.normal(0, 0.05, (5, 4))
+    vals[:, :] += np.array([0.0, 1.0, 0.0, 2.0, 0.5])[:, None]  # the job's own steps differ, every rank alike
+    step_s = {s: 0.02 for s in range(20)}
+    assert detect_stragglers(_frame(vals), layout, hosts, step_s).findings == []  # healthy: nothing
+    vals[2, 1] += 10.0  # rank 1 stalls in step 7
+    found = detect_stragglers(_frame(vals), layout, hosts, step_s).findings
+    assert [(f.rank, f.steps, f.persistent, f.peer_kind) for f in found] == [(1, [7], False, "own")]
+    assert abs(found[0].excess_s - 0.010) < 0.001  # the pause itself, not its distance from the peers
+
+
+def test_a_window_too_short_for_a_usual_of_its_own_takes_the_last_full_windows():
+    from argus.topology import Layout
+
+    layout, hosts = Layout(dp=4), np.array(["h0"] * 4)
+    usual = np.array([4.5, 10.0, 3.4, 8.9])
+    step_s = {s: 0.02 for s in range(20)}
+    full = detect_stragglers(_frame(np.tile(usual, (5, 1))), layout, hosts, step_s)
+    tail = np.tile(usual, (2, 1))
+    tail[0, 1] += 10.0  # the job's last two steps, rank 1 stalls in the first
+    assert detect_stragglers(_frame(tail, 10), layout, hosts, step_s).findings == []  # no usual to judge by
+    found = detect_stragglers(_frame(tail, 10), layout, hosts, step_s, prior=full).findings
+    assert [(f.rank, f.steps) for f in found] == [(1, [10])]

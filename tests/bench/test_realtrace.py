@@ -77,3 +77,11 @@ def test_a_recurring_host_stall_on_the_real_ddp_job_is_named_with_its_measured_c
     truth, s = run_real_trace(RealTraceJob(ranks=8, culprit=5, kind="stall", stall_ms=60.0))
     assert truth["cost_pct"] > 5 and truth["faults"][0]["steps"] == [4, 7, 10]
     assert s.predicted == ["host_stall:1"] and s.precision == s.recall == 1.0
+
+
+def test_a_stall_on_the_real_dlrm_rank_whose_forward_differs_from_its_peers_all_along_is_named():
+    """Real rank 1's forward is 10 ms against its peers' 3–9 ms: its 10 ms pauses (half a step,
+    every third step) are measured against its own usual forward, not lost among the peers'."""
+    truth, s = run_real_trace(RealTraceJob(ranks=4, culprit=1, kind="stall", stall_ms=10.0, base="dlrm"))
+    assert truth["cost_pct"] > 5 and truth["faults"][0]["steps"] == [4, 7, 10]
+    assert s.predicted == ["host_stall:1"] and s.precision == s.recall == 1.0
