@@ -309,11 +309,16 @@ class CollectiveTracker:
         fut.add_done_callback(on_done)
         return True
 
-    def _gpu_done(self, launch: tuple, t0: int, t1: int) -> None:
+    def _gpu_done(self, launch: tuple, t0: int | None, t1: int | None) -> None:
         """The collective's GPU interval (resolved on the CUDA-event thread): from the moment its
-        inputs were ready on the launching stream (this rank's arrival) to its completion."""
+        inputs were ready on the launching stream (this rank's arrival) to its completion.
+        ``None`` times: the timer dropped the span (its cap, a CUDA error): no phase, but the
+        in-flight count is settled, or hang snapshots would see this rank waiting in it forever."""
         _, mb, step, g, nid = launch[:5]
         try:
+            if t0 is None or t1 is None:
+                self.rt.ring.inflight.completed(g.slot, launch[0], launch[0])
+                return
             self.rt.ring.inflight.completed(g.slot, launch[0], t1)
             self.rt.recorder.phase_ids(step, t0, t1 - t0, mb, nid, 1, g.kind_code)
         except Exception:  # noqa: BLE001

@@ -44,8 +44,23 @@ Error bound of ``t0``/``t1``: ``(h1 - h0)/2`` of the reference used (measured, e
 elapsed milliseconds (≤ 61 ns at 1 s) + drift between the GPU timer and ``CLOCK_MONOTONIC``
 over the reference's age (NTP slews the host clock by at most 500 ppm, typically < 20 ppm:
 ≤ 20 µs at a 1 s-old reference). Durations (``t1 - t0``) carry only the 0.5 µs resolution.
-Where the device's queues are saturated (``CUDA_DEVICE_MAX_CONNECTIONS=1``) samples get worse;
-then the best recent one is used and its error reported.
+
+Under load the spin may not see ``E`` complete: with ``CUDA_DEVICE_MAX_CONNECTIONS=1``
+(Megatron) every stream shares one hardware queue, and ``E`` waits behind the queued work.
+The spin is bounded (``SPIN_BUDGET_NS`` per reference, the resolver holds the GIL while it
+spins); an ``E`` still running is kept and polled on later passes, and when it is seen
+complete at ``h2`` it becomes a reference with bound ``(h2 - h0)/2`` — coarse, stated, never
+silence. Every resolved span then narrows the reference it used, because the GPU reaches an
+event after the host recorded it and before the resolver saw it complete::
+
+    T(E) ≥ enqueued(start) − E.elapsed_time(start)      T(E) ≤ seen(end) − E.elapsed_time(end)
+
+so a job whose steps start on an idle device (most do, after a step's synchronisation) soon
+has a reference as tight as a spin would give.
+
+A span dropped for any reason (the pending cap, a ``None`` token, a CUDA error) is handed to
+``dropped(meta)``, so that whoever counted it as started (a collective's in-flight count, read
+by hang snapshots) can settle it.
 
 The resolver handles spans whose events lie on different streams: pending spans are queued
 per stream of their end event, in record order; within a stream events complete in order, so
@@ -107,6 +122,32 @@ class _Span:
         self.m0, self.m1, self.meta = m0, m1, meta
 
 
+class _Ref:
+    """A clock reference: event ``ev`` reached the GPU at host time ``t`` ± ``err`` (ns), as
+    measured by ``h1`` (when it was seen complete). Narrowed by the spans placed with it."""
+
+    __slots__ = ("h1", "lo", "hi", "ev")
+
+    def __init__(self, h1: int, lo: int, hi: int, ev: Any):
+        self.h1, self.lo, self.hi, self.ev = h1, lo, hi, ev
+
+    @property
+    def t(self) -> int:
+        return (self.lo + self.hi) // 2
+
+    @property
+    def err(self) -> int:
+        return (self.hi - self.lo + 1) // 2
+
+    def narrow(self, lo: int, hi: int) -> None:
+        """Keep the bounds consistent: a bound past the other (drift, a late clock read)
+        moves both to it rather than inverting the interval."""
+        if lo > self.lo:
+            self.lo = min(lo, self.hi)
+        if hi < self.hi:
+            self.hi = max(hi, self.lo)
+
+
 class CudaTimer:
     """CUDA-event spans on the rank's device, resolved off the training thread.
 
@@ -117,6 +158,7 @@ class CudaTimer:
     GOOD_RTT_NS = 20_000
     MAX_RTT_NS = 200_000
     SPIN_LIMIT_NS = 1_000_000
+    SPIN_BUDGET_NS = 300_000  # all tries of one reference together: beyond it, poll E on later passes
     CAL_MIN_INTERVAL_NS = 200_000_000
     CAL_MAX_AGE_NS = 1_000_000_000
     CAPTURE_QUIET_NS = 1_000_000_000
@@ -124,13 +166,14 @@ class CudaTimer:
 
     def __init__(self, emit: Callable[[int, int, tuple], None], device: int = 0, poll_s: float = 0.05,
                  torch_module: Any = None, *, clock: Callable[[], int] | None = None,
-                 max_pending: int = MAX_PENDING):
+                 max_pending: int = MAX_PENDING, dropped: Callable[[tuple], None] | None = None):
         if torch_module is None:
             import torch as torch_module
         self.torch = torch_module
         self.cuda = torch_module.cuda
         self.device = int(device)
         self.emit = emit  # (start_ns, end_ns, meta) → recorder, on the resolver thread
+        self.dropped = dropped  # (meta) of a span never emitted, on whichever thread dropped it
         self.clock = clock or now_ns
         self.max_pending = max_pending
         self._poll_s = poll_s
@@ -138,7 +181,8 @@ class CudaTimer:
         self._incoming: deque = deque()  # training thread → resolver
         self._queues: dict[Any, list[_Span]] = {}  # resolver only: end stream → spans by end seq
         self._held = 0  # spans in _queues (written by the resolver only)
-        self._refs: deque = deque(maxlen=self.REFS_KEPT)  # (h1, T(E) ns, error ns, E)
+        self._refs: deque[_Ref] = deque(maxlen=self.REFS_KEPT)
+        self._late_ref: tuple[int, Any] | None = None  # (h0, E) of a reference the spin did not see complete
         self._seq = itertools.count()
         self._want_ref = True
         self._last_ref_try = None
@@ -151,7 +195,8 @@ class CudaTimer:
         self.clock_error_ns = -1  # of the newest reference; -1: none yet
         self.cpu_ns = 0  # the resolver thread's CPU time so far
         self.stats = {"emitted": 0, "dropped_full": 0, "dropped_none": 0, "dropped_error": 0, "dropped_negative": 0,
-                      "emit_errors": 0, "refs": 0, "refs_rejected": 0, "capture_skips": 0}
+                      "emit_errors": 0, "refs": 0, "refs_late": 0, "refs_rejected": 0, "capture_skips": 0,
+                      "refs_narrowed": 0}
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -199,11 +244,20 @@ class CudaTimer:
         """Emit ``meta`` with the span's times once both events completed; ``None`` tokens drop it."""
         if start is None or end is None:
             self.stats["dropped_none"] += 1
+            self._drop(meta)
             return
         if len(self._incoming) + self._held >= self.max_pending:
             self.stats["dropped_full"] += 1
+            self._drop(meta)
             return
         self._incoming.append(_Span(start, end, meta))
+
+    def _drop(self, meta: tuple) -> None:
+        if self.dropped is not None:
+            try:
+                self.dropped(meta)
+            except Exception:  # noqa: BLE001 - never into the training loop or the resolver
+                pass
 
     @property
     def pending(self) -> int:
@@ -226,7 +280,9 @@ class CudaTimer:
                 self.stats["capture_skips"] += 1
                 return
             self._take_incoming()
-            if self._marked and self._reference_due(now):
+            if self._late_ref is not None:
+                self._check_late_ref()
+            elif self._marked and self._reference_due(now):
                 self._calibrate()
             if not self._refs:
                 return
@@ -259,8 +315,10 @@ class CudaTimer:
         for i, span in enumerate(q):
             try:
                 end_done = span.m1[0].query()
+                seen = self.clock()  # the end reached the GPU before this
             except Exception:  # noqa: BLE001
                 self.stats["dropped_error"] += 1
+                self._drop(span.meta)
                 continue
             if not end_done:  # later ends on this stream are not done either
                 kept.extend(q[i:])
@@ -269,41 +327,52 @@ class CudaTimer:
                 start_done = span.m0[0].query()
             except Exception:  # noqa: BLE001
                 self.stats["dropped_error"] += 1
+                self._drop(span.meta)
                 continue
             if not start_done:  # its start lies on another stream, still running
                 kept.append(span)
                 continue
-            self._finish(span)
+            self._finish(span, seen)
         self._held -= len(q) - len(kept)
         if kept:
             self._queues[key] = kept
         else:
             del self._queues[key]
 
-    def _finish(self, span: _Span) -> None:
+    def _finish(self, span: _Span, seen: int) -> None:
         ev0, _, enq0, _ = span.m0
         ev1 = span.m1[0]
         try:
             ref = self._reference_for(enq0)
-            t0 = ref[1] + int(round(ref[3].elapsed_time(ev0) * 1e6))
-            t1 = t0 + int(round(ev0.elapsed_time(ev1) * 1e6))
+            g0 = int(round(ref.ev.elapsed_time(ev0) * 1e6))  # GPU ns from E to the start
+            dur = int(round(ev0.elapsed_time(ev1) * 1e6))
         except Exception:  # noqa: BLE001 - a destroyed context at exit, events on two devices
             self.stats["dropped_error"] += 1
+            self._drop(span.meta)
             return
-        if t1 < t0:
+        if dur < 0:
             self.stats["dropped_negative"] += 1
+            self._drop(span.meta)
             return
+        # the start reached the GPU after the host recorded it, the end before it was seen
+        before = ref.err
+        ref.narrow(enq0 - g0, seen - g0 - dur)
+        if ref.err < before:
+            self.stats["refs_narrowed"] += 1
+            if ref is self._refs[-1]:
+                self.clock_error_ns = ref.err
+        t0 = ref.t + g0
         try:
-            self.emit(t0, t1, span.meta)
+            self.emit(t0, t0 + dur, span.meta)
             self.stats["emitted"] += 1
         except Exception:  # noqa: BLE001
             self.stats["emit_errors"] += 1
 
-    def _reference_for(self, enqueued_ns: int) -> tuple:
+    def _reference_for(self, enqueued_ns: int) -> _Ref:
         """The newest reference completed before ``enqueued_ns`` (else the oldest kept)."""
         refs = self._refs
         for ref in reversed(refs):
-            if ref[0] <= enqueued_ns:
+            if ref.h1 <= enqueued_ns:
                 return ref
         return refs[0]
 
@@ -319,7 +388,8 @@ class CudaTimer:
         return age >= self.CAL_MAX_AGE_NS and self._held > 0
 
     def _calibrate(self) -> None:
-        """A clock reference: an event on an idle private stream, its completion spun on."""
+        """A clock reference: an event on an idle private stream, its completion spun on for at
+        most ``SPIN_BUDGET_NS``; one the spin did not see complete is polled on later passes."""
         clock, cuda = self.clock, self.cuda
         self._want_ref = False
         self._last_ref_try = clock()
@@ -329,6 +399,7 @@ class CudaTimer:
             except TypeError:
                 self._cal_stream = cuda.Stream(device=self.device)
         best = None
+        began = clock()
         for _ in range(self.CAL_TRIES):
             ev = cuda.Event(enable_timing=True)
             h0 = clock()
@@ -338,24 +409,37 @@ class CudaTimer:
                 if ev.query():
                     h1 = clock()
                     break
-                if clock() - h0 > self.SPIN_LIMIT_NS:
+                now = clock()
+                if now - h0 > self.SPIN_LIMIT_NS or now - began > self.SPIN_BUDGET_NS:
                     break
-            if h1 is None:
-                continue
+            if h1 is None:  # the device's queue holds it: see it complete on a later pass
+                if best is None:
+                    self._late_ref = (h0, ev)
+                break
             if best is None or h1 - h0 < best[1] - best[0]:
                 best = (h0, h1, ev)
-            if h1 - h0 <= self.GOOD_RTT_NS:
+            if h1 - h0 <= self.GOOD_RTT_NS or clock() - began > self.SPIN_BUDGET_NS:
                 break
-        if best is None:
-            self.stats["refs_rejected"] += 1
-            return
-        h0, h1, ev = best
+        if best is not None:
+            self._add_ref(*best)
+
+    def _check_late_ref(self) -> None:
+        h0, ev = self._late_ref  # type: ignore[misc]
+        if ev.query():
+            self._late_ref = None
+            self.stats["refs_late"] += 1
+            self._add_ref(h0, self.clock(), ev)
+        elif self.clock() - h0 > 10 * self.CAL_MAX_AGE_NS:  # a queue that never drains: try afresh
+            self._late_ref = None
+
+    def _add_ref(self, h0: int, h1: int, ev: Any) -> None:
         rtt = h1 - h0
         newest = self._refs[-1] if self._refs else None
-        stale = newest is None or h1 - newest[0] > 2 * self.CAL_MAX_AGE_NS
+        stale = newest is None or h1 - newest.h1 > 2 * self.CAL_MAX_AGE_NS
         if rtt > self.MAX_RTT_NS and not stale:
             self.stats["refs_rejected"] += 1
             return
-        self._refs.append((h1, (h0 + h1) // 2, (rtt + 1) // 2, ev))
-        self.clock_error_ns = (rtt + 1) // 2
+        ref = _Ref(h1, h0, h1, ev)
+        self._refs.append(ref)
+        self.clock_error_ns = ref.err
         self.stats["refs"] += 1

@@ -115,7 +115,7 @@ class Runtime:
             if torch.cuda.is_available():
                 from argus.producer.cuda_timing import CudaTimer
 
-                self.cuda = CudaTimer(self._emit_cuda, device=self._device())
+                self.cuda = CudaTimer(self._emit_cuda, device=self._device(), dropped=self._dropped_cuda)
                 self.cuda.start()
             self.kernels = select_source(self.config.kernels, self.recorder, self.config.op_sample_every)
             self.kernels.on_step(self.step)
@@ -220,6 +220,12 @@ class Runtime:
             return
         step, microbatch, name, category, group = meta
         self.recorder.phase(step, t0, t1, microbatch, name, category, group)
+
+    def _dropped_cuda(self, meta: tuple) -> None:
+        """A span the CUDA timer dropped: a collective's completion callback still settles its
+        in-flight count (``meta = (callback, launch)``, called with no times)."""
+        if callable(meta[0]):
+            meta[0](meta[1], None, None)
 
     # -- what the training thread is doing (the in-flight block) -----------------------------
     def set_activity(self, name_id: int) -> None:

@@ -205,3 +205,35 @@ def test_each_step_end_marks_the_gpu_and_the_steps_gpu_interval_is_emitted():
     Runtime._gpu_step_boundary(rt, 2)
     assert [(m0, m1) for m0, m1, _ in rt.cuda.spans] == [(("event", 1), ("event", 2)), (("event", 2), ("event", 3))]
     assert [meta for *_, meta in rt.cuda.spans] == [(1, -1, GPU_STEP_PHASE, "host", ""), (2, -1, GPU_STEP_PHASE, "host", "")]
+
+
+def test_a_collective_whose_gpu_span_the_timer_drops_is_not_left_in_flight(tmp_path):
+    """The CUDA timer drops a span past its cap (or on a CUDA error): the collective's
+    in-flight count is settled all the same — hang snapshots read it, and a count left
+    pending shows this rank waiting in a collective it finished long ago."""
+    import types
+
+    from argus.producer.collectives import _Group
+    from argus.producer.cuda_timing import CudaTimer
+    from argus.producer.runtime import Runtime
+    from tests.producer.test_cuda_timing import FakeClock, FakeCuda
+
+    ring = RingWriter.create(tmp_path)
+    reader = RingReader(ring.path)
+    rt = FakeRuntime(ring)
+    clock = FakeClock()
+    rt.cuda = CudaTimer(lambda *a: None, torch_module=types.SimpleNamespace(cuda=FakeCuda(clock), __name__="fake"),
+                        clock=clock, max_pending=0, dropped=lambda meta: Runtime._dropped_cuda(rt, meta))
+    tracker = CollectiveTracker(rt, lambda: False)
+    tracker.groups[(id("pg"), -1)] = _Group("dp", ring.inflight.slot(group_key([0, 1]), 4, 2, 0), 4)
+    launch = tracker._launch("pg", "allreduce", None)
+    work = FakeWork()
+    tracker._track(work, launch)
+    assert reader.inflight.read().groups[0].pending == 1
+    (cb,) = work.future.callbacks
+    cb(work.future)  # completed; its end event is handed to a full timer, which drops the span
+    assert rt.cuda.stats["dropped_full"] == 1
+    state = reader.inflight.read().groups[0]
+    assert state.pending == 0 and state.completed == 1
+    reader.new_names()
+    assert Msg.PHASES not in reader.drain(settled=False)  # no interval was measured: none is stored
