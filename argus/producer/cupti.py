@@ -7,6 +7,16 @@ in steps by time. CUPTI's timestamps are on the GPU's clock as CUPTI exposes it
 (``cupti.get_timestamp``); the offset to the producer's clock is taken once at start and
 refreshed on every :meth:`CuptiSource.flush` (once per window), bounding drift.
 
+CUPTI has one set of activity callbacks per process. A user's ``torch.profiler`` (or Kineto's
+on-demand trace) takes it over, and disables the activity kinds when it stops — Argus's
+kernel channel would then stay silent for the rest of the job. So Argus steps aside: before a
+``torch.profiler`` session prepares its trace (``profile._prepare_trace``), or at the first step
+boundary where another profiler is on (``torch.autograd._profiler_enabled()``: on-demand traces
+too), it flushes its buffers and disables its kinds; at the first step boundary after the
+other profiler stopped it registers its callbacks and enables its kinds again. The steps it
+stood aside are counted (``gap_steps``); the step-boundary and collective timing, which do
+not use CUPTI, go on meanwhile.
+
 Kernel names arrive mangled when CUPTI has no demangled form (``_Z28ncclDevKernel_…``):
 they are demangled with the C++ runtime's ``__cxa_demangle`` where it exists, and the store
 side (``compress/names.py``) reads identifiers out of any name still mangled, so an NCCL
@@ -17,10 +27,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import time
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -76,12 +87,18 @@ class CuptiSource:
     name = "cupti"
     BUFFER_BYTES = 8 << 20
 
-    def __init__(self, recorder: Recorder, cupti_module: Any = None):
+    def __init__(self, recorder: Recorder, cupti_module: Any = None,
+                 other_profiler: Callable[[], bool] | None = None):
         self.recorder = recorder
         self.offset = 0
         self.kinds: list[Any] = []
         self.cpu_ns = 0  # CPU our callbacks used on CUPTI's thread
         self._cupti = cupti_module  # tests pass a fake of cupti-python's module
+        self._other_profiler = other_profiler or _torch_profiler_on
+        self.aside = False  # another profiler holds CUPTI
+        self.asides = 0  # times Argus stepped aside …
+        self.gap_steps = 0  # … and the step boundaries it spent aside
+        self._patched: tuple[Any, Any] | None = None
 
     def start(self) -> None:
         if self._cupti is None:
@@ -90,15 +107,72 @@ class CuptiSource:
             self._cupti = cupti
         cupti = self._cupti
         self.kinds = [cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET]
+        self._subscribe()
+        self._patch_profiler()
+
+    def _subscribe(self) -> None:
+        cupti = self._cupti
         for kind in self.kinds:
             cupti.activity_enable(kind)
         cupti.activity_register_callbacks(self._requested, self._completed)
         self._align()
 
+    def _patch_profiler(self) -> None:
+        """Step aside as a ``torch.profiler`` session prepares its trace, before Kineto takes
+        CUPTI over (a step boundary may be a whole step later)."""
+        try:
+            from torch.autograd import profiler
+        except Exception:  # noqa: BLE001 - no torch: nothing to coexist with
+            return
+        original = profiler.profile._prepare_trace
+        source = self
+
+        @functools.wraps(original)
+        def _prepare_trace(prof: Any) -> Any:
+            source.step_aside()
+            return original(prof)
+
+        profiler.profile._prepare_trace = _prepare_trace
+        self._patched = (profiler.profile, original)
+
+    def step_aside(self) -> None:
+        """Flush what CUPTI holds for Argus and give the activity kinds up."""
+        if self.aside:
+            return
+        self.aside = True
+        self.asides += 1
+        try:
+            self._cupti.activity_flush_all(1)
+            for kind in self.kinds:
+                self._cupti.activity_disable(kind)
+        except Exception:  # noqa: BLE001
+            pass
+        log.info("argus: another profiler holds CUPTI; the kernel channel waits for it")
+
+    def _resume(self) -> None:
+        try:
+            self._subscribe()
+            self.aside = False
+            log.info("argus: the kernel channel resumed after %d step(s) aside", self.gap_steps)
+        except Exception as exc:  # noqa: BLE001 - try again at the next step
+            log.debug("argus: CUPTI resubscribe failed: %s", exc)
+
     def _align(self) -> None:
         self.offset = now_ns() - int(self._cupti.get_timestamp())
 
-    def on_step(self, step: int) -> None: ...
+    def on_step(self, step: int) -> None:
+        """At a step boundary (training thread): step aside while another profiler is on,
+        take CUPTI back once it is off."""
+        try:
+            other = self._other_profiler()
+        except Exception:  # noqa: BLE001
+            return
+        if other and not self.aside:
+            self.step_aside()
+        elif not other and self.aside:
+            self._resume()
+        if self.aside:
+            self.gap_steps += 1
 
     def _requested(self) -> tuple[int, int]:
         return self.BUFFER_BYTES, 0
@@ -129,6 +203,8 @@ class CuptiSource:
         self.cpu_ns += time.thread_time_ns() - c0
 
     def flush(self) -> None:
+        if self.aside:
+            return
         try:
             self._cupti.activity_flush_all(0)
             self._align()
@@ -136,9 +212,23 @@ class CuptiSource:
             pass
 
     def stop(self) -> None:
+        if self._patched is not None:
+            owner, original = self._patched
+            owner._prepare_trace = original
+            self._patched = None
+        if self.aside:
+            return
         try:
             self._cupti.activity_flush_all(1)
             for kind in self.kinds:
                 self._cupti.activity_disable(kind)
         except Exception:  # noqa: BLE001
             pass
+
+
+def _torch_profiler_on() -> bool:
+    """Whether a profiler other than Argus's is on in this process (a CUPTI job samples no
+    CPU ops, so the autograd profiler's state is never Argus's own here)."""
+    import torch
+
+    return bool(torch.autograd._profiler_enabled())

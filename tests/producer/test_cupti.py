@@ -83,9 +83,10 @@ def rec(kind, start, end, stream=7, device=0, **kw):
 def source(monkeypatch):
     monkeypatch.setattr(cupti_mod, "now_ns", lambda: 5_000_000_000)
     fake, recorder = FakeCupti(timestamp=1_000_000), FakeRecorder()
-    src = CuptiSource(recorder, cupti_module=fake)
+    src = CuptiSource(recorder, cupti_module=fake, other_profiler=lambda: False)
     src.start()
-    return src, fake, recorder
+    yield src, fake, recorder
+    src.stop()  # gives torch.profiler's _prepare_trace back
 
 
 def test_demangle():
@@ -152,3 +153,56 @@ def test_empty_or_broken_buffers_never_raise(source):
     fake.activity_flush_all = None  # flush and stop swallow CUPTI errors too
     src.flush()
     src.stop()
+
+
+def test_a_user_profiler_takes_cupti_and_the_kernel_channel_resumes_after_it(monkeypatch):
+    """One set of CUPTI callbacks per process: a user's profiler session replaces Argus's and
+    disables the activity kinds when it stops. Argus flushes and steps aside while it runs,
+    counts the steps it missed, and subscribes again at the first step boundary after."""
+    monkeypatch.setattr(cupti_mod, "now_ns", lambda: 5_000_000_000)
+    fake, recorder, other = FakeCupti(), FakeRecorder(), [False]
+    src = CuptiSource(recorder, cupti_module=fake, other_profiler=lambda: other[0])
+    src.start()
+    try:
+        mine = fake.callbacks
+        src.on_step(1)
+        assert not src.aside and fake.disabled == []
+        other[0] = True  # an on-demand trace started (no torch.profiler object to see)
+        src.on_step(2)
+        assert src.aside and fake.flushes == [1] and set(fake.disabled) == set(src.kinds)
+        fake.callbacks = ("kineto's",)  # the other profiler registers its own
+        src.flush()  # Argus's per-window flush leaves CUPTI alone meanwhile
+        src.on_step(3)
+        assert fake.flushes == [1] and src.gap_steps == 2
+        other[0] = False  # it stopped (and disabled every kind)
+        src.on_step(4)
+        assert not src.aside and fake.callbacks == mine and fake.enabled[-3:] == src.kinds
+        assert src.asides == 1 and src.gap_steps == 2
+        fake.callbacks[1]([rec(ActivityKind.CONCURRENT_KERNEL, 2_000, 2_500, name="k")])
+        assert len(recorder.batches) == 1  # kernels flow again
+    finally:
+        src.stop()
+
+
+def test_a_torch_profiler_session_finds_argus_already_aside(monkeypatch):
+    """``torch.profiler.profile`` takes CUPTI when it prepares its trace, mid-step: Argus steps
+    aside right then, not at the next step boundary."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(cupti_mod, "now_ns", lambda: 5_000_000_000)
+    from torch.autograd import profiler
+
+    before = profiler.profile._prepare_trace
+    fake, recorder = FakeCupti(), FakeRecorder()
+    src = CuptiSource(recorder, cupti_module=fake)  # the real "another profiler is on" check
+    src.start()
+    try:
+        seen = []
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            seen.append((src.aside, list(fake.flushes)))
+            src.on_step(1)
+        assert seen == [(True, [1])] and src.gap_steps == 1
+        src.on_step(2)
+        assert not src.aside and src.asides == 1
+    finally:
+        src.stop()
+    assert profiler.profile._prepare_trace is before  # stop gave it back
