@@ -162,8 +162,9 @@ class CollectiveTracker:
                 return original(pg, *args, **kwargs)
             try:
                 peer = args[peer_arg] if peer_arg is not None and len(args) > peer_arg else None
-                launch = tracker._launch(pg, op, peer if isinstance(peer, int) else None,
-                                         rt.cuda is not None and _on_cuda(args))
+                device = _cuda_device(args) if rt.cuda is not None else -1
+                launch = tracker._launch(pg, op, peer if isinstance(peer, int) else None, device != -1,
+                                         device if device is not None and device >= 0 else None)
             except Exception as exc:  # noqa: BLE001
                 rt.fail(f"collective tracking failed ({type(exc).__name__}: {exc})")
                 return original(pg, *args, **kwargs)
@@ -234,10 +235,12 @@ class CollectiveTracker:
         for launch in launches:
             self._track(work, launch)
 
-    def _launch(self, pg: Any, op: str, peer_local: int | None, on_cuda: bool = True) -> tuple:
+    def _launch(self, pg: Any, op: str, peer_local: int | None, on_cuda: bool = True,
+                device: int | None = None) -> tuple:
         """``on_cuda``: the collective's tensors are on a CUDA device (GPU events time it); a
         gloo collective on CPU tensors inside a GPU job is timed on the host — an event on the
-        GPU's stream would time that stream's queue instead."""
+        GPU's stream would time that stream's queue instead. ``device``: the tensors' CUDA
+        device where it is known (None: the rank's); both events go on its current stream."""
         rt = self.rt
         main = rt.on_main_thread()
         if main:
@@ -248,11 +251,11 @@ class CollectiveTracker:
         nid = self._name_id(name)
         rt.comm_issued += 1
         rt.ring.inflight.issued(g.slot, nid, t0)
-        m0 = rt.cuda.mark() if rt.cuda is not None and on_cuda else None  # GPU: the inputs are ready here
+        m0 = _mark(rt.cuda, device) if rt.cuda is not None and on_cuda else None  # GPU: the inputs are ready here
         # CPU: the training thread's run-queue delay so far, so that a collective it waits for
         # itself (``wait()``) can record how much of its interval the thread spent preempted
         rq0 = rt.sched.runq_ns() if main and m0 is None else -1
-        return (t0, rt.mb_context, rt.step, g, nid, m0, rq0)
+        return (t0, rt.mb_context, rt.step, g, nid, m0, rq0, device)
 
     def _track(self, work: Any, launch: tuple) -> None:
         if work is None:
@@ -262,7 +265,7 @@ class CollectiveTracker:
             # with it (the CPU's return is its launch, not its end)
             if launch[5] is not None:
                 try:
-                    self.rt.cuda.phase(launch[5], self.rt.cuda.mark(), (self._gpu_done, launch))
+                    self.rt.cuda.phase(launch[5], _mark(self.rt.cuda, launch[7]), (self._gpu_done, launch))
                     return
                 except Exception:  # noqa: BLE001 - no event: the host's interval is all there is
                     pass
@@ -302,7 +305,7 @@ class CollectiveTracker:
 
         def on_done(_f: Any, launch: tuple = launch) -> None:
             try:
-                rt.cuda.phase(launch[5], rt.cuda.mark(), (self._gpu_done, launch))
+                rt.cuda.phase(launch[5], _mark(rt.cuda, launch[7]), (self._gpu_done, launch))
             except Exception:  # noqa: BLE001 - on the backend's thread: never raise
                 pass
 
@@ -432,6 +435,27 @@ class CollectiveTracker:
             return original(ddp, state, hook)
 
         return register_comm_hook
+
+
+def _mark(timer: Any, device: int | None) -> Any:
+    """An event on the current stream of ``device`` (None: the rank's device)."""
+    return timer.mark() if device is None else timer.mark(device=device)
+
+
+def _cuda_device(args: tuple) -> int | None:
+    """The CUDA device of a process-group call's first tensor argument: its index, -1 on the
+    CPU (a gloo group in a GPU job: timed on the host), None where none is found or the index
+    is not known (the rank's device)."""
+    for a in args:
+        while isinstance(a, (list, tuple)) and a:
+            a = a[0]
+        is_cuda = getattr(a, "is_cuda", None)
+        if isinstance(is_cuda, bool):
+            if not is_cuda:
+                return -1
+            index = getattr(getattr(a, "device", None), "index", None)
+            return index if isinstance(index, int) else None
+    return None
 
 
 def _on_cuda(args: tuple) -> bool:

@@ -148,10 +148,27 @@ class _Ref:
             self.hi = max(hi, self.lo)
 
 
-class CudaTimer:
-    """CUDA-event spans on the rank's device, resolved off the training thread.
+class _DeviceClock:
+    """One device's clock references (an event's elapsed time is defined between events of one
+    device only): its private stream, the references kept, one the spin did not see complete."""
 
-    A token from :meth:`mark` is ``(event, stream key, host ns before the record, seq)``."""
+    __slots__ = ("device", "refs", "late", "stream", "want", "last_try")
+
+    def __init__(self, device: int, kept: int):
+        self.device = device
+        self.refs: deque[_Ref] = deque(maxlen=kept)
+        self.late: tuple[int, Any] | None = None  # (h0, E)
+        self.stream: Any = None
+        self.want = True
+        self.last_try: int | None = None
+
+
+class CudaTimer:
+    """CUDA-event spans, resolved off the training thread.
+
+    A token from :meth:`mark` is ``(event, stream key, host ns before the record, seq, device)``.
+    Spans are placed through references of their own device (the rank's, or the device of a
+    collective's tensor where that differs)."""
 
     MAX_PENDING = 65536
     CAL_TRIES = 5
@@ -181,22 +198,22 @@ class CudaTimer:
         self._incoming: deque = deque()  # training thread → resolver
         self._queues: dict[Any, list[_Span]] = {}  # resolver only: end stream → spans by end seq
         self._held = 0  # spans in _queues (written by the resolver only)
-        self._refs: deque[_Ref] = deque(maxlen=self.REFS_KEPT)
-        self._late_ref: tuple[int, Any] | None = None  # (h0, E) of a reference the spin did not see complete
+        self._clocks: dict[int, _DeviceClock] = {}  # device → its references (one per device marked on)
         self._seq = itertools.count()
-        self._want_ref = True
-        self._last_ref_try = None
-        self._marked = False
         self._capture_seen: int | None = None
-        self._cal_stream: Any = None
         self._stop = threading.Event()
         self._started = False
         self._thread = threading.Thread(target=self._loop, name="argus-cuda-events", daemon=True)
-        self.clock_error_ns = -1  # of the newest reference; -1: none yet
         self.cpu_ns = 0  # the resolver thread's CPU time so far
         self.stats = {"emitted": 0, "dropped_full": 0, "dropped_none": 0, "dropped_error": 0, "dropped_negative": 0,
                       "emit_errors": 0, "refs": 0, "refs_late": 0, "refs_rejected": 0, "capture_skips": 0,
                       "refs_narrowed": 0}
+
+    @property
+    def clock_error_ns(self) -> int:
+        """The bound of the rank's device's newest reference; -1: none yet."""
+        dc = self._clocks.get(self.device)
+        return dc.refs[-1].err if dc is not None and dc.refs else -1
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> None:
@@ -212,8 +229,9 @@ class CudaTimer:
 
     # -- the training thread -----------------------------------------------------------------
     def rebase(self) -> None:
-        """A step ended: ask the resolver for a fresh clock reference. Records nothing."""
-        self._want_ref = True
+        """A step ended: ask the resolver for fresh clock references. Records nothing."""
+        for dc in list(self._clocks.values()):
+            dc.want = True
 
     def capturing(self) -> bool:
         """Whether the current stream is capturing a CUDA graph (False on any CUDA error)."""
@@ -222,21 +240,26 @@ class CudaTimer:
         except Exception:  # noqa: BLE001
             return False
 
-    def mark(self, stream: Any = None) -> Any:
-        """An event on ``stream`` (default: the current stream of the rank's device); ``None``
-        while the current stream is capturing a CUDA graph, or on any CUDA error."""
+    def mark(self, stream: Any = None, device: int | None = None) -> Any:
+        """An event on ``stream`` (default: the current stream of ``device``, by default the
+        rank's — a collective on a tensor of another device ends on *that* device's current
+        stream, not on the user's stream of the rank's); ``None`` while the current stream is
+        capturing a CUDA graph, or on any CUDA error."""
         try:
             cuda = self.cuda
             if cuda.is_current_stream_capturing():
                 self._capture_seen = self.clock()
                 return None
             if stream is None:
-                stream = cuda.current_stream(self.device)
+                stream = cuda.current_stream(self.device if device is None else device)
+            dev = getattr(stream, "device_index", None)
+            dev = int(dev) if isinstance(dev, int) else (self.device if device is None else int(device))
             ev = cuda.Event(enable_timing=True)
             t = self.clock()
             ev.record(stream)
-            self._marked = True
-            return (ev, _stream_key(stream), t, next(self._seq))
+            if dev not in self._clocks:
+                self._clocks[dev] = _DeviceClock(dev, self.REFS_KEPT)
+            return (ev, _stream_key(stream), t, next(self._seq), dev)
         except Exception:  # noqa: BLE001 - never into the training loop
             return None
 
@@ -280,12 +303,11 @@ class CudaTimer:
                 self.stats["capture_skips"] += 1
                 return
             self._take_incoming()
-            if self._late_ref is not None:
-                self._check_late_ref()
-            elif self._marked and self._reference_due(now):
-                self._calibrate()
-            if not self._refs:
-                return
+            for dc in list(self._clocks.values()):
+                if dc.late is not None:
+                    self._check_late_ref(dc)
+                elif self._reference_due(dc, now):
+                    self._calibrate(dc)
             for key in list(self._queues):
                 self._resolve_stream(key)
         except Exception as exc:  # noqa: BLE001 - the resolver never dies
@@ -332,18 +354,22 @@ class CudaTimer:
             if not start_done:  # its start lies on another stream, still running
                 kept.append(span)
                 continue
-            self._finish(span, seen)
+            dc = self._clocks.get(span.m0[4])
+            if dc is None or not dc.refs:  # no reference for its device yet: place it later
+                kept.append(span)
+                continue
+            self._finish(span, seen, dc)
         self._held -= len(q) - len(kept)
         if kept:
             self._queues[key] = kept
         else:
             del self._queues[key]
 
-    def _finish(self, span: _Span, seen: int) -> None:
-        ev0, _, enq0, _ = span.m0
+    def _finish(self, span: _Span, seen: int, dc: _DeviceClock) -> None:
+        ev0, _, enq0 = span.m0[:3]
         ev1 = span.m1[0]
         try:
-            ref = self._reference_for(enq0)
+            ref = self._reference_for(dc, enq0)
             g0 = int(round(ref.ev.elapsed_time(ev0) * 1e6))  # GPU ns from E to the start
             dur = int(round(ev0.elapsed_time(ev1) * 1e6))
         except Exception:  # noqa: BLE001 - a destroyed context at exit, events on two devices
@@ -359,8 +385,6 @@ class CudaTimer:
         ref.narrow(enq0 - g0, seen - g0 - dur)
         if ref.err < before:
             self.stats["refs_narrowed"] += 1
-            if ref is self._refs[-1]:
-                self.clock_error_ns = ref.err
         t0 = ref.t + g0
         try:
             self.emit(t0, t0 + dur, span.meta)
@@ -368,42 +392,43 @@ class CudaTimer:
         except Exception:  # noqa: BLE001
             self.stats["emit_errors"] += 1
 
-    def _reference_for(self, enqueued_ns: int) -> _Ref:
+    @staticmethod
+    def _reference_for(dc: _DeviceClock, enqueued_ns: int) -> _Ref:
         """The newest reference completed before ``enqueued_ns`` (else the oldest kept)."""
-        refs = self._refs
+        refs = dc.refs
         for ref in reversed(refs):
             if ref.h1 <= enqueued_ns:
                 return ref
         return refs[0]
 
-    def _reference_due(self, now: int) -> bool:
-        last = self._last_ref_try
+    def _reference_due(self, dc: _DeviceClock, now: int) -> bool:
+        last = dc.last_try
         if last is None:
             return True
         age = now - last
         if age < self.CAL_MIN_INTERVAL_NS:
             return False
-        if self._want_ref or (not self._refs and self._held > 0):
+        if dc.want or (not dc.refs and self._held > 0):
             return True
         return age >= self.CAL_MAX_AGE_NS and self._held > 0
 
-    def _calibrate(self) -> None:
+    def _calibrate(self, dc: _DeviceClock) -> None:
         """A clock reference: an event on an idle private stream, its completion spun on for at
         most ``SPIN_BUDGET_NS``; one the spin did not see complete is polled on later passes."""
         clock, cuda = self.clock, self.cuda
-        self._want_ref = False
-        self._last_ref_try = clock()
-        if self._cal_stream is None:
+        dc.want = False
+        dc.last_try = clock()
+        if dc.stream is None:
             try:
-                self._cal_stream = cuda.Stream(device=self.device, priority=-1)
+                dc.stream = cuda.Stream(device=dc.device, priority=-1)
             except TypeError:
-                self._cal_stream = cuda.Stream(device=self.device)
+                dc.stream = cuda.Stream(device=dc.device)
         best = None
         began = clock()
         for _ in range(self.CAL_TRIES):
             ev = cuda.Event(enable_timing=True)
             h0 = clock()
-            ev.record(self._cal_stream)
+            ev.record(dc.stream)
             h1 = None
             while True:
                 if ev.query():
@@ -414,32 +439,30 @@ class CudaTimer:
                     break
             if h1 is None:  # the device's queue holds it: see it complete on a later pass
                 if best is None:
-                    self._late_ref = (h0, ev)
+                    dc.late = (h0, ev)
                 break
             if best is None or h1 - h0 < best[1] - best[0]:
                 best = (h0, h1, ev)
             if h1 - h0 <= self.GOOD_RTT_NS or clock() - began > self.SPIN_BUDGET_NS:
                 break
         if best is not None:
-            self._add_ref(*best)
+            self._add_ref(dc, *best)
 
-    def _check_late_ref(self) -> None:
-        h0, ev = self._late_ref  # type: ignore[misc]
+    def _check_late_ref(self, dc: _DeviceClock) -> None:
+        h0, ev = dc.late  # type: ignore[misc]
         if ev.query():
-            self._late_ref = None
+            dc.late = None
             self.stats["refs_late"] += 1
-            self._add_ref(h0, self.clock(), ev)
+            self._add_ref(dc, h0, self.clock(), ev)
         elif self.clock() - h0 > 10 * self.CAL_MAX_AGE_NS:  # a queue that never drains: try afresh
-            self._late_ref = None
+            dc.late = None
 
-    def _add_ref(self, h0: int, h1: int, ev: Any) -> None:
+    def _add_ref(self, dc: _DeviceClock, h0: int, h1: int, ev: Any) -> None:
         rtt = h1 - h0
-        newest = self._refs[-1] if self._refs else None
+        newest = dc.refs[-1] if dc.refs else None
         stale = newest is None or h1 - newest.h1 > 2 * self.CAL_MAX_AGE_NS
         if rtt > self.MAX_RTT_NS and not stale:
             self.stats["refs_rejected"] += 1
             return
-        ref = _Ref(h1, h0, h1, ev)
-        self._refs.append(ref)
-        self.clock_error_ns = ref.err
+        dc.refs.append(_Ref(h1, h0, h1, ev))
         self.stats["refs"] += 1

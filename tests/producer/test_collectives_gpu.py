@@ -16,8 +16,9 @@ class FakeTimer:
     def __init__(self):
         self.marks, self.spans = 0, []
 
-    def mark(self):
+    def mark(self, stream=None, device=None):
         self.marks += 1
+        self.devices = [*getattr(self, "devices", []), device]
         return ("event", self.marks)
 
     def phase(self, m0, m1, meta):
@@ -237,3 +238,28 @@ def test_a_collective_whose_gpu_span_the_timer_drops_is_not_left_in_flight(tmp_p
     assert state.pending == 0 and state.completed == 1
     reader.new_names()
     assert Msg.PHASES not in reader.drain(settled=False)  # no interval was measured: none is stored
+
+
+def test_a_collective_on_another_devices_tensor_is_timed_on_that_devices_stream(tmp_path):
+    """A rank on cuda:0 all-reducing a tensor on cuda:1: both events go on cuda:1's current
+    stream (the future's callback runs under that device's guard); on the rank's device the
+    end event would time the user's stream instead."""
+    import types
+
+    from argus.producer.collectives import _cuda_device, _Group
+
+    on = lambda i: types.SimpleNamespace(is_cuda=True, device=types.SimpleNamespace(index=i))  # noqa: E731
+    assert _cuda_device(([on(1)],)) == 1 and _cuda_device((on(None),)) is None
+    assert _cuda_device((types.SimpleNamespace(is_cuda=False),)) == -1 and _cuda_device((3,)) is None
+    ring = RingWriter.create(tmp_path)
+    rt = FakeRuntime(ring)
+    tracker = CollectiveTracker(rt, lambda: False)
+    tracker.groups[(id("pg"), -1)] = _Group("dp", ring.inflight.slot(group_key([0, 1]), 4, 2, 0), 4)
+    launch = tracker._launch("pg", "allreduce", None, True, 1)
+    work = FakeWork()
+    tracker._track(work, launch)
+    (cb,) = work.future.callbacks
+    cb(work.future)
+    assert rt.cuda.devices == [1, 1]
+    tracker._track(None, tracker._launch("pg", "allreduce", None))  # the rank's own device
+    assert rt.cuda.devices == [1, 1, None, None]

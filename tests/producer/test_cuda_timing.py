@@ -349,7 +349,7 @@ def test_a_slow_reference_is_rejected_while_a_good_one_is_recent():
     t = clock.t
     timer.resolve()
     assert clock.t - t <= CudaTimer.SPIN_BUDGET_NS + 20_000  # the spin gave up within its budget
-    assert timer.stats["refs"] == 1 and timer._late_ref is not None
+    assert timer.stats["refs"] == 1 and timer._clocks[0].late is not None
     clock.advance(1_000_000)
     timer.resolve()  # seen on a later pass: 1 ms wide, while an 8 µs one is recent
     assert timer.stats["refs"] == 1 and timer.stats["refs_rejected"] == 1
@@ -427,3 +427,21 @@ def test_every_dropped_span_is_handed_back_so_its_owner_can_settle_it():
     b[0].fail = True  # a CUDA error on the kept one
     timer.resolve()
     assert dropped == [("capture",), ("full",), ("kept",)] and out == []
+
+
+def test_events_on_another_device_are_placed_by_a_reference_of_their_own_device():
+    """Elapsed time is defined between events of one device: a span on cuda:1 (a collective on
+    a tensor there) on a rank of cuda:0 gets a reference on cuda:1, not a CUDA error."""
+    timer, cuda, clock, out = make(device=0)
+    a, b = timer.mark(device=1), timer.mark(device=1)
+    assert a[0].stream is cuda.current_stream(1)
+    h = clock.t + 50_000
+    a[0].complete(h)
+    b[0].complete(h + 7_000)
+    timer.phase(a, b, ("dev1",))
+    clock.advance(100_000)
+    timer.resolve()
+    assert [s.device_index for s in cuda.created_streams] == [1]  # only the device it was marked on
+    (t0, t1, meta), = out
+    assert meta == ("dev1",) and t1 - t0 == 7_000 and timer.stats["dropped_error"] == 0
+    assert abs(t0 - h) <= timer._clocks[1].refs[-1].err
