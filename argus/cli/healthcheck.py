@@ -1,0 +1,111 @@
+"""``argus healthcheck``: measure this node, compare with its baseline and its peers, exit non-zero
+on a deficit (a Slurm prolog/epilog or a Kubernetes init check)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.table import Table
+
+from argus.cli.progress import stderr_console, stdout_console
+from argus.errors import ArgusError
+from argus.text import term
+
+__all__ = ["register", "EXIT_PASS", "EXIT_FAIL"]
+
+EXIT_PASS, EXIT_FAIL = 0, 1  # 2: an error (argus's usual)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "healthcheck", help="measure this node against its baseline and its peers",
+        description="Benchmark this node — the device's matrix products and memory (the CPU's on a "
+                    "CPU-only machine), host↔device links, collective bus bandwidth between local "
+                    "ranks over message sizes, the bundled model's training throughput — and judge "
+                    "each figure against this node's saved baseline and against its peers (default: "
+                    "fail at a 10%% deficit). Exit code: 0 every check passed, 1 one failed, 2 an error.")
+    p.add_argument("--level", default="gpu,node,net,e2e",
+                   help="comma list of gpu, node, net, e2e (default: all)")
+    speed = p.add_mutually_exclusive_group()
+    speed.add_argument("--quick", action="store_true", help="short probes, messages to 4 MiB (default)")
+    speed.add_argument("--full", action="store_true", help="long burns, messages to 1 GiB")
+    p.add_argument("--nproc", type=int, default=None, help="ranks for the net level (default: GPUs, or 2)")
+    p.add_argument("--seconds", type=float, default=None, help="seconds per probe (default: 0.5, --full 3)")
+    p.add_argument("--baseline-dir", type=Path, default=None,
+                   help="where baselines live, one file per host (default: $ARGUS_HEALTHCHECK_DIR or "
+                        "~/.argus/healthcheck)")
+    p.add_argument("--save-baseline", action="store_true", help="archive this run as the node's baseline")
+    p.add_argument("--threshold", type=float, default=None, help="deficit that fails a check (default 0.10)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from argus.healthcheck import (DEFAULT_THRESHOLD, CheckConfig, Level, Status, default_dir, judge, load_baseline,
+                                   run_checks, save_baseline)
+
+    try:
+        levels = tuple(Level(x.strip()) for x in args.level.split(",") if x.strip())
+    except ValueError:
+        raise ArgusError(f"--level {args.level!r}: a comma list of gpu, node, net, e2e") from None
+    if not levels:
+        raise ArgusError("--level: nothing to run")
+    threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
+    if not 0 < threshold < 1:
+        raise ArgusError(f"--threshold {threshold}: a fraction between 0 and 1")
+    if args.nproc is not None and args.nproc < 2:
+        raise ArgusError("--nproc: at least 2 ranks")
+    directory = args.baseline_dir or default_dir()
+    err = stderr_console()
+    report = run_checks(CheckConfig(levels=levels, full=args.full, nproc=args.nproc, seconds=args.seconds),
+                        progress=None if args.json else (lambda msg: err.print(f"[dim]{term(msg)}[/dim]")))
+    try:
+        baseline = load_baseline(directory, report.host)
+    except ValueError as exc:
+        raise ArgusError(str(exc)) from None
+    verdicts = judge(report, baseline, threshold)
+    failed = [v for v in verdicts if v.status == Status.FAIL]
+    saved = None
+    if args.save_baseline:
+        saved = save_baseline(report, directory)
+    if args.json:
+        doc = {**report.to_json(), "threshold": threshold,
+               "baseline": {"path": str(directory), "found": baseline is not None,
+                            "started_s": baseline.started_s if baseline is not None else None},
+               "verdicts": [v.to_json() for v in verdicts], "passed": not failed,
+               "saved_baseline": str(saved) if saved else None}
+        print(json.dumps(doc, indent=1))
+    else:
+        out = stdout_console()
+        out.print(f"[bold]healthcheck[/bold] {term(report.host)} — {term(report.device)} — "
+                  f"{report.seconds:.1f} s — baseline: "
+                  + (term(f"{directory} ({len(baseline.measurements)} figures)") if baseline else "none saved"))
+        table = Table(title_justify="left")
+        for col in ("level", "check", "subject", "size", "value", "baseline", "peers", "verdict"):
+            table.add_column(col, justify="right" if col in ("size", "value", "baseline", "peers") else "left")
+        for v in verdicts:
+            m = v.measurement
+            colour = {"pass": "green", "fail": "bold red", "new": "dim"}[str(v.status)]
+            table.add_row(str(m.level), term(m.metric), term(m.subject), _size(m.size_bytes),
+                          f"{m.value:.4g} {m.unit}", f"{v.baseline:.4g}" if v.baseline is not None else "—",
+                          f"{v.peers:.4g}" if v.peers is not None else "—",
+                          f"[{colour}]{v.status}[/{colour}]" + (f" {term(v.why)}" if v.status == Status.FAIL else ""))
+        out.print(table)
+        for check, reason in report.skipped:
+            out.print(f"[dim]{term(check)}: {term(reason)}[/dim]")
+        out.print(f"[bold red]{len(failed)} check(s) failed[/bold red]" if failed else "[green]every check passed[/green]"
+                  + ("" if baseline or args.save_baseline else " (no baseline yet: --save-baseline archives one)"))
+        if saved:
+            out.print(f"baseline saved: {term(saved)}")
+    return EXIT_FAIL if failed else EXIT_PASS
+
+
+def _size(n: int) -> str:
+    if not n:
+        return ""
+    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k:
+            return f"{n / (1 << k):.3g} {unit}"
+    return f"{n} B"

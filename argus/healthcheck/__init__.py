@@ -1,0 +1,13 @@
+"""``argus healthcheck``: know what healthy looks like — measured, archived, compared.
+
+Levels (``model.Level``): the device's arithmetic and memory, host↔device links, collectives
+between ranks, the bundled model's throughput; each run is judged against the node's own
+baseline and against its peers (``baseline.judge``). See ``docs/healthcheck.md``.
+"""
+
+from argus.healthcheck.baseline import DEFAULT_THRESHOLD, default_dir, judge, load_baseline, save_baseline
+from argus.healthcheck.model import SCHEMA_VERSION, HealthReport, Level, Measurement, Status, Verdict
+from argus.healthcheck.run import CheckConfig, run_checks
+
+__all__ = ["CheckConfig", "DEFAULT_THRESHOLD", "HealthReport", "Level", "Measurement", "SCHEMA_VERSION", "Status",
+           "Verdict", "default_dir", "judge", "load_baseline", "run_checks", "save_baseline"]

@@ -1,0 +1,85 @@
+"""Baselines: what this node measured before, and the verdicts against it and against peers.
+
+A node is compared with its own earlier numbers (saved with ``--save-baseline`` after delivery
+and after every driver, firmware or network change) and, where one run measures several
+subjects of the same metric (ranks, GPUs), with the median of the others: a deficit of
+``threshold`` (default 10%) or more against either fails. Latency-bound messages (below 1 MiB)
+vary more from run to run and fail only at three times the threshold.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from argus.healthcheck.model import HealthReport, Measurement, Status, Verdict
+
+__all__ = ["DEFAULT_THRESHOLD", "LATENCY_BYTES", "default_dir", "baseline_path", "save_baseline", "load_baseline",
+           "judge"]
+
+DEFAULT_THRESHOLD = 0.10
+LATENCY_BYTES = 1 << 20  # messages below this are latency-bound: judged at 3 × the threshold
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("ARGUS_HEALTHCHECK_DIR", Path.home() / ".argus" / "healthcheck"))
+
+
+def baseline_path(directory: Path, host: str) -> Path:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in host) or "host"
+    return Path(directory) / f"{safe}.json"
+
+
+def save_baseline(report: HealthReport, directory: Path) -> Path:
+    path = baseline_path(directory, report.host)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report.to_json(), indent=1))
+    tmp.replace(path)  # a reader never sees half a baseline
+    return path
+
+
+def load_baseline(directory: Path, host: str) -> HealthReport | None:
+    path = baseline_path(directory, host)
+    if not path.exists():
+        return None
+    try:
+        return HealthReport.from_json(json.loads(path.read_text()))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a baseline this version reads ({exc})") from None
+
+
+def judge(report: HealthReport, baseline: HealthReport | None, threshold: float = DEFAULT_THRESHOLD) -> list[Verdict]:
+    """One verdict per measurement: against the baseline's same measurement and the peers'."""
+    base = {m.key: m.value for m in baseline.measurements} if baseline is not None else {}
+    by_metric: dict[tuple, list[Measurement]] = defaultdict(list)
+    for m in report.measurements:
+        by_metric[(m.level, m.metric, m.size_bytes)].append(m)
+    changed = sorted(k for k, v in (baseline.versions.items() if baseline is not None else ())
+                     if report.versions.get(k) != v)
+    out = []
+    for m in report.measurements:
+        limit = threshold * (3 if 0 < m.size_bytes < LATENCY_BYTES else 1)
+        b = base.get(m.key)
+        others = [x.value for x in by_metric[(m.level, m.metric, m.size_bytes)] if x.subject != m.subject]
+        peers = float(np.median(others)) if others else None
+        d_base = 1.0 - m.value / b if b else 0.0
+        d_peer = 1.0 - m.value / peers if peers else 0.0
+        deficit = max(d_base, d_peer, 0.0)
+        if b is None and peers is None:
+            out.append(Verdict(m, Status.NEW, None, None, 0.0, "no baseline and no peers to compare with"))
+            continue
+        reasons = []
+        if b is not None and d_base >= limit:
+            reasons.append(f"{d_base:.0%} below this node's baseline ({b:.4g} {m.unit})")
+        if peers is not None and d_peer >= limit:
+            reasons.append(f"{d_peer:.0%} below its peers' median ({peers:.4g} {m.unit})")
+        if reasons and changed:
+            reasons.append("the baseline was taken with other " + ", ".join(changed))
+        status = Status.FAIL if reasons else Status.PASS
+        out.append(Verdict(m, status, b, peers, deficit, "; ".join(reasons) or f"within {limit:.0%}"))
+    return out

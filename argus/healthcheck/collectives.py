@@ -1,0 +1,163 @@
+"""The network level: collective bus bandwidth over message sizes, between real processes.
+
+Bandwidths follow nccl-tests (``doc/PERFORMANCE.md`` there): the algorithm bandwidth of an
+operation on ``S`` bytes that took ``t`` is ``S / t``; the bus bandwidth, comparable across
+world sizes and with the link's speed, multiplies it by the share of the data each rank must
+move — ``2(n-1)/n`` for all-reduce, ``(n-1)/n`` for all-gather, reduce-scatter and all-to-all,
+1 for broadcast. Every size is timed as the slowest rank saw it (its time is all-reduced with
+MAX), after a warm-up call, for as many iterations as fit its time budget — the same count on
+every rank. Each rank also times a short matrix product, so that ranks can be compared with
+their peers (one rank's CPU limited, one GPU throttled).
+
+On a CPU-only machine the processes use gloo (all-reduce, all-gather, broadcast; gloo has no
+reduce-scatter or all-to-all); with CUDA, NCCL and all five.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+from argus.healthcheck.model import Level, Measurement
+
+__all__ = ["BUS_FACTOR", "busbw", "net_measurements", "default_sizes"]
+
+#: share of the data each rank moves, per operation (nccl-tests' bus-bandwidth factors)
+BUS_FACTOR = {"all_reduce": lambda n: 2.0 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+              "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+              "broadcast": lambda n: 1.0}
+GLOO_OPS = ("all_reduce", "all_gather", "broadcast")
+NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+
+def busbw(op: str, nbytes: int, seconds: float, world: int) -> float:
+    """Bus bandwidth in GB/s of one ``op`` on ``nbytes`` that took ``seconds``."""
+    return nbytes / seconds * BUS_FACTOR[op](world) / 1e9
+
+
+def default_sizes(full: bool) -> list[int]:
+    """8 B to 4 MiB (quick) or to 1 GiB (full), ×8 apart."""
+    top = 1 << 30 if full else 4 << 20
+    out, s = [], 8
+    while s <= top:
+        out.append(s)
+        s *= 8
+    if out[-1] != top:
+        out.append(top)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_main(rank: int, world: int, port: int, sizes: list[int], seconds: float, gemm_n: int, out: str) -> None:
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from argus.healthcheck.probes import gemm_gflops
+
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    if cuda:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    ops = NCCL_OPS if cuda else GLOO_OPS
+    rows = []
+    for op in ops:
+        for size in sizes:
+            n = max(size // 4, world)  # float32 elements, divisible work for every rank
+            n -= n % world
+            x = torch.ones(n, device=device)
+            if op == "all_gather":
+                fn = lambda: dist.all_gather_into_tensor(torch.empty(n * world, device=device), x) if cuda \
+                    else dist.all_gather([torch.empty_like(x) for _ in range(world)], x)  # noqa: E731
+            elif op == "reduce_scatter":
+                fn = lambda: dist.reduce_scatter_tensor(torch.empty(n // world, device=device), x)  # noqa: E731
+            elif op == "all_to_all":
+                fn = lambda: dist.all_to_all_single(torch.empty_like(x), x)  # noqa: E731
+            elif op == "broadcast":
+                fn = lambda: dist.broadcast(x, 0)  # noqa: E731
+            else:
+                fn = lambda: dist.all_reduce(x)  # noqa: E731
+            fn()  # warm-up: connections, buffers
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            iters = int(max(2, min(200, seconds / max(time.perf_counter() - t0, 1e-6))))
+            probe = torch.tensor([float(iters)], device=device)
+            dist.all_reduce(probe, op=dist.ReduceOp.MIN)  # the same count on every rank
+            iters = int(probe.item())
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            sync()
+            took = torch.tensor([(time.perf_counter() - t0) / iters], device=device, dtype=torch.float64)
+            dist.all_reduce(took, op=dist.ReduceOp.MAX)
+            rows.append((op, n * 4, float(took.item())))
+    gflops = torch.tensor([gemm_gflops(torch, gemm_n, torch.float32, seconds)], device=device, dtype=torch.float64)
+    every = [torch.zeros_like(gflops) for _ in range(world)]
+    dist.all_gather(every, gflops)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"world": world, "backend": "nccl" if cuda else "gloo", "rows": rows,
+                                         "gemm": [float(g.item()) for g in every]}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def net_measurements(nproc: int, sizes: list[int], seconds_per_size: float, gemm_n: int = 256,
+                     timeout_s: float = 600.0) -> tuple[list[Measurement], str]:
+    """Run ``nproc`` local ranks (processes of their own); returns the measurements and the
+    backend used. A rank that fails or outlives ``timeout_s`` is an :class:`ArgusError` with
+    its last words."""
+    import subprocess
+    import sys
+
+    from argus.errors import ArgusError
+
+    with tempfile.TemporaryDirectory(prefix="argus-health-") as tmp:
+        out = os.path.join(tmp, "net.json")
+        port = _free_port()
+        spec = json.dumps({"world": nproc, "port": port, "sizes": sizes, "seconds": seconds_per_size,
+                           "gemm_n": gemm_n, "out": out})
+        procs = [subprocess.Popen([sys.executable, "-m", "argus.healthcheck.collectives", str(r), spec],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for r in range(nproc)]
+        errors = []
+        for r, proc in enumerate(procs):
+            try:
+                _, err = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise ArgusError(f"healthcheck: rank {r} of the net level did not finish in {timeout_s:.0f} s") \
+                    from None
+            if proc.returncode != 0:
+                errors.append(f"rank {r} exited {proc.returncode}: {err.strip()[-600:]}")
+        if errors or not os.path.exists(out):
+            raise ArgusError("healthcheck: the net level failed: " + ("; ".join(errors) or "no result"))
+        doc = json.loads(Path(out).read_text())
+    world = int(doc["world"])
+    ms = [Measurement(Level.NET, f"{op}_busbw_gbs", f"ranks:0-{world - 1}", busbw(op, size, t, world), "GB/s", size)
+          for op, size, t in doc["rows"]]
+    ms += [Measurement(Level.NET, "gemm_fp32_gflops", f"rank:{r}", g, "GFLOP/s") for r, g in enumerate(doc["gemm"])]
+    return ms, str(doc["backend"])
+
+
+if __name__ == "__main__":  # one rank of the net level (started by net_measurements)
+    import sys as _sys
+
+    _spec = json.loads(_sys.argv[2])
+    _rank_main(int(_sys.argv[1]), int(_spec["world"]), int(_spec["port"]), list(_spec["sizes"]),
+               float(_spec["seconds"]), int(_spec["gemm_n"]), str(_spec["out"]))

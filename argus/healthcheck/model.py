@@ -1,0 +1,87 @@
+"""What a health check measured, and what it concluded against a baseline and its peers."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+
+__all__ = ["Level", "Status", "Measurement", "Verdict", "HealthReport", "SCHEMA_VERSION"]
+
+#: Version of the JSON document (``--json``, the saved baselines). Bumped on any change a
+#: reader must know about.
+SCHEMA_VERSION = 1
+
+
+class Level(StrEnum):
+    GPU = "gpu"  # the device's own arithmetic and memory (on a CPU-only machine: the CPU's)
+    NODE = "node"  # host↔device and device↔device links (GPU only)
+    NET = "net"  # collectives between ranks (gloo on CPU, NCCL on GPUs)
+    E2E = "e2e"  # the bundled transformer's training throughput
+
+
+class Status(StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    NEW = "new"  # nothing to compare with (no baseline, no peers)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    level: Level
+    metric: str  # e.g. "gemm_fp32_gflops", "all_reduce_busbw_gbs"
+    subject: str  # what was measured: "host", "rank:3", …
+    value: float  # higher is better
+    unit: str
+    size_bytes: int = 0  # message or buffer size, where the metric has one (0: none)
+
+    @property
+    def key(self) -> tuple[str, str, str, int]:
+        return (str(self.level), self.metric, self.subject, self.size_bytes)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "level": str(self.level)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Measurement":
+        return cls(Level(d["level"]), str(d["metric"]), str(d["subject"]), float(d["value"]), str(d["unit"]),
+                   int(d.get("size_bytes", 0)))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    measurement: Measurement
+    status: Status
+    baseline: float | None  # the node's own earlier value
+    peers: float | None  # the median of the same metric on the other subjects measured now
+    deficit: float  # the larger shortfall, as a fraction (0.12: 12% below)
+    why: str
+
+    def to_json(self) -> dict:
+        return {**self.measurement.to_json(), "status": str(self.status), "baseline": self.baseline,
+                "peers": self.peers, "deficit": round(self.deficit, 4), "why": self.why}
+
+
+@dataclass
+class HealthReport:
+    host: str
+    device: str  # "cpu" or the GPU's name
+    versions: dict[str, str]
+    started_s: float
+    seconds: float = 0.0
+    measurements: list[Measurement] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (level or check, reason)
+
+    def to_json(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "host": self.host, "device": self.device,
+                "versions": self.versions, "started_s": self.started_s, "seconds": round(self.seconds, 3),
+                "measurements": [m.to_json() for m in self.measurements],
+                "skipped": [{"check": c, "reason": r} for c, r in self.skipped]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "HealthReport":
+        if int(d.get("schema_version", 0)) != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {d.get('schema_version')!r}, expected {SCHEMA_VERSION}")
+        return cls(str(d["host"]), str(d["device"]), {str(k): str(v) for k, v in d["versions"].items()},
+                   float(d["started_s"]), float(d.get("seconds", 0.0)),
+                   [Measurement.from_json(m) for m in d["measurements"]],
+                   [(str(s["check"]), str(s["reason"])) for s in d.get("skipped", [])])

@@ -1,0 +1,78 @@
+"""Single-process probes: the device's arithmetic and memory, and the bundled model's throughput.
+
+Each probe runs for a fixed time, not a fixed count, so a slow device is measured as long as a
+fast one; the first iterations (allocation, kernel selection) are not timed. On a CUDA device
+the work is synchronised before the clock is read; on a CPU-only machine the same probes run
+on the CPU (torch's intra-op threads as configured), so every path runs everywhere.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+__all__ = ["gemm_gflops", "copy_gbs", "train_tokens_per_s", "device_of"]
+
+
+def device_of(torch: Any) -> Any:
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _timed(fn: Callable[[], object], seconds: float, sync: Callable[[], None], warmup: int = 2) -> tuple[int, float]:
+    for _ in range(warmup):
+        fn()
+    sync()
+    n, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        if n % 4 == 0:
+            sync()
+            dt = time.perf_counter() - t0
+            if dt >= seconds:
+                return n, dt
+
+
+def _sync(torch: Any, device: Any) -> Callable[[], None]:
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def gemm_gflops(torch: Any, n: int, dtype: Any, seconds: float) -> float:
+    """Square matrix products of size ``n``: 2n³ floating-point operations each."""
+    device = device_of(torch)
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    count, dt = _timed(lambda: torch.matmul(a, b, out=out), seconds, _sync(torch, device))
+    return 2.0 * n ** 3 * count / dt / 1e9
+
+
+def copy_gbs(torch: Any, nbytes: int, seconds: float) -> float:
+    """Device memory bandwidth from copies of ``nbytes`` (each reads and writes them)."""
+    device = device_of(torch)
+    src = torch.ones(nbytes // 4, device=device, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    count, dt = _timed(lambda: dst.copy_(src), seconds, _sync(torch, device))
+    return 2.0 * src.numel() * 4 * count / dt / 1e9
+
+
+def train_tokens_per_s(torch: Any, seconds: float, d_model: int = 128, seq: int = 128, batch: int = 8) -> float:
+    """Training throughput of the bundled transformer (``argus.workloads.train_transformer``)."""
+    import torch.nn.functional as F
+
+    from argus.workloads.train_transformer import Stage
+
+    device = device_of(torch)
+    gen = torch.Generator().manual_seed(0)
+    model = Stage(256, d_model, 4, 2, first=True, last=True).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randint(0, 256, (batch, seq), generator=gen).to(device)
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x).view(-1, 256), x.view(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    count, dt = _timed(step, seconds, _sync(torch, device), warmup=1)
+    return batch * seq * count / dt

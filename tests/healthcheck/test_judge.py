@@ -1,0 +1,76 @@
+"""Verdicts against the node's own baseline and its peers, on figures of our own making."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from argus.healthcheck import HealthReport, Level, Measurement, Status, judge, load_baseline, save_baseline
+from argus.healthcheck.collectives import busbw, default_sizes
+
+
+def _report(values: dict[tuple[str, str, int], float], versions: dict | None = None) -> HealthReport:
+    r = HealthReport("node-7", "cpu: test", versions or {"torch": "2.13.0"}, 1.0)
+    for (metric, subject, size), v in values.items():
+        level = Level.NET if "busbw" in metric or subject.startswith("rank") else Level.GPU
+        r.measurements.append(Measurement(level, metric, subject, v, "GB/s", size))
+    return r
+
+
+def test_a_deficit_against_the_nodes_own_baseline_fails_and_says_by_how_much():
+    base = _report({("gemm_fp32_gflops", "device", 0): 100.0, ("copy_gbs", "device", 1 << 26): 20.0})
+    now = _report({("gemm_fp32_gflops", "device", 0): 88.0, ("copy_gbs", "device", 1 << 26): 19.0})
+    v = {x.measurement.metric: x for x in judge(now, base)}
+    assert v["gemm_fp32_gflops"].status == Status.FAIL and abs(v["gemm_fp32_gflops"].deficit - 0.12) < 1e-9
+    assert "12% below this node's baseline" in v["gemm_fp32_gflops"].why
+    assert v["copy_gbs"].status == Status.PASS  # 5%: within the 10% line
+    assert judge(now, base, threshold=0.15)[0].status == Status.PASS
+
+
+def test_the_slow_peer_is_named_and_its_peers_are_not():
+    """One rank's CPU limited: its matrix products fall below the median of the others."""
+    now = _report({("gemm_fp32_gflops", f"rank:{r}", 0): (50.0 if r == 2 else 80.0 + r) for r in range(4)})
+    v = {x.measurement.subject: x for x in judge(now, None)}
+    assert [s for s, x in v.items() if x.status == Status.FAIL] == ["rank:2"]
+    assert "below its peers' median" in v["rank:2"].why and v["rank:0"].status == Status.PASS
+
+
+def test_latency_bound_messages_fail_only_at_three_times_the_threshold():
+    base = _report({("all_reduce_busbw_gbs", "ranks:0-3", 4096): 1.0, ("all_reduce_busbw_gbs", "ranks:0-3", 1 << 24): 1.0})
+    now = _report({("all_reduce_busbw_gbs", "ranks:0-3", 4096): 0.8, ("all_reduce_busbw_gbs", "ranks:0-3", 1 << 24): 0.8})
+    small, large = judge(now, base)
+    assert small.status == Status.PASS and large.status == Status.FAIL
+    assert judge(_report({("all_reduce_busbw_gbs", "ranks:0-3", 4096): 0.6}), base)[0].status == Status.FAIL
+
+
+def test_nothing_to_compare_with_is_new_and_a_changed_stack_is_said():
+    now = _report({("gemm_fp32_gflops", "device", 0): 80.0}, {"torch": "2.14.0"})
+    (v,) = judge(now, None)
+    assert v.status == Status.NEW and v.deficit == 0.0
+    base = _report({("gemm_fp32_gflops", "device", 0): 100.0}, {"torch": "2.13.0"})
+    (v,) = judge(now, base)
+    assert v.status == Status.FAIL and "other torch" in v.why
+
+
+def test_baselines_round_trip_per_host_and_a_foreign_file_is_refused(tmp_path):
+    r = _report({("gemm_fp32_gflops", "device", 0): 80.0, ("all_reduce_busbw_gbs", "ranks:0-1", 8): 1e-5})
+    r.skipped.append(("node", "skipped: no CUDA device"))
+    path = save_baseline(r, tmp_path)
+    assert path.name == "node-7.json" and not list(tmp_path.glob("*.tmp"))
+    back = load_baseline(tmp_path, "node-7")
+    assert back is not None and back.to_json() == r.to_json()
+    assert load_baseline(tmp_path, "elsewhere") is None
+    path.write_text(json.dumps({**r.to_json(), "schema_version": 99}))
+    with pytest.raises(ValueError, match="schema_version"):
+        load_baseline(tmp_path, "node-7")
+
+
+def test_bus_bandwidth_follows_nccl_tests():
+    # 1 GB in 1 s on 8 ranks: all-reduce moves 2·7/8 of it per rank, all-gather 7/8, broadcast all
+    assert busbw("all_reduce", 10**9, 1.0, 8) == pytest.approx(1.75)
+    assert busbw("all_gather", 10**9, 1.0, 8) == pytest.approx(0.875)
+    assert busbw("reduce_scatter", 10**9, 2.0, 4) == pytest.approx(0.375)
+    assert busbw("broadcast", 10**9, 1.0, 8) == pytest.approx(1.0)
+    assert default_sizes(False)[0] == 8 and default_sizes(False)[-1] == 4 << 20
+    assert default_sizes(True)[-1] == 1 << 30
