@@ -67,6 +67,8 @@ def _rank_main(rank: int, world: int, port: int, sizes: list[int], seconds: floa
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
     if cuda:
         torch.cuda.set_device(rank)
+    else:  # the ranks share the node's cores, as a job's would: no rank oversubscribes them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")

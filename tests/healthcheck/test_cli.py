@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+
+import pytest
 
 def _run(*args: str, tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "argus", "healthcheck", "--baseline-dir", str(tmp_path / "base"),
@@ -65,3 +68,52 @@ def test_bad_input_is_a_clear_error_and_nothing_is_written(tmp_path):
     broken = _run("--level", "gpu", "--save-baseline", tmp_path=tmp_path)
     assert broken.returncode == 2 and "not a baseline this version reads" in broken.stderr
     assert path.read_text() == "{not json"  # an unreadable baseline is reported, never overwritten
+
+
+@pytest.mark.serial  # measures: alone on the machine
+def test_a_rank_whose_cpu_the_kernel_limits_is_named_by_its_peers(tmp_path):
+    """The fault is real: rank 1's process is moved into a cgroup allowed a quarter of a CPU
+    (``cpu.cfs_quota_us``) while the check runs; its matrix products fall below its peer's and
+    it is the one named."""
+    import os
+    from pathlib import Path
+
+    root = Path("/sys/fs/cgroup/cpu")
+    group = root / f"argus-healthcheck-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text("25000")
+    except OSError as exc:
+        pytest.skip(f"no writable cgroup v1 cpu controller here ({exc})")
+    moved = []
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "argus", "healthcheck", "--level", "net", "--nproc", "2",
+                                 "--seconds", "0.4", "--json", "--baseline-dir", str(tmp_path / "base")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and not moved and time.monotonic() < deadline:
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if b"argus.healthcheck.collectives" in argv and argv[argv.index(b"argus.healthcheck.collectives") + 1] == b"1":
+                    (group / "cgroup.procs").write_text(pid)
+                    moved.append(int(pid))
+            time.sleep(0.02)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            try:
+                (root / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        group.rmdir()
+    assert moved, "rank 1 was never seen"
+    assert proc.returncode == 1, err[-2000:]
+    doc = json.loads(out)
+    gemm = {v["subject"]: v for v in doc["verdicts"] if v["metric"] == "gemm_fp32_gflops"}
+    assert gemm["rank:1"]["status"] == "fail" and gemm["rank:1"]["deficit"] > 0.4, gemm
+    assert "below its peers' median" in gemm["rank:1"]["why"]
+    assert gemm["rank:0"]["status"] == "pass"
