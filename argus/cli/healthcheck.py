@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     speed.add_argument("--full", action="store_true", help="long burns, messages to 1 GiB")
     p.add_argument("--nproc", type=int, default=None, help="ranks for the net level (default: GPUs, or 2)")
     p.add_argument("--seconds", type=float, default=None, help="seconds per probe (default: 0.5, --full 3)")
+    p.add_argument("--sizes", default=None,
+                   help="net message sizes in bytes, comma list (default: 8 B to 4 MiB, ×8 apart; --full: to 1 GiB)")
     p.add_argument("--baseline-dir", type=Path, default=None,
                    help="where baselines live, one file per host (default: $ARGUS_HEALTHCHECK_DIR or "
                         "~/.argus/healthcheck)")
@@ -45,6 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from argus.healthcheck import (DEFAULT_THRESHOLD, CheckConfig, Level, Status, default_dir, judge, load_baseline,
                                    run_checks, save_baseline)
+    from argus.healthcheck.run import launched
 
     try:
         levels = tuple(Level(x.strip()) for x in args.level.split(",") if x.strip())
@@ -57,10 +60,22 @@ def run(args: argparse.Namespace) -> int:
         raise ArgusError(f"--threshold {threshold}: a fraction between 0 and 1")
     if args.nproc is not None and args.nproc < 2:
         raise ArgusError("--nproc: at least 2 ranks")
+    try:
+        sizes = [int(x) for x in args.sizes.split(",") if x.strip()] if args.sizes else []
+    except ValueError:
+        raise ArgusError(f"--sizes {args.sizes!r}: a comma list of byte counts") from None
+    if any(x < 4 for x in sizes):
+        raise ArgusError("--sizes: each at least 4 bytes")
     directory = args.baseline_dir or default_dir()
     err = stderr_console()
-    report = run_checks(CheckConfig(levels=levels, full=args.full, nproc=args.nproc, seconds=args.seconds),
+    if launched() is not None and levels != (Level.NET,):
+        raise ArgusError("started by a launcher (RANK, WORLD_SIZE, MASTER_ADDR set): only --level net runs across "
+                         "ranks; run the other levels once per node, without a launcher")
+    report = run_checks(CheckConfig(levels=levels, full=args.full, nproc=args.nproc, seconds=args.seconds,
+                                    sizes=sizes),
                         progress=None if args.json else (lambda msg: err.print(f"[dim]{term(msg)}[/dim]")))
+    if report is None:  # one rank of many: rank 0 reports for the job
+        return EXIT_PASS
     try:
         baseline = load_baseline(directory, report.host)
     except ValueError as exc:

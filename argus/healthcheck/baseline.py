@@ -4,7 +4,8 @@ A node is compared with its own earlier numbers (saved with ``--save-baseline`` 
 and after every driver, firmware or network change) and, where one run measures several
 subjects of the same metric (ranks, GPUs), with the median of the others: a deficit of
 ``threshold`` (default 10%) or more against either fails. Latency-bound messages (below 1 MiB)
-vary more from run to run and fail only at three times the threshold.
+vary more from run to run and fail only at three times the threshold; a figure whose own
+run-to-run spread was measured (a link's rounds) fails only beyond twice that spread.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ __all__ = ["DEFAULT_THRESHOLD", "LATENCY_BYTES", "default_dir", "baseline_path",
 
 DEFAULT_THRESHOLD = 0.10
 LATENCY_BYTES = 1 << 20  # messages below this are latency-bound: judged at 3 × the threshold
+NOISE_K, NOISE_CAP = 2.0, 0.75  # a deficit must exceed twice the measured noise, at most this
 
 
 def default_dir() -> Path:
@@ -63,10 +65,16 @@ def judge(report: HealthReport, baseline: HealthReport | None, threshold: float 
                      if report.versions.get(k) != v)
     out = []
     for m in report.measurements:
-        limit = threshold * (3 if 0 < m.size_bytes < LATENCY_BYTES else 1)
+        line = threshold * (3 if 0 < m.size_bytes < LATENCY_BYTES else 1)
         b = base.get(m.key)
-        others = [x.value for x in by_metric[(m.level, m.metric, m.size_bytes)] if x.subject != m.subject]
-        peers = float(np.median(others)) if others else None
+        rest = [x for x in by_metric[(m.level, m.metric, m.size_bytes)] if x.subject != m.subject]
+        peers = float(np.median([x.value for x in rest])) if rest else None
+        # never a deficit inside twice the measured noise of what it is compared with — the
+        # peers' (their rounds' spread: a slowed subject's own erratic rounds must not excuse
+        # it) or its own against its baseline — up to NOISE_CAP: beyond it, whatever the noise
+        peer_noise = float(np.median([x.noise for x in rest])) if rest else 0.0
+        limit_peer = max(line, min(NOISE_K * peer_noise, NOISE_CAP))
+        limit_base = max(line, min(NOISE_K * m.noise, NOISE_CAP))
         d_base = 1.0 - m.value / b if b else 0.0
         d_peer = 1.0 - m.value / peers if peers else 0.0
         deficit = max(d_base, d_peer, 0.0)
@@ -74,12 +82,13 @@ def judge(report: HealthReport, baseline: HealthReport | None, threshold: float 
             out.append(Verdict(m, Status.NEW, None, None, 0.0, "no baseline and no peers to compare with"))
             continue
         reasons = []
-        if b is not None and d_base >= limit:
+        if b is not None and d_base >= limit_base:
             reasons.append(f"{d_base:.0%} below this node's baseline ({b:.4g} {m.unit})")
-        if peers is not None and d_peer >= limit:
+        if peers is not None and d_peer >= limit_peer:
             reasons.append(f"{d_peer:.0%} below its peers' median ({peers:.4g} {m.unit})")
         if reasons and changed:
             reasons.append("the baseline was taken with other " + ", ".join(changed))
         status = Status.FAIL if reasons else Status.PASS
-        out.append(Verdict(m, status, b, peers, deficit, "; ".join(reasons) or f"within {limit:.0%}"))
+        out.append(Verdict(m, status, b, peers, deficit,
+                           "; ".join(reasons) or f"within {min(limit_base, limit_peer):.0%}"))
     return out

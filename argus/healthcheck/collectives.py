@@ -21,6 +21,8 @@ import socket
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from argus.healthcheck.model import Level, Measurement
 
 __all__ = ["BUS_FACTOR", "busbw", "net_measurements", "default_sizes"]
@@ -30,6 +32,7 @@ BUS_FACTOR = {"all_reduce": lambda n: 2.0 * (n - 1) / n, "all_gather": lambda n:
               "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
               "broadcast": lambda n: 1.0}
 GLOO_OPS = ("all_reduce", "all_gather", "broadcast")
+PAIR_ROUNDS = 3  # each link (and each rank's matrix products) measured in this many rounds
 NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
@@ -56,22 +59,57 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_main(rank: int, world: int, port: int, sizes: list[int], seconds: float, gemm_n: int, out: str) -> None:
+def _timed_collective(fn, sync, group, device, seconds: float) -> float:  # type: ignore[no-untyped-def]
+    """Seconds per call of ``fn`` as the slowest member of ``group`` saw it, after a warm-up,
+    for as many calls as fit ``seconds`` — the same count on every member."""
     import time
+
+    import torch
+    import torch.distributed as dist
+
+    fn()  # warm-up: connections, buffers
+    sync()
+    t0 = time.perf_counter()
+    fn()
+    sync()
+    iters = int(max(2, min(200, seconds / max(time.perf_counter() - t0, 1e-6))))
+    probe = torch.tensor([float(iters)], device=device)
+    dist.all_reduce(probe, op=dist.ReduceOp.MIN, group=group)
+    iters = int(probe.item())
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync()
+    took = torch.tensor([(time.perf_counter() - t0) / iters], device=device, dtype=torch.float64)
+    dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
+    return float(took.item())
+
+
+def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: float, gemm_n: int,
+            pair_bytes: int = 1 << 20, local_rank: int | None = None) -> dict | None:
+    """One rank's part of the net level; rank 0 returns the job's document, the others None.
+
+    Where the ranks sit on several hosts (``ARGUS_HOST``, else the host name), each pair of
+    hosts is also measured alone — an all-reduce of ``pair_bytes`` between their first ranks,
+    one pair at a time, the median of ``PAIR_ROUNDS`` round-robin rounds — so that a slow link is
+    named by its hosts, not averaged into the job."""
+    import socket as _socket
 
     import torch
     import torch.distributed as dist
 
     from argus.healthcheck.probes import gemm_gflops
 
-    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    local = rank if local_rank is None else local_rank
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() > local
     if cuda:
-        torch.cuda.set_device(rank)
+        torch.cuda.set_device(local)
     else:  # the ranks share the node's cores, as a job's would: no rank oversubscribes them
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+        per_host = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(per_host, 1)))
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world)
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     ops = NCCL_OPS if cuda else GLOO_OPS
     rows = []
@@ -91,31 +129,82 @@ def _rank_main(rank: int, world: int, port: int, sizes: list[int], seconds: floa
                 fn = lambda: dist.broadcast(x, 0)  # noqa: E731
             else:
                 fn = lambda: dist.all_reduce(x)  # noqa: E731
-            fn()  # warm-up: connections, buffers
-            sync()
-            t0 = time.perf_counter()
-            fn()
-            sync()
-            iters = int(max(2, min(200, seconds / max(time.perf_counter() - t0, 1e-6))))
-            probe = torch.tensor([float(iters)], device=device)
-            dist.all_reduce(probe, op=dist.ReduceOp.MIN)  # the same count on every rank
-            iters = int(probe.item())
-            sync()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            sync()
-            took = torch.tensor([(time.perf_counter() - t0) / iters], device=device, dtype=torch.float64)
-            dist.all_reduce(took, op=dist.ReduceOp.MAX)
-            rows.append((op, n * 4, float(took.item())))
-    gflops = torch.tensor([gemm_gflops(torch, gemm_n, torch.float32, seconds)], device=device, dtype=torch.float64)
+            rows.append((op, n * 4, _timed_collective(fn, sync, None, device, seconds)))
+    hosts: list = [None] * world
+    dist.all_gather_object(hosts, os.environ.get("ARGUS_HOST") or _socket.gethostname())
+    first: dict[str, int] = {}
+    for r, h in enumerate(hosts):
+        first.setdefault(str(h), r)
+    names = sorted(first, key=first.__getitem__)
+    links = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    groups = [dist.new_group([first[a], first[b]]) for a, b in links]  # every rank takes part in creating each
+    rounds: dict[tuple[str, str], list[float]] = {}
+    for _ in range(PAIR_ROUNDS):  # round-robin, the median of the rounds: a moment's slowdown of one
+        for (a, b), group in zip(links, groups):  # host (a busy neighbour, a slow vCPU) hits one round only
+            if rank in (first[a], first[b]):
+                x = torch.ones(pair_bytes // 4, device=device)
+                took = _timed_collective(lambda: dist.all_reduce(x, group=group), sync, group, device,  # noqa: B023
+                                         seconds / PAIR_ROUNDS)
+                rounds.setdefault((a, b), []).append(took)
+            dist.barrier()  # one pair at a time: nothing else on the wire
+    # (a, b, median seconds, spread: 1 − best/worst, the link's own noise in this run). The
+    # median, not the best: a link that is slow a third of the time is slow (and a best-of
+    # would let any duty-cycled limit — a CPU quota, a throttling clock — look healthy)
+    pairs = [(a, b, float(np.median(t)), 1.0 - min(t) / max(t)) for (a, b), t in rounds.items()]
+    every_pair: list = [None] * world
+    dist.all_gather_object(every_pair, pairs)
+    mine: list[float] = []
+    for _ in range(PAIR_ROUNDS):  # rounds: their median, and their spread as this rank's noise
+        if cuda:  # each rank its own device: all at once
+            mine.append(gemm_gflops(torch, gemm_n, torch.float32, seconds / PAIR_ROUNDS))
+        else:  # ranks share the machine's cores (more ranks than cores, network namespaces): one at a time
+            for r in range(world):
+                if r == rank:
+                    mine.append(gemm_gflops(torch, gemm_n, torch.float32, seconds / PAIR_ROUNDS))
+                dist.barrier()
+    gflops = torch.tensor([float(np.median(mine)), 1.0 - min(mine) / max(mine)], device=device, dtype=torch.float64)
     every = [torch.zeros_like(gflops) for _ in range(world)]
     dist.all_gather(every, gflops)
-    if rank == 0:
-        Path(out).write_text(json.dumps({"world": world, "backend": "nccl" if cuda else "gloo", "rows": rows,
-                                         "gemm": [float(g.item()) for g in every]}))
+    doc = {"world": world, "backend": "nccl" if cuda else "gloo", "rows": rows, "hosts": [str(h) for h in hosts],
+           "pairs": sorted({tuple(x) for got in every_pair for x in got}),  # both members: one figure
+           "pair_bytes": pair_bytes, "gemm": [float(g[0].item()) for g in every],
+           "gemm_noise": [float(g[1].item()) for g in every]}
     dist.barrier()
     dist.destroy_process_group()
+    return doc if rank == 0 else None
+
+
+def _rank_main(rank: int, world: int, port: int, sizes: list[int], seconds: float, gemm_n: int, out: str) -> None:
+    doc = measure(rank, world, f"tcp://127.0.0.1:{port}", sizes, seconds, gemm_n)
+    if doc is not None:
+        Path(out).write_text(json.dumps(doc))
+
+
+def to_measurements(doc: dict) -> list[Measurement]:
+    """The net level's figures: bus bandwidth per operation and size (the whole job), per link
+    and per host (the median of its links: a slow host's links are all slow, a healthy host
+    shares one slow link with it), and each rank's matrix products."""
+    import numpy as np
+
+    world = int(doc["world"])
+    ms = [Measurement(Level.NET, f"{op}_busbw_gbs", f"ranks:0-{world - 1}", busbw(op, size, t, world), "GB/s", size)
+          for op, size, t in doc["rows"]]
+    size = int(doc.get("pair_bytes", 0))
+    per_host: dict[str, list[float]] = {}
+    pairs = [tuple(p) + (0.0,) * (4 - len(p)) for p in doc.get("pairs", [])]
+    host_noise: dict[str, list[float]] = {}
+    for a, b, t, spread in pairs:
+        value = busbw("all_reduce", size, t, 2)
+        ms.append(Measurement(Level.NET, "link_busbw_gbs", f"link:{a}~{b}", value, "GB/s", size, float(spread)))
+        for h in (a, b):
+            per_host.setdefault(h, []).append(value)
+            host_noise.setdefault(h, []).append(float(spread))
+    ms += [Measurement(Level.NET, "host_links_busbw_gbs", f"host:{h}", float(np.median(v)), "GB/s", size,
+                       float(np.median(host_noise[h]))) for h, v in per_host.items()]
+    spread = doc.get("gemm_noise") or [0.0] * len(doc["gemm"])
+    ms += [Measurement(Level.NET, "gemm_fp32_gflops", f"rank:{r}", g, "GFLOP/s", 0, float(n))
+           for r, (g, n) in enumerate(zip(doc["gemm"], spread))]
+    return ms
 
 
 def net_measurements(nproc: int, sizes: list[int], seconds_per_size: float, gemm_n: int = 256,
@@ -150,11 +239,7 @@ def net_measurements(nproc: int, sizes: list[int], seconds_per_size: float, gemm
         if errors or not os.path.exists(out):
             raise ArgusError("healthcheck: the net level failed: " + ("; ".join(errors) or "no result"))
         doc = json.loads(Path(out).read_text())
-    world = int(doc["world"])
-    ms = [Measurement(Level.NET, f"{op}_busbw_gbs", f"ranks:0-{world - 1}", busbw(op, size, t, world), "GB/s", size)
-          for op, size, t in doc["rows"]]
-    ms += [Measurement(Level.NET, "gemm_fp32_gflops", f"rank:{r}", g, "GFLOP/s") for r, g in enumerate(doc["gemm"])]
-    return ms, str(doc["backend"])
+    return to_measurements(doc), str(doc["backend"])
 
 
 if __name__ == "__main__":  # one rank of the net level (started by net_measurements)

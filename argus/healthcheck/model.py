@@ -33,6 +33,9 @@ class Measurement:
     value: float  # higher is better
     unit: str
     size_bytes: int = 0  # message or buffer size, where the metric has one (0: none)
+    #: the figure's own run-to-run spread measured in this run (a fraction: 1 − worst/best of its
+    #: rounds; 0: not measured). A verdict never fails a deficit inside twice the noise.
+    noise: float = 0.0
 
     @property
     def key(self) -> tuple[str, str, str, int]:
@@ -44,7 +47,7 @@ class Measurement:
     @classmethod
     def from_json(cls, d: dict) -> "Measurement":
         return cls(Level(d["level"]), str(d["metric"]), str(d["subject"]), float(d["value"]), str(d["unit"]),
-                   int(d.get("size_bytes", 0)))
+                   int(d.get("size_bytes", 0)), float(d.get("noise", 0.0)))
 
 
 @dataclass(frozen=True)

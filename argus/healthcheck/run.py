@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from argus.healthcheck.collectives import default_sizes, net_measurements
+from argus.healthcheck.collectives import default_sizes, measure, net_measurements, to_measurements
 from argus.healthcheck.model import HealthReport, Level, Measurement
 from argus.healthcheck.probes import copy_gbs, gemm_gflops, train_tokens_per_s
 
-__all__ = ["CheckConfig", "run_checks", "versions"]
+__all__ = ["CheckConfig", "launched", "run_checks", "versions"]
 
 
 @dataclass(frozen=True)
@@ -49,16 +50,38 @@ def _cpu_name() -> str:
     return "cpu: " + (platform.processor() or "unknown")
 
 
-def run_checks(config: CheckConfig, progress: Callable[[str], None] | None = None) -> HealthReport:
+def launched() -> tuple[int, int, int] | None:
+    """(rank, world, local rank) where a launcher started this process as one rank of many
+    (torchrun, srun with the usual variables), else None."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env and "MASTER_PORT" in env:
+        return int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", "0"))
+    return None
+
+
+def run_checks(config: CheckConfig, progress: Callable[[str], None] | None = None) -> HealthReport | None:
+    """This node's report; launched as one rank of many (``launched()``), the net level across
+    all of them, reported by rank 0 (the others return None)."""
     import torch
 
     say = progress or (lambda _msg: None)
     cuda = torch.cuda.is_available()
-    report = HealthReport(socket.gethostname(), torch.cuda.get_device_name() if cuda else _cpu_name(),
-                          versions(torch), time.time())
+    report = HealthReport(os.environ.get("ARGUS_HOST") or socket.gethostname(),
+                          torch.cuda.get_device_name() if cuda else _cpu_name(), versions(torch), time.time())
     t0 = time.perf_counter()
     s = config.probe_s
     ms = report.measurements
+    where = launched()
+    if where is not None:
+        rank, world, local = where
+        doc = measure(rank, world, "env://", config.sizes or default_sizes(config.full), s / 4, 256,
+                      local_rank=local)
+        if doc is None:
+            return None
+        ms.extend(to_measurements(doc))
+        report.device = f"{world} ranks on {len(set(doc['hosts']))} hosts ({doc['backend']})"
+        report.seconds = time.perf_counter() - t0
+        return report
     if Level.GPU in config.levels:
         n = (8192 if config.full else 4096) if cuda else (1024 if config.full else 512)
         dtypes = [("fp32", torch.float32), ("bf16", torch.bfloat16)] + ([("fp16", torch.float16)] if cuda else [])

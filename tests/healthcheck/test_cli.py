@@ -72,9 +72,11 @@ def test_bad_input_is_a_clear_error_and_nothing_is_written(tmp_path):
 
 @pytest.mark.serial  # measures: alone on the machine
 def test_a_rank_whose_cpu_the_kernel_limits_is_named_by_its_peers(tmp_path):
-    """The fault is real: rank 1's process is moved into a cgroup allowed a quarter of a CPU
+    """The fault is real: rank 1's process is moved into a cgroup allowed a tenth of a CPU
     (``cpu.cfs_quota_us``) while the check runs; its matrix products fall below its peer's and
-    it is the one named."""
+    it is the one named. (A quarter of a CPU is not always told apart here: a healthy rank's
+    rounds on this shared VM differ up to 2×, and a deficit inside twice the peers' measured
+    noise is no verdict.)"""
     import os
     from pathlib import Path
 
@@ -83,7 +85,7 @@ def test_a_rank_whose_cpu_the_kernel_limits_is_named_by_its_peers(tmp_path):
     try:
         group.mkdir()
         (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text("25000")
+        (group / "cpu.cfs_quota_us").write_text("10000")
     except OSError as exc:
         pytest.skip(f"no writable cgroup v1 cpu controller here ({exc})")
     moved = []
@@ -111,9 +113,9 @@ def test_a_rank_whose_cpu_the_kernel_limits_is_named_by_its_peers(tmp_path):
                 pass
         group.rmdir()
     assert moved, "rank 1 was never seen"
-    assert proc.returncode == 1, err[-2000:]
     doc = json.loads(out)
     gemm = {v["subject"]: v for v in doc["verdicts"] if v["metric"] == "gemm_fp32_gflops"}
-    assert gemm["rank:1"]["status"] == "fail" and gemm["rank:1"]["deficit"] > 0.4, gemm
+    assert proc.returncode == 1, ([(v["subject"], v["value"], v["noise"], v["why"]) for v in gemm.values()], err[-2000:])
+    assert gemm["rank:1"]["status"] == "fail" and gemm["rank:1"]["deficit"] > 0.75, gemm
     assert "below its peers' median" in gemm["rank:1"]["why"]
     assert gemm["rank:0"]["status"] == "pass"

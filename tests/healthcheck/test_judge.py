@@ -74,3 +74,20 @@ def test_bus_bandwidth_follows_nccl_tests():
     assert busbw("broadcast", 10**9, 1.0, 8) == pytest.approx(1.0)
     assert default_sizes(False)[0] == 8 and default_sizes(False)[-1] == 4 << 20
     assert default_sizes(True)[-1] == 1 << 30
+
+
+def test_a_deficit_inside_the_measured_noise_of_its_peers_is_no_verdict_and_one_beyond_it_is():
+    """On a shared VM a healthy link's rounds differ up to 2×: a 30% deficit among links whose
+    rounds spread 25% is noise; a throttled link 99% below fails whatever the noise."""
+    def links(values, noise):
+        r = HealthReport("n", "cpu", {}, 1.0)
+        r.measurements = [Measurement(Level.NET, "link_busbw_gbs", f"link:{i}", v, "GB/s", 1 << 20, noise)
+                          for i, v in enumerate(values)]
+        return r
+
+    noisy = judge(links([0.21, 0.30, 0.31, 0.33], 0.25), None)
+    assert all(v.status == Status.PASS for v in noisy)
+    quiet = judge(links([0.21, 0.30, 0.31, 0.33], 0.02), None)
+    assert [v.measurement.subject for v in quiet if v.status == Status.FAIL] == ["link:0"]
+    throttled = judge(links([0.002, 0.30, 0.31, 0.33], 0.6), None)
+    assert [v.measurement.subject for v in throttled if v.status == Status.FAIL] == ["link:0"]
