@@ -47,7 +47,7 @@ def test_a_throttled_host_is_named_from_its_links_and_passes_once_the_throttle_i
         # host sharing one slow link with it, and one more slow by this VM's noise, may fail too)
         worst = max(hosts.values(), key=lambda v: v["deficit"])
         assert worst["subject"] == names[2] and worst["deficit"] > 0.9
-        assert sum(v["deficit"] > 0.5 for v in hosts.values()) == 1
+        assert sum(v["deficit"] > 0.9 for v in hosts.values()) == 1  # only the throttled one is 10× down
         links = {v["subject"]: v["status"] for v in slow["verdicts"] if v["metric"] == "link_busbw_gbs"}
         throttled = cluster.host_name(2)
         assert {s for s, st in links.items() if st == "fail"} == {s for s in links if throttled in s.split("~")[0]
