@@ -9,6 +9,11 @@ import time
 
 import pytest
 
+#: real probes saturate the cores: alone on the machine, so that they neither slow the parallel
+#: tests (a TSDB read-back under that load saw its last samples late) nor are slowed by them
+pytestmark = pytest.mark.serial
+
+
 def _run(*args: str, tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "argus", "healthcheck", "--baseline-dir", str(tmp_path / "base"),
                            "--seconds", "0.1", *args], capture_output=True, text=True, timeout=300)
@@ -70,7 +75,6 @@ def test_bad_input_is_a_clear_error_and_nothing_is_written(tmp_path):
     assert path.read_text() == "{not json"  # an unreadable baseline is reported, never overwritten
 
 
-@pytest.mark.serial  # measures: alone on the machine
 def test_a_rank_whose_cpu_the_kernel_limits_is_named_by_its_peers(tmp_path):
     """The fault is real: rank 1's process is moved into a cgroup allowed a tenth of a CPU
     (``cpu.cfs_quota_us``) while the check runs; its matrix products fall below its peer's and
