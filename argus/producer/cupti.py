@@ -141,12 +141,7 @@ class CuptiSource:
             return
         self.aside = True
         self.asides += 1
-        try:
-            self._cupti.activity_flush_all(1)
-            for kind in self.kinds:
-                self._cupti.activity_disable(kind)
-        except Exception:  # noqa: BLE001
-            pass
+        self._unsubscribe()
         log.info("argus: another profiler holds CUPTI; the kernel channel waits for it")
 
     def _resume(self) -> None:
@@ -216,8 +211,11 @@ class CuptiSource:
             owner, original = self._patched
             owner._prepare_trace = original
             self._patched = None
-        if self.aside:
-            return
+        if not self.aside:
+            self._unsubscribe()
+
+    def _unsubscribe(self) -> None:
+        """Flush what CUPTI holds for Argus, then give the activity kinds up."""
         try:
             self._cupti.activity_flush_all(1)
             for kind in self.kinds:
