@@ -391,13 +391,22 @@ def _pipeline(a, rank, world, f, res):
 
 
 def _frame_codes() -> list[str]:
-    """The code objects dynamo was asked to convert (``file:function``), sorted."""
+    """The code objects dynamo was asked to convert (``file:function``), sorted — less dynamo's own.
+
+    Dynamo records every frame that reaches its callback, its own skipped ones too, and one of its
+    own runs at a moment set by the garbage collector: the weakref callback that forgets a dead code
+    object (``convert_frame.py:<lambda>``). Whether a collection falls inside a compiled region
+    depends on every allocation in the process, so that frame comes and goes between identical
+    runs, with Argus or without (CI saw it in a plain compile_ddp run and not in the traced one)."""
     try:
+        import torch._dynamo
         from torch._dynamo.convert_frame import input_codes
         codes = [ref() for ref in input_codes.seen]
+        own = os.path.dirname(torch._dynamo.__file__) + os.sep
     except Exception:  # noqa: BLE001 - another torch version
         return []
-    return sorted(f"{os.path.basename(c.co_filename)}:{c.co_name}" for c in codes if c is not None)
+    return sorted(f"{os.path.basename(c.co_filename)}:{c.co_name}" for c in codes
+                  if c is not None and not c.co_filename.startswith(own))
 
 
 def _dynamo() -> dict | None:
