@@ -187,8 +187,8 @@ def run(steps: int, batch: int, repeats: int) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options, for ``argus bench gpu-overhead`` and for this module's own worker processes."""
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
@@ -198,7 +198,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=3, help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--socket", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(ap)
+    return run_args(ap.parse_args(argv))
+
+
+def run_args(args: argparse.Namespace) -> int:
     try:
         import torch
     except ImportError:

@@ -63,9 +63,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     o.set_defaults(func=_run_overhead)
 
     g = bsub.add_parser("gpu-overhead", help="tracing cost on one CUDA GPU (GPT-2-class, bf16) and CUPTI vs "
-                                             "torch.profiler kernel lists", add_help=False)
-    g.add_argument("rest", nargs=argparse.REMAINDER)
-    g.set_defaults(func=lambda a: __import__("argus.bench.gpu_overhead", fromlist=["main"]).main(a.rest))
+                                             "torch.profiler kernel lists")
+    from argus.bench import cupti_parse, gpu_overhead  # light: torch is imported when they run
+
+    gpu_overhead.add_arguments(g)
+    g.set_defaults(func=gpu_overhead.run_args)
+
+    cu = bsub.add_parser("cupti", help="a CUPTI activity buffer on CUPTI's thread: µs per record, per-record "
+                                       "loop vs vectorised")
+    cupti_parse.add_arguments(cu)
+    cu.set_defaults(func=cupti_parse.run_args)
 
     ac = bsub.add_parser("accuracy", help="every scenario × seeds × sizes, scored against truth.json")
     ac.add_argument("--sizes", default="64,512,4096", help="comma list of rank counts")

@@ -143,6 +143,44 @@ def test_flush_realigns_and_stop_disables(source, monkeypatch):
     assert fake.flushes == [0, 1] and fake.disabled == fake.enabled
 
 
+def test_a_foreign_record_without_our_fields_does_not_cost_the_buffer(source):
+    """Another subscriber's kinds (a marker with no stream or device) are skipped, ours kept."""
+    src, fake, recorder = source
+    _, completed = fake.callbacks
+    completed([rec(ActivityKind.CONCURRENT_KERNEL, 1_000, 1_200, name="k1"),
+               types.SimpleNamespace(kind=ActivityKind.DRIVER, start=1, end=2),  # no stream_id
+               rec(ActivityKind.MEMSET, 2_000, 2_050)])
+    (rows,) = recorder.batches
+    assert [recorder.names[i] for i in rows["name"]] == ["k1", "Memset"]
+    assert rows["dur_ns"].tolist() == [200, 50]
+
+
+def test_names_are_resolved_once_per_distinct_name_not_per_record(source, monkeypatch):
+    """Issue 22 item 11: the buffer is parsed on CUPTI's thread under the GIL. A buffer of
+    10⁴ records of a few kernels costs one name lookup per kernel, not per record."""
+    src, fake, recorder = source
+    lookups = []
+    real = recorder.name_id
+    recorder.name_id = lambda name: (lookups.append(name), real(name))[1]
+    _, completed = fake.callbacks
+    mix = [FILL, NCCL, "ampere_sgemm_128x64_tn"]
+    batch = [rec(ActivityKind.CONCURRENT_KERNEL, 10 * i, 10 * i + 7, name=mix[i % 3], stream=i % 4)
+             for i in range(10_000)]
+    batch += [rec(ActivityKind.MEMCPY, 200_000 + i, 200_005 + i, copy_kind=int(ActivityMemcpyKind.DTOH))
+              for i in range(100)]
+    completed(batch)
+    completed(batch[:30])
+    assert sorted(lookups) == sorted([FILL_DEMANGLED, demangle(NCCL), "ampere_sgemm_128x64_tn", "Memcpy DTOH"])
+    first, second = recorder.batches
+    assert len(first) == 10_100 and len(second) == 30
+    names = np.array(recorder.names, dtype=object)[first["name"]]
+    assert names[:3].tolist() == [FILL_DEMANGLED, demangle(NCCL), "ampere_sgemm_128x64_tn"]
+    assert (names[10_000:] == "Memcpy DTOH").all() and (first["kind"][10_000:] == KIND["memcpy"]).all()
+    assert first["stream"][:8].tolist() == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert (first["dur_ns"] == np.r_[np.full(10_000, 7), np.full(100, 5)]).all()
+    assert (second["name"] == first["name"][:30]).all()
+
+
 def test_empty_or_broken_buffers_never_raise(source):
     src, fake, recorder = source
     _, completed = fake.callbacks
