@@ -17,7 +17,7 @@ from argus.store import TABLES, conform
 
 __all__ = ["Incident", "IncidentClass", "State", "Severity", "Action", "CLASSES", "STATES", "SEVERITIES", "ACTIONS", "WARNING_PCT", "CRITICAL_PCT", "grade", "run_share_pct",
 
-           "incidents_table", "incidents_document"]
+           "incidents_table", "incidents_document", "SCHEMA_VERSION"]
 
 #: Host name the topology reader gives a rank no host reported (``Topology.from_table``).
 UNKNOWN_HOST = "unknown"
@@ -160,9 +160,14 @@ class Incident:
         }
 
 
+#: The diagnosis document's version (``docs/schemas/diagnosis.schema.json``): raised when a field
+#: is removed or changes meaning; fields may be added within a version.
+SCHEMA_VERSION = 1
+
+
 def incidents_document(run_id: str, attempt_id: str, ranks: int, incidents: list[Incident],
                        extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"run_id": run_id, "attempt_id": attempt_id, "ranks": ranks,
+    return {"schema_version": SCHEMA_VERSION, "run_id": run_id, "attempt_id": attempt_id, "ranks": ranks,
             "incidents": [i.to_json() for i in incidents], **(extra or {})}
 
 

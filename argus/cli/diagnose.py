@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 from rich.table import Table
@@ -10,7 +11,7 @@ from rich.table import Table
 from argus.cli.progress import progress_bar, stderr_console, stdout_console
 from argus.text import term
 
-__all__ = ["register", "print_diagnosis"]
+__all__ = ["register", "print_diagnosis", "select", "EXIT_CLEAR", "EXIT_NO_DATA", "EXIT_ERROR", "EXIT_FOUND"]
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "dim"}
 
@@ -27,7 +28,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window-steps", type=int, help="steps per analysis window (default: the store's windows, ≥ 5)")
     p.add_argument("--no-store", action="store_true", help="do not write the incidents into the store")
     p.add_argument("--evidence", action="store_true", help="with the human output, list each incident's evidence")
+    p.add_argument("--fail-on", choices=["warning", "critical"],
+                   help="exit 3 when an incident this severe or worse is found (within --steps); exit 0 when none, "
+                        "1 when the store holds no data, 2 on an error — for a prolog, a CI gate or a cron job")
+    p.add_argument("--severity", choices=SEVERITY_ORDER, help="show only incidents at least this severe")
+    p.add_argument("--steps", type=_step_range, metavar="A-B",
+                   help="only incidents whose steps overlap A–B (e.g. 100-200; 100- for step 100 on)")
     p.set_defaults(func=run)
+
+
+#: Exit codes of ``argus diagnose`` (docs/diagnosis.md, "Exit codes").
+EXIT_CLEAR, EXIT_NO_DATA, EXIT_ERROR, EXIT_FOUND = 0, 1, 2, 3
+SEVERITY_ORDER = ["info", "warning", "critical"]
+
+
+def _step_range(text: str) -> tuple[int, int]:
+    a, sep, b = text.partition("-")
+    try:
+        lo = int(a) if a.strip() else 0
+        hi = int(b) if (sep and b.strip()) else (lo if not sep else 2**62)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a step range: use A-B, A- or A (e.g. 100-200)") from None
+    if lo < 0 or hi < lo:
+        raise argparse.ArgumentTypeError(f"{text!r}: the range must run forward from step 0 or later")
+    return lo, hi
+
+
+def select(incidents: list, min_severity: str | None, steps: tuple[int, int] | None) -> list:
+    """The incidents at least ``min_severity`` whose window overlaps ``steps``."""
+    floor = SEVERITY_ORDER.index(min_severity) if min_severity else 0
+    return [i for i in incidents if SEVERITY_ORDER.index(str(i.severity)) >= floor
+            and (steps is None or (i.start_step <= steps[1] and i.end_step >= steps[0]))]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,20 +76,33 @@ def run(args: argparse.Namespace) -> int:
             f"{term(args.store)} holds "
             "no steps, phases or hang snapshots, so there is nothing to diagnose (did any rank connect? `argus run` "
             "traces processes that call torch.distributed.init_process_group)", markup=True, highlight=False)
-        return 1
+        return EXIT_NO_DATA
     config = DiagnoseConfig(window_steps=args.window_steps, store_incidents=not args.no_store)
     n_windows = max(1, len(attempt.sql("SELECT DISTINCT step FROM steps")) // (args.window_steps or 5))
     with progress_bar("diagnosing windows", n_windows) as advance:
         diagnosis = diagnose(attempt, config, on_window=lambda done, total: advance())
+    diagnosis_all = diagnosis.incidents
+    in_range = select(diagnosis.incidents, None, args.steps)
+    shown = select(in_range, args.severity, None)
+    if len(shown) != len(diagnosis.incidents):
+        diagnosis = dataclasses.replace(diagnosis, incidents=shown)
     if args.json:
-        print(json.dumps(diagnosis.document(), indent=2, default=str))
+        doc = diagnosis.document()
+        if args.severity or args.steps:
+            doc["filters"] = {**({"min_severity": args.severity} if args.severity else {}),
+                              **({"steps": list(args.steps)} if args.steps else {}),
+                              "left_out": len(diagnosis_all) - len(shown)}
+        print(json.dumps(doc, indent=2, default=str))
     else:
-        print_diagnosis(diagnosis, evidence=args.evidence)
+        print_diagnosis(diagnosis, evidence=args.evidence, left_out=len(diagnosis_all) - len(shown))
     # what the store lacked (damaged files, uncommitted windows) and, on a read-only store,
     # that only storing the incidents was skipped: the diagnosis above stands
     for line in [*diagnosis.missing, *([diagnosis.store_note] if diagnosis.store_note else [])]:
         stderr_console().print(f"[yellow]{term(line)}[/yellow]", markup=True, highlight=False)
-    return 0
+    if args.fail_on:
+        floor = SEVERITY_ORDER.index(args.fail_on)
+        return EXIT_FOUND if any(SEVERITY_ORDER.index(str(i.severity)) >= floor for i in in_range) else EXIT_CLEAR
+    return EXIT_CLEAR
 
 
 def _hours(h: float | None) -> str:
@@ -98,7 +142,9 @@ def deep_lines(evidence: list[dict]) -> list[str]:
     return [term(x) for x in lines]
 
 
-def print_diagnosis(diagnosis, evidence: bool = False) -> None:
+def print_diagnosis(diagnosis, evidence: bool = False, left_out: int = 0) -> None:
+    """``left_out``: incidents the caller's filters (--severity, --steps) removed: said, never
+    passed off as a healthy job."""
     out = stdout_console()
     a = diagnosis.attempt
     l1 = diagnosis.l1
@@ -119,6 +165,11 @@ def print_diagnosis(diagnosis, evidence: bool = False) -> None:
         out.print(f"[yellow]{term(partial)}[/yellow]")
     depth = diagnosis.depth
     thin = depth.sentence() if depth is not None else ""
+    if left_out:
+        out.print(f"[yellow]{left_out} incident(s) left out by --severity/--steps[/yellow]")
+    if not diagnosis.incidents and left_out:
+        _print_observations(out, diagnosis.observations)
+        return
     if not diagnosis.incidents:
         if cov is not None and cov.present and cov.comparable == 0:
             out.print("[yellow]no incident found, and none could be: nothing was compared[/yellow]")

@@ -6,6 +6,7 @@ import pytest
 
 from argus.cli.main import main
 from argus.sim import SCENARIOS
+from tests.analysis.schema import validate
 
 NAMES = ["healthy", "compute_straggler", "link_degradation", "pipeline_bubble", "jit_stall",
          "masked_compute_straggler", "hang", "thermal_throttle", "group_link_degradation", "link_flap", "gc_pause"]
@@ -82,6 +83,7 @@ def test_demo_trains_a_real_job_and_names_the_slow_rank(tmp_path):
     assert "compute_straggler" in out.stdout and "report:" in out.stdout
     (run,) = list((tmp_path / "argus-demo").iterdir())
     report = json.loads((run / "report.json").read_text())
+    validate(report)
     serious = [i for i in report["incidents"] if i["severity"] != "info"]
     assert [(i["class"], i["culprit_ranks"]) for i in serious] == [("compute_straggler", [1])]
 
@@ -90,7 +92,8 @@ def test_simulated_demo_needs_no_pytorch(tmp_path):
     out = subprocess.run([sys.executable, "-m", "argus", "demo", "--simulated", "jit_stall", "--steps", "12", "--out",
                           str(tmp_path / "d")], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    assert "host_stall" in out.stdout and (tmp_path / "d" / "report.json").exists()
+    assert "host_stall" in out.stdout
+    validate(json.loads((tmp_path / "d" / "report.json").read_text()))
     html = (tmp_path / "d" / "report.html").read_text()
     assert "<svg" in html and "host_stall" in html and "jit_compile" in html
 
