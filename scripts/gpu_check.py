@@ -13,6 +13,9 @@ Checks:
 * ``collective`` — a 1-process NCCL group (gloo when NCCL is unavailable): marks around
   ``all_reduce`` with the end mark in the work's future callback (a pool stream waiting on
   NCCL's stream), as the producer times a collective, against direct events.
+* ``flight-recorder`` — the same all_reduce timed as the producer now times asynchronous NCCL
+  collectives: the arrival event plus the Flight Recorder's duration (``TORCH_NCCL_ENABLE_TIMING``),
+  nothing attached to the work, against direct events; the cost of a ring read.
 * ``cupti`` — the kernels Argus's CuptiSource records for three steps of a small transformer
   against torch.profiler's for the same seeded steps (each in its own process): counts per
   kernel name, kernel time, and kernels placed inside their step's host window (the offset).
@@ -215,6 +218,66 @@ def check_collective(torch) -> dict:
     return doc
 
 
+def check_flight_recorder(torch) -> dict:
+    """Async all_reduce timed as the producer times it on NCCL: the arrival event on the launching
+    stream, the duration from ProcessGroupNCCL's Flight Recorder (TORCH_NCCL_ENABLE_TIMING, set
+    before the group was made), nothing attached to the work — against direct events around it."""
+    import torch.distributed as dist
+
+    from argus.producer.cuda_timing import CudaTimer
+    from argus.producer.flight_recorder import FlightRecorderTimes, fr_key, nccl_dump
+
+    dump = nccl_dump()
+    if dump is None or not dist.is_nccl_available():
+        return {"check": "flight-recorder", "ok": False, "error": "no NCCL in this torch"}
+    if not dist.is_initialized():
+        tmp = tempfile.mkdtemp(prefix="argus-gpucheck-")
+        dist.init_process_group("nccl", init_method=f"file://{tmp}/pg", rank=0, world_size=1,
+                                device_id=torch.device("cuda", 0))
+    pg = dist.group.WORLD
+    timed: dict = {}
+    timer = CudaTimer(lambda t0, t1, meta: meta[0](meta[1], t0, t1), device=0,
+                      dropped=lambda meta: meta[0](meta[1], None, None))
+    fr = FlightRecorderTimes(dump, lambda i, t0, t1: timed.__setitem__(i, (t0, t1)), interval_s=0.0)
+    timer.start()
+    doc: dict = {"check": "flight-recorder", "env": os.environ.get("TORCH_NCCL_ENABLE_TIMING")}
+    try:
+        a = torch.randn(4096, 4096, device="cuda")
+        x = torch.randn(32 << 20, device="cuda")
+        rows = []
+        for i in range(6):
+            for _ in range(4):  # a backlog on the compute stream the collective waits for
+                a = (a @ a).clamp_(-1, 1)
+            m0 = timer.mark()
+            e0 = torch.cuda.Event(enable_timing=True)
+            e0.record()
+            work = dist.all_reduce(x, async_op=True)
+            key = fr_key(pg)
+            fr.expect(key, i)
+            timer.phase(m0, m0, (fr.arrived, key))
+            work.wait()  # the current stream waits for NCCL's end: an event after it is the reference
+            e1 = torch.cuda.Event(enable_timing=True)
+            e1.record()
+            rows.append((i, e0, e1))
+        torch.cuda.synchronize()
+        deadline = time.monotonic() + 10
+        while len(timed) < len(rows) and time.monotonic() < deadline:
+            fr.poll()
+            time.sleep(0.05)
+        report, ok = [], len(timed) == len(rows)
+        for i, e0, e1 in rows:
+            t0, t1 = timed.get(i, (None, None))
+            direct_ms = e0.elapsed_time(e1)
+            fr_ms = None if t0 is None or t1 is None else (t1 - t0) / 1e6
+            item = {"i": i, "fr_ms": None if fr_ms is None else round(fr_ms, 4), "direct_ms": round(direct_ms, 4)}
+            ok &= fr_ms is not None and abs(fr_ms - direct_ms) <= 0.02 * direct_ms + 0.05
+            report.append(item)
+        doc.update({"ok": bool(ok), "rows": report, "fr_stats": fr.stats, "usable": fr.usable})
+    finally:
+        timer.stop()
+    return doc
+
+
 # -- CUPTI vs torch.profiler -----------------------------------------------------------------------
 class _Rows:
     def __init__(self):
@@ -411,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench-steps", type=int, default=60)
     ap.add_argument("--bench-batch", type=int, default=4)
     ap.add_argument("--skip-bench", action="store_true")
-    ap.add_argument("--only", choices=["timer-mapping", "collective", "cupti", "bench-gpu-overhead"])
+    ap.add_argument("--only", choices=["timer-mapping", "collective", "flight-recorder", "cupti",
+                                       "bench-gpu-overhead"])
     ap.add_argument("--capture", choices=["argus", "profiler"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -422,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("gpu_check: PyTorch is not installed", file=sys.stderr)
         return 2
+    os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")  # before any process group: flight-recorder check
     if not torch.cuda.is_available():
         emit({"check": "environment", "ok": True, "checks_run": 0, "note": "no CUDA device"})
         return 0
@@ -435,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     emit({"check": "environment", "ok": True, "torch": torch.__version__, "cuda": torch.version.cuda,
           "device": torch.cuda.get_device_name(0), "devices": torch.cuda.device_count(), "nccl": nccl_version})
     checks = [("timer-mapping", lambda: check_timer_mapping(torch)), ("collective", lambda: check_collective(torch)),
-              ("cupti", check_cupti)]
+              ("flight-recorder", lambda: check_flight_recorder(torch)), ("cupti", check_cupti)]
     if not args.skip_bench:
         checks.append(("bench-gpu-overhead", lambda: check_bench(args.bench_steps, args.bench_batch)))
     _, failed = run_checks(checks, args.only)

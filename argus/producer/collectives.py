@@ -11,9 +11,14 @@ own, untouched. A call is recorded when it starts (the rank's in-flight block: t
 (``dp-allreduce``, ``pp-send``) from start to completion. Time the training thread spends
 blocked in ``wait`` is waiting, not work, for the compute phase around it.
 
-On a CUDA device the interval is measured on the GPU instead: an event on the launching
-stream before the call (the inputs are ready: this rank has arrived) and one recorded in the
-work's future callback, which completes when the collective does (``_track_on_gpu``). Per rank
+On a CUDA device the interval is measured on the GPU instead, from an event on the launching
+stream before the call (the inputs are ready: this rank has arrived). Its end: for an
+asynchronous NCCL collective, the duration ProcessGroupNCCL measured itself, read from the Flight
+Recorder (``flight_recorder.py``; nothing is attached to the work, whose future callback would
+make a pool stream wait and record the outputs on it); for a synchronous one (no ``Work``), an
+event recorded after the return on the stream that waits for it; where the Flight Recorder
+cannot time (``TORCH_NCCL_ENABLE_TIMING=0``, coalesced batches), an event recorded in the work's
+future callback, which completes when the collective does (``_track_on_gpu``). Per rank
 only arrival and completion exist; waiting and transfer are separated across ranks by the
 analysis (the last arrival starts the transfer). Works without a future (gloo p2p) are timed
 by their ``wait`` on the CPU.
@@ -39,6 +44,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from argus.producer.flight_recorder import FlightRecorderTimes, fr_key, nccl_dump
 from argus.producer.recorder import GROUP, now_ns
 from argus.wire import group_key
 
@@ -88,6 +94,8 @@ class CollectiveTracker:
         self.coalescing: dict[int, list[tuple]] = {}
         self.coalesced: dict[int, list[tuple]] = {}  # id(coalesced work) → its launches after the first
         self._ddp_register: Callable | None = None
+        self._fr: FlightRecorderTimes | None | bool = None  # False: not usable in this process
+        self.fr_dump: Callable[[], dict] | None = None  # tests: a ring of their own
 
     # -- install ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -181,7 +189,7 @@ class CollectiveTracker:
                 if batch is not None:  # its own work is a placeholder: the coalesced one completes it
                     batch.append(launch)
                     return work
-                tracker._track(work, launch)
+                tracker._track(work, launch, pg)
             except Exception as exc:  # noqa: BLE001
                 rt.fail(f"collective tracking failed ({type(exc).__name__}: {exc})")
             return work
@@ -257,7 +265,7 @@ class CollectiveTracker:
         rq0 = rt.sched.runq_ns() if main and m0 is None else -1
         return (t0, rt.mb_context, rt.step, g, nid, m0, rq0, device)
 
-    def _track(self, work: Any, launch: tuple) -> None:
+    def _track(self, work: Any, launch: tuple, pg: Any = None) -> None:
         if work is None:
             # a synchronous collective the backend waited for itself (torch ≥ 2.8: "sync'ed at
             # CPP level", no Work). On a GPU it returns once the current stream waits on the
@@ -278,6 +286,8 @@ class CollectiveTracker:
             # its in-flight count so hang snapshots do not see it waiting forever
             self.rt.ring.inflight.completed(launch[3].slot, launch[0], launch[0])
             return
+        if launch[5] is not None and pg is not None and self._track_by_flight_recorder(work, launch, pg):
+            return
         if launch[5] is not None and self._track_on_gpu(work, launch):
             return
         key = id(work)
@@ -290,10 +300,43 @@ class CollectiveTracker:
             return
         fut.add_done_callback(lambda _f, key=key: self._finish(key))
 
+    def _track_by_flight_recorder(self, work: Any, launch: tuple, pg: Any) -> bool:
+        """An asynchronous collective on a CUDA device: its end from ProcessGroupNCCL's own
+        timing in the Flight Recorder (``flight_recorder.py``), nothing attached to the work."""
+        fr = self._flight_recorder()
+        if fr is None:
+            return False
+        key = fr_key(pg)
+        if key is None or not fr.expect(key, launch):
+            return False
+        self.rt.cuda.phase(launch[5], launch[5], (fr.arrived, key))  # the arrival, on the GPU clock
+        return True
+
+    def _flight_recorder(self) -> FlightRecorderTimes | None:
+        fr = self._fr
+        if fr is None:
+            dump = self.fr_dump if self.fr_dump is not None else nccl_dump()
+            if dump is None or not getattr(self.rt, "nccl_timing", False) or self.rt.cuda is None:
+                self._fr = False
+                return None
+            fr = self._fr = FlightRecorderTimes(dump, self._gpu_done)
+            self.rt.cuda.on_pass.append(fr.poll)
+        if fr is False:
+            return None
+        if not fr.usable:
+            log.warning("argus: the Flight Recorder does not time collectives here (%s); asynchronous NCCL "
+                        "collectives are timed by a future callback instead, which records their outputs on a "
+                        "pool stream", "TORCH_FR_BUFFER_SIZE=0" if fr.empty_reads else "no durations")
+            self._fr = False
+            return None
+        return fr
+
     def _track_on_gpu(self, work: Any, launch: tuple) -> bool:
-        """On a CUDA device: the collective's end is an event recorded in its future's callback,
-        which runs under a stream guard that waits on the stream the collective runs on — so
-        the event completes when the collective completes on the GPU, whatever the CPU did."""
+        """On a CUDA device, where the Flight Recorder cannot time it: the collective's end is an
+        event recorded in its future's callback, which runs under a stream guard that waits on the
+        stream the collective runs on — so the event completes when the collective completes on
+        the GPU, whatever the CPU did. The callback has side effects on the job (a pool stream made
+        to wait, the outputs recorded on it: see ``flight_recorder.py``); it is the fallback."""
         rt = self.rt
         try:
             fut = work.get_future()

@@ -205,6 +205,8 @@ class CudaTimer:
         self._started = False
         self._thread = threading.Thread(target=self._loop, name="argus-cuda-events", daemon=True)
         self.cpu_ns = 0  # the resolver thread's CPU time so far
+        #: called after each pass with ``final`` (the Flight Recorder's reader rides this thread)
+        self.on_pass: list[Callable[[bool], None]] = []
         self.stats = {"emitted": 0, "dropped_full": 0, "dropped_none": 0, "dropped_error": 0, "dropped_negative": 0,
                       "emit_errors": 0, "refs": 0, "refs_late": 0, "refs_rejected": 0, "capture_skips": 0,
                       "refs_narrowed": 0}
@@ -312,6 +314,11 @@ class CudaTimer:
                 self._resolve_stream(key)
         except Exception as exc:  # noqa: BLE001 - the resolver never dies
             log.debug("argus: CUDA timing pass failed: %s", exc)
+        for hook in list(self.on_pass):
+            try:
+                hook(final)
+            except Exception as exc:  # noqa: BLE001
+                log.debug("argus: CUDA timing hook failed: %s", exc)
 
     def _take_incoming(self) -> None:
         incoming = self._incoming

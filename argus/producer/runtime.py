@@ -66,6 +66,7 @@ class Runtime:
         self.kernels: Any = None
         self.stacks: Any = None
         self.cuda: Any = None
+        self.nccl_timing = False  # TORCH_NCCL_ENABLE_TIMING is on for this job's process groups
         self._gpu_step_mark: Any = None  # the GPU event at the last step's end
         self.transport: Any = None
         self.main_ident = threading.get_ident()  # the training thread: the one that started tracing
@@ -114,6 +115,11 @@ class Runtime:
 
             if torch.cuda.is_available():
                 from argus.producer.cuda_timing import CudaTimer
+                from argus.producer.flight_recorder import enable_timing
+
+                # before the job makes its process groups: NCCL's own per-collective timing, read
+                # from the Flight Recorder instead of attaching anything to the works
+                self.nccl_timing = enable_timing()
 
                 self.cuda = CudaTimer(self._emit_cuda, device=self._device(), dropped=self._dropped_cuda)
                 self.cuda.start()
