@@ -11,9 +11,11 @@ Holding the ``Work`` until the GPU is done keeps its outputs allocated meanwhile
 
 ProcessGroupNCCL already measures each collective itself when ``TORCH_NCCL_ENABLE_TIMING`` is on: a
 start and an end event on its stream, their elapsed time kept in the Flight Recorder's ring
-(``duration_ms``, on by default with 2,000 entries). Argus reads the ring in bulk, off the training
-thread, at most once per ``interval_s`` and only while some collective waits for its duration, and
-places each collective with what it measured itself: the arrival event on the launching stream
+(``duration_ms``, on by default with 2,000 entries). Argus reads the ring in bulk on its CUDA-event
+thread, only while some collective waits for its duration: once half the ring was written since the
+last read, at most once a second and at least every 5 s (a read of 2,000 records holds the GIL ~30 ms;
+its phases reach the processor up to 5 s late, and it writes them with their window as a later
+part). It places each collective with what it measured itself: the arrival event on the launching stream
 (this rank's inputs were ready). A group's collectives run one after another on its stream, so
 
     end_k = max(arrival_k, end_(k-1)) + duration_k
@@ -75,6 +77,16 @@ def nccl_dump() -> Callable[[], dict] | None:
     return lambda: pickle.loads(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False))
 
 
+def _ring_capacity() -> int:
+    """The Flight Recorder's ring size as torch reads it (2,000 unless the job set it)."""
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        try:
+            return max(0, int(os.environ[name]))
+        except (KeyError, ValueError):
+            continue
+    return 2000
+
+
 class _Pending:
     __slots__ = ("launch", "t0", "dur_ns", "lost")
 
@@ -94,11 +106,15 @@ class FlightRecorderTimes:
 
     MAX_PENDING = 65536
 
+    MAX_INTERVAL_S = 5.0
+
     def __init__(self, dump: Callable[[], dict], done: Callable[[Any, int | None, int | None], None],
-                 interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic):
+                 interval_s: float = 1.0, clock: Callable[[], float] = time.monotonic, capacity: int | None = None):
         self.dump = dump
         self.done = done
-        self.interval_s = interval_s
+        self.interval_s = interval_s  # the shortest time between two reads
+        self.capacity = capacity if capacity is not None else _ring_capacity()
+        self._since_read = 0  # collectives expected since the last read
         self.clock = clock
         self._lock = threading.Lock()
         self._groups: dict[str, dict[int, _Pending]] = {}  # group → seq → pending
@@ -125,7 +141,18 @@ class FlightRecorderTimes:
         group, seq = key
         with self._lock:
             self._groups.setdefault(group, {})[seq] = _Pending(launch)
+            self._since_read += 1
         return True
+
+    def due(self, now: float) -> bool:
+        """A read is due once half the ring has been written since the last one, never sooner
+        than ``interval_s`` after it, at the latest ``MAX_INTERVAL_S`` after it. A read of a full
+        ring (2,000 records) holds the GIL ~30 ms here, so it is made as seldom as the ring allows:
+        ≤ 0.6% of the training thread at one read per 5 s."""
+        age = now - self._last_read
+        if age < self.interval_s:
+            return False
+        return age >= self.MAX_INTERVAL_S or self._since_read >= 0.5 * self.capacity
 
     def arrived(self, key: tuple[str, int], t0: int | None, _t1: int | None = None) -> None:
         """The arrival event resolved (``None``: the timer dropped it)."""
@@ -144,9 +171,10 @@ class FlightRecorderTimes:
         now = self.clock()
         if not self._groups or not any(self._groups.values()):
             return
-        if not final and now - self._last_read < self.interval_s:
+        if not final and not self.due(now):
             return
         self._last_read = now
+        self._since_read = 0
         t = time.perf_counter()
         try:
             entries = self.dump().get("entries", [])

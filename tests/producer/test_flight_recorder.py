@@ -55,22 +55,36 @@ def test_a_groups_collectives_end_one_after_another_on_its_stream():
     assert fr.pending == 0 and fr.usable
 
 
-def test_the_ring_is_read_at_most_once_an_interval_and_only_while_something_waits():
+def test_the_ring_is_read_as_seldom_as_it_allows_and_only_while_something_waits():
+    """A read holds the GIL ~30 ms: once half the ring was written since the last read (never
+    within a second of it), else every 5 s."""
     ring = Ring()
-    fr, done, clock = times(ring)
+    done = []
+    clock = [100.0]
+    fr = FlightRecorderTimes(ring, lambda launch, t0, t1: done.append((launch, t0, t1)), interval_s=1.0,
+                             clock=lambda: clock[0], capacity=100)
     fr.poll()
     assert ring.reads == 0  # nothing awaited
     fr.expect(("0", 1), "c1")
     fr.arrived(("0", 1), 10)
     ring.entries = [entry("0", 1, state="started", duration_ms=None)]
     fr.poll()
-    clock[0] = 0.5
-    fr.poll()
-    assert ring.reads == 1 and done == []  # still running, and the second poll came too soon
-    clock[0] = 1.2
+    assert ring.reads == 1 and done == []  # the first read at once; the collective still runs
     ring.entries = [entry("0", 1, duration_ms=0.25)]
+    clock[0] = 102.0
     fr.poll()
-    assert ring.reads == 2 and done == [("c1", 10, 10 + 250_000)]
+    assert ring.reads == 1  # 2 s later, with 1 record of 100 written: not yet
+    clock[0] = 105.1
+    fr.poll()
+    assert ring.reads == 2 and done == [("c1", 10, 10 + 250_000)]  # 5 s: read
+    for seq in range(2, 53):  # half the ring written …
+        fr.expect(("0", seq), f"c{seq}")
+    clock[0] = 105.6
+    fr.poll()
+    assert ring.reads == 2  # … but within a second of the last read
+    clock[0] = 106.2
+    fr.poll()
+    assert ring.reads == 3
 
 
 def test_a_record_overwritten_before_it_was_read_settles_without_a_phase():
