@@ -23,6 +23,7 @@ from argus.analysis.coverage import Coverage, coverage_of
 from argus.analysis.deepen import DeepenConfig, deepen
 from argus.analysis.frames import WindowFrames, load_host_totals, load_phase_totals, load_steps
 from argus.analysis.incident import Incident, incidents_document, incidents_table
+from argus.analysis.verification import apply as apply_verifications, load as load_verifications
 from argus.analysis.l1_windows import L1Config, L1Result, detect_windows
 from argus.analysis.l2_stragglers import L2Config, detect_stragglers, screen_candidates
 from argus.analysis.collectives import p2p_transfers
@@ -254,6 +255,7 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     t = time.perf_counter()
     deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen, frames, timings,
            l1.baseline_s)
+    apply_verifications(incidents, load_verifications(getattr(attempt, "path", None)))  # argus verify's outcomes
     incidents.sort(key=lambda i: (-i.severity_rank, -(i.slowdown_pct or 0.0), i.start_step))
     timings["l4_l5"] = time.perf_counter() - t
     note = _store_incidents(attempt, incidents) if config.store_incidents and incidents else ""

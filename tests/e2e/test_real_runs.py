@@ -62,10 +62,23 @@ def _only(incidents: list[dict]) -> dict:
 
 
 def test_compute_slowdown_of_one_ddp_rank(tmp_path):
+    """The job itself slows rank 1 (it repeats its attention: a software cause on healthy
+    hardware). Found passively; then the healthcheck's matrix products on the same four ranks
+    measure rank 1 like its peers, and ``argus verify`` refutes the hardware (issue 23)."""
     _argus_run(tmp_path / "s", ["--fault", "compute", "--fault-rank", "1", "--fault-start", "8", "--slowdown", "6"])
     inc = _only(_incidents(tmp_path / "s"))
     assert inc["class"] == "compute_straggler" and inc["culprit_ranks"] == [1]
     assert inc["phase"] in ("self_attention", "forward-compute", "backward-compute")
+    health = tmp_path / "health.json"
+    done = subprocess.run([sys.executable, "-m", "argus", "healthcheck", "--level", "net", "--nproc", "4", "--json",
+                           "--seconds", "0.3", "--sizes", "8,65536", "--baseline-dir", str(tmp_path / "b")],
+                          capture_output=True, text=True, timeout=300, env={**_env(), "OMP_NUM_THREADS": "1"})
+    assert done.returncode in (0, 1), done.stderr[-3000:]
+    health.write_text(done.stdout)
+    rc, v = _verify(tmp_path / "s", inc["id"], health)
+    assert (rc, v["outcome"], v["suspects"]) == (0, "refuted", ["rank:1"]), v
+    (after,) = _incidents(tmp_path / "s")
+    assert after["action"] == "observe" and "the hardware checked healthy" in after["summary"]
 
 
 def test_host_stall_in_one_microbatch(tmp_path):
@@ -102,7 +115,7 @@ def test_a_clean_run_reports_nothing(tmp_path):
     assert _incidents(tmp_path / "s") == []
 
 
-def _netns_pipeline_job(store: Path, throttled_host: int | None) -> list[str]:
+def _netns_pipeline_job(store: Path, throttled_host: int | None, then=None) -> list[str]:
     """Six hosts (one namespace each), a two-stage pipeline, data parallel by three; optionally
     one host's link limited to 20 Mbit/s from the start. Each host runs its own ``argus run``
     (its own processor) into one shared store, as on a cluster with a shared filesystem.
@@ -110,7 +123,7 @@ def _netns_pipeline_job(store: Path, throttled_host: int | None) -> list[str]:
     and six processors floating over two vCPUs of different speed left one rank on the slower
     one for most of a CI run — its kernels 1.22× its peers' on other hosts from step 8 on, a
     slower device, which the unthrottled job then reported as a compute straggler.
-    Returns the host names."""
+    ``then(cluster)`` runs while the cluster (and its throttle) still stands. Returns the host names."""
     cleanup_stale()
     with NamespaceCluster(6) as cluster:
         if throttled_host is not None:
@@ -120,17 +133,42 @@ def _netns_pipeline_job(store: Path, throttled_host: int | None) -> list[str]:
                                              "--microbatches", "2", "--d-model", "64", "--layers", "1", "--vocab",
                                              "256"], env=JOB_ENV, timeout=300)
         names = [cluster.host_name(h) for h in range(6)]
+        if then is not None:
+            then(cluster)
     for rank, res in enumerate(results):
         assert res.returncode == 0, f"rank {rank}: {res.stderr[-2000:]}"
     return names
 
 
+def _health(cluster, out: Path) -> None:
+    """``argus healthcheck --level net`` with one rank on each host: rank 0's JSON into ``out``."""
+    res = launch_job(cluster, "-m", ["argus", "healthcheck", "--level", "net", "--json", "--seconds", "0.3",
+                                     "--sizes", "8,65536", "--baseline-dir", str(out.parent / "baselines")],
+                     timeout=300)
+    assert res[0].returncode in (0, 1), res[0].stderr[-3000:]
+    out.write_text(res[0].stdout)
+
+
+def _verify(store: Path, incident: str, health: Path) -> tuple[int, dict]:
+    done = subprocess.run([sys.executable, "-m", "argus", "verify", str(store), incident, "--health", str(health),
+                           "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode in (0, 1, 3), done.stderr[-3000:]
+    return done.returncode, json.loads(done.stdout)
+
+
 @pytest.mark.skipif(available() is not None, reason=str(available()))
 def test_throttled_link_of_one_host(tmp_path):
-    hosts = _netns_pipeline_job(tmp_path / "s", throttled_host=4)
+    """Found passively, then confirmed actively (issue 23): the healthcheck run across the same
+    hosts, the throttle still on, measures host 4's links far below the others'."""
+    health = tmp_path / "health.json"
+    hosts = _netns_pipeline_job(tmp_path / "s", throttled_host=4, then=lambda cluster: _health(cluster, health))
     inc = _only(_incidents(tmp_path / "s"))
     assert inc["class"] == "link_degradation"
     assert inc["hosts"] == [hosts[4]] and inc["culprit_ranks"] == [4]
+    rc, v = _verify(tmp_path / "s", inc["id"], health)
+    assert (rc, v["outcome"], v["suspects"]) == (3, "confirmed", [f"host:{hosts[4]}"]), v
+    (after,) = _incidents(tmp_path / "s")
+    assert after["action"] == "cordon_node" and "verified:" in after["summary"]
 
 
 @pytest.mark.skipif(available() is not None, reason=str(available()))
