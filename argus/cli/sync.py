@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "within the retention budget, each host directory of the store a budget of its "
                                    "own (other stores' hosts in the bucket are left alone). A push lists only the "
                                    "bucket directories the store has; --watch lists none after its first push (it "
-                                   "records what it pushed in SRC/.argus-mirror/). S3 endpoint: ?endpoint=URL or "
+                                   "records what it pushed in SRC/.argus-mirror/, or --state-dir). S3 endpoint: ?endpoint=URL or "
                                    "AWS_ENDPOINT_URL.")
     p.add_argument("src")
     p.add_argument("dst")
@@ -29,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--evidence-max-mb", type=float, default=512.0,
                    help="evidence kept in the bucket per host (0: no limit)")
     p.add_argument("--evidence-max-age-h", type=float, default=24.0, help="evidence age limit (0: no limit)")
+    p.add_argument("--state-dir", help="with --watch: where the mirror keeps its ledger (default SRC/.argus-mirror); "
+                                       "a writable directory when SRC is mounted read-only")
     p.set_defaults(func=run)
 
 
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"pushed {s.copied} file(s), {s.bytes / 1e6:.1f} MB ({s.skipped} already there); "
                       f"{len(gone)} old evidence file(s) removed")
         return 0
-    mirror = Mirror(args.src, remote, args.interval, max_bytes, max_age).start()
+    mirror = Mirror(args.src, remote, args.interval, max_bytes, max_age, state_dir=args.state_dir).start()
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -54,10 +54,12 @@ class Ledger:
     """Key → :class:`LedgerEntry` for one remote, persisted beside the store (see the module
     docstring). Not thread-safe: one mirror owns it."""
 
-    def __init__(self, store_dir: str | Path, remote_uri: str):
+    def __init__(self, store_dir: str | Path, remote_uri: str, state_dir: str | Path | None = None):
+        """``state_dir``: where the ledger lives (default ``<store>/.argus-mirror``): elsewhere
+        when the store is mounted read-only for the mirror, as in a Kubernetes sidecar."""
         self.remote_uri = remote_uri
         name = hashlib.sha1(remote_uri.encode()).hexdigest()[:16]
-        self.path = Path(store_dir) / MIRROR_STATE_DIR / f"{name}.jsonl"
+        self.path = (Path(state_dir) if state_dir is not None else Path(store_dir) / MIRROR_STATE_DIR) / f"{name}.jsonl"
         self.entries: dict[str, LedgerEntry] = {}
         #: the entries in an evidence directory still in the remote: what retention looks at
         #: each cycle without a pass over every table file the store ever pushed

@@ -48,11 +48,12 @@ class Mirror:
 
     def __init__(self, store_dir: str | Path, remote: ObjectStore, interval_s: float = 30.0,
                  max_bytes: int | None = DEFAULT_MAX_BYTES, max_age_s: float | None = DEFAULT_MAX_AGE_S, *,
-                 host: str | None = None, pattern: str = "*.pftrace", clock: Callable[[], float] = time.time):
+                 host: str | None = None, pattern: str = "*.pftrace", clock: Callable[[], float] = time.time,
+                 state_dir: str | Path | None = None):
         self.store_dir, self.remote, self.interval_s = Path(store_dir), remote, interval_s
         self.max_bytes, self.max_age_s, self.host, self.pattern = max_bytes, max_age_s, host, pattern
         self.clock = clock
-        self.ledger = Ledger(self.store_dir, remote.uri)
+        self.ledger = Ledger(self.store_dir, remote.uri, state_dir)
         self.stats = SyncStats()  # totals since start (``skipped`` only in ``last``); ``errors`` the last 20
         self.last = SyncStats()  # the latest cycle
         self._loaded = False

@@ -293,3 +293,23 @@ def test_one_shot_retention_gives_each_host_of_the_store_its_own_budget(tmp_path
     assert _remote_traces(bucket.inner, "host-b") == _names(range(3, 5), "host-b")
     assert _remote_traces(bucket.inner, "host-a") == _names(range(2, 4), "host-a")
     assert _remote_traces(bucket.inner, "host-c") == _names(range(4), "host-c")
+
+
+def test_a_read_only_store_is_mirrored_with_the_ledger_elsewhere(tmp_path):
+    """The Kubernetes sidecar mounts the store read-only (deploy/k8s): with ``state_dir`` the
+    ledger lives there, the mirror writes nothing into the store, and each cycle pushes only what
+    is new (the ledger remembered the first)."""
+    bucket = Counting(LocalObjectStore(tmp_path / "bucket"))
+    store = _host_store(tmp_path / "s", "host-a", traces=2)
+    attempt_path = store / "runs" / RUN.run_id / "0"
+    tree = lambda: sorted(str(p.relative_to(store)) for p in store.rglob("*"))  # noqa: E731
+    before = tree()
+    m = Mirror(store, bucket, max_bytes=None, max_age_s=None, host="host-a", state_dir=tmp_path / "state")
+    assert m.once().copied > 0 and not m.last.errors
+    assert m.ledger.path.parent == tmp_path / "state" and m.ledger.path.exists()
+    assert tree() == before  # nothing written into the store
+    _windows(attempt_path, "host-a", range(3, 5))
+    listed = bucket.calls["list"]
+    again = Mirror(store, bucket, max_bytes=None, max_age_s=None, host="host-a", state_dir=tmp_path / "state")
+    assert again.once().copied == 2 * 3 and bucket.calls["list"] == listed  # the ledger, not a listing
+    assert not (store / MIRROR_STATE_DIR).exists()
