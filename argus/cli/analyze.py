@@ -4,6 +4,7 @@ new incidents stored, alerts sent to a webhook and/or Alertmanager (P0–P2, one
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import threading
@@ -28,6 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="Alertmanager base URL, e.g. http://127.0.0.1:9093 (alerts go to /api/v2/alerts)")
     p.add_argument("--run", help="run id (default: latest)")
     p.add_argument("--attempt", help="attempt id (default: latest, so a restarted job is followed)")
+    p.add_argument("--json", action="store_true", help="one JSON line per cycle on stdout (what was analysed, "
+                                                       "new incidents, alerts sent, errors)")
     p.set_defaults(func=run)
 
 
@@ -43,6 +46,12 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="argus analyze: %(message)s")
 
     def report(c: Cycle) -> None:
+        if args.json:
+            print(json.dumps({"attempt": c.attempt, "analysed": c.analysed, "incidents": c.incidents,
+                              "new_incidents": c.new_incidents,
+                              "sent": [{"sink": s, "incident": i, "priority": p} for s, i, p in c.sent],
+                              "errors": c.errors, "seconds": round(c.seconds, 3)}), flush=True)
+            return
         if not c.analysed:
             return
         sent = ", ".join(f"{p} {i} → {s}" for s, i, p in c.sent) or "no new alert"

@@ -12,7 +12,7 @@ from argus.cli.progress import stdout_console
 from argus.store import Attempt, Store
 from argus.text import term
 
-__all__ = ["register", "print_store_summary", "sparkline"]
+__all__ = ["register", "print_store_summary", "store_summary", "sparkline"]
 
 _BARS = "▁▂▃▄▅▆▇█"
 
@@ -39,30 +39,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("store", help="store directory")
     p.add_argument("--run", help="run id (default: latest)")
     p.add_argument("--attempt", help="attempt id (default: latest)")
-    p.set_defaults(func=lambda a: print_store_summary(a.store, a.run, a.attempt))
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON document")
+    p.set_defaults(func=lambda a: print_store_summary(a.store, a.run, a.attempt, as_json=a.json))
 
 
-def print_store_summary(path: str | Path, run_id: str | None = None, attempt_id: str | None = None) -> int:
-    con_out = stdout_console()
+def store_summary(path: str | Path, run_id: str | None = None, attempt_id: str | None = None) -> dict:
+    """What ``argus info`` shows, as data."""
     store = Store.open(path)
     attempts = store.attempts()
     attempt = store.attempt(run_id, attempt_id)
     meta = attempt.meta
     topo = attempt.topology()
-    con_out.print(f"[bold]store[/bold] {term(store.root)}  ({len(attempts)} attempt{'s' * (len(attempts) != 1)})")
-    con_out.print(f"[bold]run[/bold] {term(attempt.identity.run_id)}  attempt {term(attempt.identity.attempt_id)}  "
-                  f"source={term(meta.get('source'))}"
-                  + (f"  scenario={term(meta['scenario'])}" if "scenario" in meta else ""))
-    con_out.print(f"[bold]layout[/bold] {term(attempt.layout)} (order {term(attempt.layout.order_str)}) — "
-                  f"{topo.world_size} ranks on {len(topo.host_names)} hosts")
-
-    tables = Table(title="tables", title_justify="left")
-    for col in ("table", "files", "rows", "MB"):
-        tables.add_column(col, justify="right" if col != "table" else "left")
-    for name, st in attempt.stats().items():
-        tables.add_row(term(name), f"{st.files:,}", f"{st.rows:,}", f"{st.bytes / 1e6:.2f}")
-    con_out.print(tables)
-
+    doc: dict = {
+        "store": str(store.root), "attempts": len(attempts), "run_id": attempt.identity.run_id,
+        "attempt_id": attempt.identity.attempt_id, "source": meta.get("source"), "scenario": meta.get("scenario"),
+        "layout": str(attempt.layout), "order": attempt.layout.order_str, "world_size": topo.world_size,
+        "hosts": len(topo.host_names),
+        "tables": {name: {"files": st.files, "rows": st.rows, "bytes": st.bytes} for name, st in attempt.stats().items()},
+        "steps": None, "phases": [], "truth": None,
+    }
     # Through Attempt.sql: a file whose data pages are corrupt is set aside, not a traceback.
     steps = _rows(attempt,
         "SELECT step, count(*) AS ranks, "
@@ -72,29 +67,66 @@ def print_store_summary(path: str | Path, run_id: str | None = None, attempt_id:
     if steps:
         times = [float("inf") if unf else (s if s is not None else float("inf")) for _, _, s, unf in steps]
         finite = sorted(t for t in times if t != float("inf"))
-        med = finite[len(finite) // 2] if finite else float("nan")
-        con_out.print(f"[bold]steps[/bold] {steps[0][0]}..{steps[-1][0]}  median {med:.3f} s  "
-                      f"min {finite[0] if finite else float('nan'):.3f} s  "
-                      f"max {finite[-1] if finite else float('nan'):.3f} s")
-        con_out.print(f"  step time  {sparkline(times)}")
-        hung = [s for s, _, _, unf in steps if unf]
-        if hung:
-            con_out.print(f"  [red]steps that never finished on some ranks: {hung}[/red]")
+        doc["steps"] = {"first": int(steps[0][0]), "last": int(steps[-1][0]),
+                        "median_s": finite[len(finite) // 2] if finite else None,
+                        "min_s": finite[0] if finite else None, "max_s": finite[-1] if finite else None,
+                        "step_s": [None if t == float("inf") else round(t, 6) for t in times],
+                        "unfinished": [int(s) for s, _, _, unf in steps if unf]}
     phases = _rows(attempt,
         "SELECT name, category, count(*) AS n, median(dur_ns) / 1e6 AS med_ms, "
         "quantile_cont(dur_ns, 0.99) / 1e6 AS p99_ms, sum(dur_ns) / 1e9 AS total_s "
         "FROM phases WHERE dur_ns >= 0 GROUP BY name, category ORDER BY total_s DESC LIMIT 15")
-    if phases:
+    doc["phases"] = [{"name": n, "category": c, "rows": int(k), "median_ms": m, "p99_ms": p, "total_s": t}
+                     for n, c, k, m, p, t in phases]
+    truth_path = Path(path) / "truth.json"
+    if truth_path.exists():
+        doc["truth"] = json.loads(truth_path.read_text())
+    doc["damage"] = [d.reason for d in attempt.damage]
+    return doc
+
+
+def print_store_summary(path: str | Path, run_id: str | None = None, attempt_id: str | None = None,
+                        as_json: bool = False) -> int:
+    doc = store_summary(path, run_id, attempt_id)
+    if as_json:
+        print(json.dumps(doc, indent=1, default=str))
+        return 0
+    con_out = stdout_console()
+    n = doc["attempts"]
+    con_out.print(f"[bold]store[/bold] {term(doc['store'])}  ({n} attempt{'s' * (n != 1)})")
+    con_out.print(f"[bold]run[/bold] {term(doc['run_id'])}  attempt {term(doc['attempt_id'])}  "
+                  f"source={term(doc['source'])}"
+                  + (f"  scenario={term(doc['scenario'])}" if doc["scenario"] is not None else ""))
+    con_out.print(f"[bold]layout[/bold] {term(doc['layout'])} (order {term(doc['order'])}) — "
+                  f"{doc['world_size']} ranks on {doc['hosts']} hosts")
+
+    tables = Table(title="tables", title_justify="left")
+    for col in ("table", "files", "rows", "MB"):
+        tables.add_column(col, justify="right" if col != "table" else "left")
+    for name, st in doc["tables"].items():
+        tables.add_row(term(name), f"{st['files']:,}", f"{st['rows']:,}", f"{st['bytes'] / 1e6:.2f}")
+    con_out.print(tables)
+
+    st = doc["steps"]
+    if st:
+        nan = float("nan")
+        med, lo, hi = (nan if v is None else v for v in (st["median_s"], st["min_s"], st["max_s"]))
+        con_out.print(f"[bold]steps[/bold] {st['first']}..{st['last']}  median {med:.3f} s  "
+                      f"min {lo:.3f} s  max {hi:.3f} s")
+        con_out.print(f"  step time  {sparkline([float('inf') if t is None else t for t in st['step_s']])}")
+        if st["unfinished"]:
+            con_out.print(f"  [red]steps that never finished on some ranks: {st['unfinished']}[/red]")
+    if doc["phases"]:
         t = Table(title="phases (top 15 by total time)", title_justify="left")
         for col in ("phase", "category", "rows", "median ms", "p99 ms", "total s"):
             t.add_column(col, justify="left" if col in ("phase", "category") else "right")
-        for name, cat, n, med, p99, tot in phases:
-            t.add_row(term(name), term(cat), f"{n:,}", f"{med:.3f}", f"{p99:.3f}", f"{tot:,.1f}")
+        for ph in doc["phases"]:
+            t.add_row(term(ph["name"]), term(ph["category"]), f"{ph['rows']:,}", f"{ph['median_ms']:.3f}",
+                      f"{ph['p99_ms']:.3f}", f"{ph['total_s']:,.1f}")
         con_out.print(t)
 
-    truth_path = Path(path) / "truth.json"
-    if truth_path.exists():
-        truth = json.loads(truth_path.read_text())
+    truth = doc["truth"]
+    if truth:
         con_out.print(f"[bold]ground truth[/bold] scenario={term(truth['scenario'])} class={term(truth['class'])}")
         for f in truth["faults"]:
             imp = f.get("impact", {})
@@ -105,8 +137,8 @@ def print_store_summary(path: str | Path, run_id: str | None = None, attempt_id:
             con_out.print(f"  {term(f['class'])}: ranks [{term(shown)}] on {term(', '.join(f['culprit_hosts'][:4]))}; "
                           f"steps {term(f['window']['start_step'])}–{term(f['window']['end_step'])}; "
                           f"phase {term(f.get('phase') or '-')}; {term(impact)}")
-    for d in attempt.damage:
-        con_out.print(f"[yellow]skipped[/yellow] {term(d.reason)}")
+    for reason in doc["damage"]:
+        con_out.print(f"[yellow]skipped[/yellow] {term(reason)}")
     return 0
 
 

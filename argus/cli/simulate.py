@@ -72,10 +72,15 @@ def register_scenarios(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("scenarios", help="list built-in simulator scenarios",
                        description="List the simulator's scenarios, one per line: name, then description.")
     p.add_argument("--params", action="store_true", help="also show each scenario's parameters")
+    p.add_argument("--json", action="store_true", help="a JSON list: name, summary, parameters")
     p.set_defaults(func=run_scenarios)
 
 
 def run_scenarios(args: argparse.Namespace) -> int:
+    if getattr(args, "json", False):
+        print(json.dumps([{"name": name, "summary": sc.summary, "params": dict(sc.defaults or {})}
+                          for name, sc in SCENARIOS.items()], indent=1, default=str))
+        return 0
     width = max(len(n) for n in SCENARIOS)
     for name, sc in SCENARIOS.items():
         line = f"{name:<{width}}  {sc.summary}"

@@ -75,6 +75,25 @@ def test_info_prints_what_the_store_holds(tmp_path):
     assert bad.returncode == 2 and "not an Argus store" in bad.stderr
 
 
+def test_info_scenarios_and_analyze_speak_json(tmp_path, capsys):
+    """Issue 24: what scripts read, as JSON — the same facts the human output shows."""
+    store = tmp_path / "S"
+    assert main(["simulate", "--scenario", "hang", "--ranks", "16", "--steps", "20", "--out", str(store)]) == 0
+    capsys.readouterr()
+    assert main(["info", str(store), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["run_id"], info["world_size"], info["scenario"]) == ("sim-hang-s0", 16, "hang")
+    assert info["steps"]["unfinished"] and info["tables"]["steps"]["rows"] > 0 and info["truth"]["class"] == "hang"
+    assert {p["category"] for p in info["phases"]} <= {"compute", "comm", "host"}
+    assert main(["scenarios", "--json"]) == 0
+    scenarios = json.loads(capsys.readouterr().out)
+    assert [s["name"] for s in scenarios] == list(SCENARIOS) and scenarios[1]["params"]["factor"] > 1
+    assert main(["analyze", str(store), "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    cycle = json.loads(line)
+    assert cycle["analysed"] and cycle["incidents"] >= 1 and cycle["new_incidents"] and cycle["errors"] == []
+
+
 def test_demo_trains_a_real_job_and_names_the_slow_rank(tmp_path):
     pytest.importorskip("torch")
     out = subprocess.run([sys.executable, "-m", "argus", "demo", "--steps", "24"], capture_output=True, text=True,
