@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from argus.analysis.remedies import remedy
 from argus.store import TABLES, conform
 
 __all__ = ["Incident", "IncidentClass", "State", "Severity", "Action", "CLASSES", "STATES", "SEVERITIES", "ACTIONS", "WARNING_PCT", "CRITICAL_PCT", "grade", "run_share_pct",
-
            "incidents_table", "incidents_document", "SCHEMA_VERSION"]
 
 #: Host name the topology reader gives a rank no host reported (``Topology.from_table``).
@@ -156,7 +156,8 @@ class Incident:
             "phase": self.phase, "kernels": self.kernels,
             "impact": {"slowdown_pct": None if self.slowdown_pct is None else round(self.slowdown_pct, 2),
                        "gpu_hours_lost": None if self.gpu_hours_lost is None else round(self.gpu_hours_lost, 4)},
-            "action": self.action, "summary": self.summary, "evidence": self.evidence,
+            "action": self.action, "remedy": remedy(str(self.klass), self.evidence), "summary": self.summary,
+            "evidence": self.evidence,
         }
 
 

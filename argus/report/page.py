@@ -16,10 +16,12 @@ from urllib.parse import quote
 from argus import __version__
 from argus.report.charts import (L1_COLORS, cdf_chart, critical_path_chart, phase_heatmap_chart, pipeline_chart,
                                  step_time_chart, w1_matrix_chart, what_if_chart)
+from argus.analysis.remedies import in_the_job, named_cause
 from argus.report.model import EvidenceFile, IncidentView, ReportData
 from argus.report.svg import esc, fmt
 
-__all__ = ["CSS", "render_report", "document", "summary_section", "step_section", "incidents_table",
+__all__ = ["CSS", "render_report", "document", "summary_section", "step_section", "incidents_table", "verdict_banner",
+           "cost_per_hour",
            "incident_section", "PERFETTO_URL", "REPORT_CSP"]
 
 PERFETTO_URL = "https://ui.perfetto.dev"
@@ -50,6 +52,10 @@ details>summary{cursor:pointer;color:#234}
 .sbar{display:inline-block;height:9px;background:#1f77b4;vertical-align:middle}
 figure{margin:8px 0 14px}figcaption{color:#555;font-size:12px;max-width:860px}
 .fig-title{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;margin:6px 0 0;word-break:break-all}
+section.verdict{border-radius:6px;padding:10px 16px;margin:12px 0;border:1px solid #dde1e6;border-left-width:6px;
+background:#fff;font-size:15px}section.verdict dl.kv{margin:6px 0 2px}
+.verdict-critical{border-left-color:#c62828}.verdict-warning{border-left-color:#ef8f00}
+.verdict-info{border-left-color:#78909c}.verdict-clear{border-left-color:#2e7d32}.verdict-none{border-left-color:#999}
 """
 
 
@@ -95,6 +101,71 @@ def summary_section(data: ReportData) -> str:
             f"<dt>incidents</dt><dd id=\"incident-count\">{n}{' (' + esc(counts) + ')' if counts else ''}</dd>"
             f"<dt>source</dt><dd>{esc(data.source)}</dd>{scenario}<dt>analysis</dt><dd>{esc(diag)}</dd>"
             f"{_missing(data.missing)}</dl></section>")
+
+
+#: What each action asks of the operator, and why it is the one recommended.
+ACTION_TEXT = {
+    "observe": ("Keep watching", "its cost is below the line worth acting on, or its cause is the job's, not a node's"),
+    "raise_trace_fidelity": ("Raise trace fidelity on the culprits (stacks at 10 Hz, kernels every step)",
+                             "the slowdown is measured but its cause is not yet named"),
+    "verify": ("Verify the hardware before acting: argus verify STORE {id}",
+               "the culprits are found by comparison only; a healthcheck on the suspect beside a peer settles it"),
+    "cordon_node": ("Cordon {hosts} at the next checkpoint",
+                    "independent evidence agrees the hardware is at fault"),
+    "checkpoint_and_restart": ("Checkpoint if it still can, then restart", "the job has stopped"),
+}
+
+
+def cost_per_hour(incident: dict[str, Any], ranks: int) -> float | None:
+    """GPU-hours the fault burns per hour of training, from its measured slowdown: the job runs
+    ``1 + p/100`` times slower, so ``p/(100+p)`` of every GPU's time is lost (all of it when the
+    job has stopped)."""
+    pct = (incident.get("impact") or {}).get("slowdown_pct")
+    if pct is None:
+        return None
+    pct = float(pct)
+    return ranks * (1.0 if pct >= 100.0 and incident.get("class") == "hang" else pct / (100.0 + pct))
+
+
+def verdict_banner(data: ReportData) -> str:
+    """The first thing on the page: what is wrong, who, what it costs per hour, what to do and
+    why — the most severe incident, then how many more there are."""
+    if not data.diagnosed:
+        return ('<section class="verdict verdict-none"><b>Not diagnosed yet</b>: the incidents below are the '
+                "stored ones.</section>")
+    if not data.incidents:
+        return ('<section class="verdict verdict-clear" id="verdict"><b>No incident found</b>: every rank that could '
+                "be compared matches its peers. <span class=\"muted\">(What was compared, and what could not be, "
+                "is below.)</span></section>")
+    top = data.incidents[0].incident
+    sev = str(top.get("severity"))
+    ranks = list(top.get("culprit_ranks") or [])
+    hosts = list(top.get("hosts") or [])
+    cost = cost_per_hour(top, data.ranks)
+    imp = top.get("impact") or {}
+    impact = (f"+{fmt(imp.get('slowdown_pct'))}% step time · <b>{cost:.2f} GPU-h lost per hour</b> of training"
+              if cost is not None else "impact not measurable from this job")
+    do, why = ACTION_TEXT.get(str(top.get("action")), (str(top.get("action")), ""))
+    evidence = [e for e in top.get("evidence") or [] if isinstance(e, dict)]
+    if top.get("remedy") and in_the_job(str(top.get("class")), evidence) and top.get("action") in (
+            "observe", "raise_trace_fidelity", "verify"):
+        cause = named_cause(evidence)
+        do, why = "Change the job (the remedy below)", (f"the cause is named ({cause.replace('_', ' ')}) and is the "
+                                                        "job's own: no node is at fault" if cause else
+                                                        "the cause is the job's structure: no node is at fault")
+    do = do.format(id=top.get("id", ""), hosts=", ".join(hosts[:3]) or "the culprits' host")
+    more = len(data.incidents) - 1
+    return (f'<section class="verdict verdict-{esc(sev)}" id="verdict">'
+            f'<div class="v-what"><span class="sev sev-{esc(sev)}">{esc(sev)}</span> <b>{esc(top.get("class"))}</b> '
+            f'<span class="muted">· {esc(top.get("state"))}</span> — {esc(top.get("summary") or "")}</div>'
+            f'<dl class="kv"><dt>who</dt><dd class="v-who">ranks {_ranks(ranks[:16])}'
+            f'{" …" if len(ranks) > 16 else ""} on <span class="mono">{_list(hosts, 4)}</span></dd>'
+            f'<dt>cost</dt><dd class="v-cost">{impact}</dd>'
+            f'<dt>do</dt><dd class="v-action"><b>{esc(do)}</b> <span class="muted">— {esc(why)}</span></dd>'
+            + (f'<dt>remedy</dt><dd class="v-remedy">{esc(top["remedy"])}</dd>' if top.get("remedy") else "")
+            + "</dl>"
+            + (f'<div class="muted">{more} more incident(s) below.</div>' if more > 0 else "")
+            + f' <a href="#{esc(data.incidents[0].id)}">evidence ↓</a></section>')
 
 
 def _missing(lines: list[str], limit: int = 8) -> str:
@@ -269,7 +340,7 @@ def render_report(data: ReportData, out_dir: Path | None = None) -> str:
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(data.generated_ns / 1e9 if data.generated_ns else None))
     body = (f'<header class="top"><b>Argus</b> report · <span class="mono">{esc(data.run_id)}</span> attempt '
             f'<span class="mono">{esc(data.attempt_id)}</span></header><main>'
-            f"<h1>{esc(data.run_id)} / {esc(data.attempt_id)}</h1>{summary_section(data)}"
+            f"{verdict_banner(data)}<h1>{esc(data.run_id)} / {esc(data.attempt_id)}</h1>{summary_section(data)}"
             f"<h2>Step time</h2>{step_section(data)}"
             f"<h2>Incidents</h2>{incidents_table(data, lambda v: '#' + v.id)}"
             + "".join(incident_section(v, file_href) for v in data.incidents)

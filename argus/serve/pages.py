@@ -13,7 +13,8 @@ from typing import Any
 from urllib.parse import quote
 
 from argus.report import EvidenceFile, IncidentView
-from argus.report.page import document, incident_section, incidents_table, step_section, summary_section
+from argus.report.page import (document, incident_section, incidents_table, step_section, summary_section,
+                               verdict_banner)
 from argus.report.svg import esc
 from argus.serve.state import Snapshot
 from argus.store import Attempt
@@ -98,17 +99,48 @@ def runs_fragment(attempts: list[Attempt], store: str) -> str:
     if not attempts:
         return f'<h1>Runs</h1><p class="muted">No run in {esc(store)} yet; this page updates when one appears.</p>'
     rows = []
-    for a in reversed(attempts):  # newest first
+    for i, a in enumerate(reversed(attempts)):  # newest first
         m = a.meta
+        counts = _severity_counts(a) if i < MAX_COUNTED_RUNS else None
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(m.get("created_ns", 0) / 1e9))
         href = run_url(a.identity.run_id, a.identity.attempt_id)
         rows.append(f'<tr class="run-row"><td class="mono"><a href="{esc(href)}">'
                     f"{esc(a.identity.run_id)}</a></td><td class=\"mono\">{esc(a.identity.attempt_id)}</td>"
                     f"<td>{esc(created)}</td><td>{esc(m.get('source', ''))}</td><td>{esc(m.get('scenario') or '')}</td>"
-                    f"<td class=\"mono\">{esc(a.layout)}</td><td>{a.layout.world_size:,}</td></tr>")
+                    f"<td class=\"mono\">{esc(a.layout)}</td><td>{a.layout.world_size:,}</td>"
+                    f"<td class=\"run-incidents\">{_counts_html(counts)}</td></tr>")
     return (f"<h1>Runs</h1><p class=\"muted\">Store {esc(store)}</p><table class=\"runs\"><tr><th>run</th>"
-            "<th>attempt</th><th>created</th><th>source</th><th>scenario</th><th>layout</th><th>ranks</th></tr>"
-            + "".join(rows) + "</table>")
+            "<th>attempt</th><th>created</th><th>source</th><th>scenario</th><th>layout</th><th>ranks</th>"
+            "<th>incidents (last stored diagnosis)</th></tr>" + "".join(rows) + "</table>")
+
+
+#: runs whose stored incidents are counted on the runs page (newest first); older ones show "…"
+MAX_COUNTED_RUNS = 50
+
+
+def _severity_counts(a: Attempt) -> dict[str, int] | None:
+    """Incidents by severity as the attempt's last diagnosis stored them; None: never diagnosed."""
+    try:
+        if not a.files("incidents"):
+            return None
+        t = a.read("incidents", columns=["severity", "detected_ns"])
+    except Exception:  # noqa: BLE001 - a damaged table: the run page says more
+        return None
+    sev, when = t.column("severity").to_pylist(), t.column("detected_ns").to_pylist()
+    last = max(when, default=None)  # each diagnosis appends its incidents, stamped once
+    out: dict[str, int] = {}
+    for s, w in zip(sev, when):
+        if w == last:
+            out[str(s)] = out.get(str(s), 0) + 1
+    return out
+
+
+def _counts_html(counts: dict[str, int] | None) -> str:
+    if counts is None:
+        return '<span class="muted">not diagnosed</span>'
+    shown = [f'<span class="sev sev-{esc(k)}">{esc(k)} {n}</span>' for k in ("critical", "warning", "info")
+             if (n := counts.get(k))]
+    return " ".join(shown) or '<span class="muted">none</span>'
 
 
 def runs_page(attempts: list[Attempt], store: str, version: str, poll_s: float, nonce: str) -> str:
@@ -131,7 +163,7 @@ def run_fragment(snap: Snapshot, run_id: str, attempt_id: str) -> str:
         return f"<h1>{esc(run_id)} / {esc(attempt_id)}</h1>{_status(snap)}" \
                '<p class="muted">The attempt is being written; its data appears here shortly.</p>'
     d = snap.data
-    return (f"<h1>{esc(run_id)} / {esc(attempt_id)}</h1>{_status(snap)}{summary_section(d)}"
+    return (f"{verdict_banner(d)}<h1>{esc(run_id)} / {esc(attempt_id)}</h1>{_status(snap)}{summary_section(d)}"
             f"<h2>Step time</h2>{step_section(d)}<h2>Incidents</h2>"
             + incidents_table(d, lambda v: incident_url(run_id, attempt_id, v.id))
             + f'<p class="muted">JSON: <a href="{esc(api_url(run_id, attempt_id))}">summary</a> · '

@@ -138,3 +138,35 @@ def test_ui_pages_go_live_and_show_the_culprits(simulated, watched, tmp_path):
         shutil.copytree(other.path.parent, root / "runs" / other.identity.run_id)
         w.page.locator("tr.run-row").nth(1).wait_for(timeout=20_000)  # (the page's CSP forbids wait_for_function)
         assert w.errors == [] and w.dialogs == []
+
+
+def test_the_first_screen_is_the_verdict(simulated, browser, tmp_path_factory, tmp_path):
+    """Issue 24: at 1400×900 the report's first screen says what is wrong, who, what it costs
+    per hour and what to do — before any fact table or chart; the UI's run page leads the same way."""
+    attempt, truth = sim(simulated, "compute_straggler")
+    out = report_of(attempt, tmp_path_factory)
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    try:
+        page.goto(out.as_uri())
+        banner = page.locator("section.verdict")
+        box = banner.bounding_box()
+        assert box is not None and box["y"] >= 0 and box["y"] + box["height"] <= 900, box
+        first_chart = page.locator("svg.plot").first.bounding_box()
+        assert first_chart["y"] > box["y"] + box["height"]  # the verdict comes before the evidence
+        who = page.locator("section.verdict .v-who").inner_text()
+        assert all(str(r) in who for r in truth["faults"][0]["culprit_ranks"][:4]), who
+        assert "GPU-h lost per hour" in page.locator("section.verdict .v-cost").inner_text()
+        assert page.locator("section.verdict .v-action").inner_text().strip()
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "report-first-screen-compute_straggler.png"))
+        with ArgusServer(ServeConfig(store=store_root(copy_store(attempt, tmp_path / "S")), port=0,
+                                     poll_s=0.5)) as server:
+            server.start()
+            page.goto(f"{server.url}run/{quote(attempt.identity.run_id)}/{attempt.identity.attempt_id}")
+            page.wait_for_selector("section.verdict .v-who", timeout=60_000)
+            ui_box = page.locator("section.verdict").bounding_box()
+            assert ui_box["y"] + ui_box["height"] <= 900
+            page.goto(server.url)
+            assert page.locator("tr.run-row td.run-incidents").first.inner_text().strip()
+    finally:
+        page.close()

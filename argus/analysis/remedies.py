@@ -1,0 +1,76 @@
+"""The specific remedy for an incident's cause — what an operator changes, not only who to act on.
+
+Named from the incident's class and, for a host stall, the cause its stacks or host phases named
+(``l5_stacks.CAUSES``). A structural or software cause never gets a hardware remedy: replacing a
+node fixes neither a garbage-collection pause nor a stage partition.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["remedy", "named_cause", "in_the_job", "STALL_REMEDIES"]
+
+#: host-stall cause → what to change in the job
+STALL_REMEDIES = {
+    "garbage_collection": "Python GC pauses: call gc.freeze() after start-up, or gc.disable() and gc.collect() "
+                          "at step boundaries so that collections land between steps on every rank at once",
+    "jit_compile": "JIT compilation inside the loop: keep a persistent compile cache (TORCHINDUCTOR_CACHE_DIR, "
+                   "torch.compiler cache artifacts), pre-warm the shapes the job meets, mark dynamic dimensions",
+    "data_loading": "input pipeline: more DataLoader workers, a larger prefetch_factor, pin_memory=True, "
+                    "persistent_workers=True; check the storage it reads from",
+    "checkpoint_io": "checkpoint writes on the training path: save asynchronously (torch.distributed.checkpoint "
+                     "async_save) or less often, to faster storage",
+}
+
+_BY_CLASS = {
+    "host_stall": "a host-side stall of unnamed cause: raise trace fidelity on the culprits (stacks at 10 Hz) to "
+                  "name it",
+    "pipeline_imbalance": "pipeline stages unequal: move layers off the slow stage (or use an interleaved "
+                          "schedule); no node is at fault",
+    "input_imbalance": "uneven inputs across data-parallel ranks: pack or bucket sequences by length so every "
+                       "rank gets the same work; no node is at fault",
+    "compute_straggler": "a slow device or slow work on it: argus verify (a healthcheck of the suspect beside a "
+                         "peer) tells which before a replacement; if it checks healthy, look at what the job runs on "
+                         "that rank",
+    "link_degradation": "a slow link: verify it (argus verify), then route around it or cordon the host at the "
+                        "next checkpoint",
+    "hang": "a rank stopped: checkpoint if the job still can, restart, and read the stuck rank's stack",
+}
+
+
+def named_cause(evidence: list[Any]) -> str | None:
+    """The stall cause the host phases or stacks named (None: none named)."""
+    for kind in ("host_phases", "stacks"):
+        for e in evidence:
+            if isinstance(e, dict) and e.get("kind") == kind and e.get("cause") not in (None, "", "unknown"):
+                return str(e["cause"])
+    return None
+
+
+_VERIFIED = {
+    "confirmed": "the hardware is confirmed below its peers by an active check: drain the node at the next "
+                 "checkpoint and have it repaired; re-admit it only once argus healthcheck passes there",
+    "refuted": "the hardware checked healthy: the slowdown is in what the job runs on these ranks (its data, its "
+               "code path, its placement), not in the node",
+}
+
+
+def remedy(klass: str, evidence: list[Any]) -> str:
+    """The remedy for an incident of ``klass`` with ``evidence``; "" for a healthy observation."""
+    if klass == "host_stall":
+        cause = named_cause(evidence)
+        if cause in STALL_REMEDIES:
+            return STALL_REMEDIES[cause]
+    if klass in ("compute_straggler", "link_degradation"):
+        outcome = next((e.get("outcome") for e in reversed(evidence)
+                        if isinstance(e, dict) and e.get("kind") == "verification"), None)
+        if outcome in _VERIFIED:
+            return _VERIFIED[outcome]
+    return _BY_CLASS.get(klass, "")
+
+
+def in_the_job(klass: str, evidence: list[Any]) -> bool:
+    """Whether the cause is the job's own (its structure, its software), never a node's."""
+    return klass in ("pipeline_imbalance", "input_imbalance") or (
+        klass == "host_stall" and named_cause(evidence) in STALL_REMEDIES)
