@@ -41,7 +41,7 @@ class Alert:
                 "store": self.store, "incident_id": inc["id"], "class": inc["class"], "state": inc["state"],
                 "severity": inc["severity"], "culprit_ranks": inc["culprit_ranks"][:64], "hosts": inc["hosts"][:16],
                 "window": inc["window"], "phase": inc["phase"], "impact": inc["impact"], "action": inc["action"],
-                "summary": inc.get("summary", "")}
+                "remedy": inc.get("remedy", ""), "decision": inc.get("decision"), "summary": inc.get("summary", "")}
 
 
 def post_json(url: str, payload: Any, timeout_s: float = 5.0) -> int:
@@ -96,6 +96,10 @@ class AlertmanagerSink:
                        "culprit_ranks": ",".join(map(str, inc["culprit_ranks"][:64])),
                        "slowdown_pct": str((inc.get("impact") or {}).get("slowdown_pct")),
                        "gpu_hours_lost": str((inc.get("impact") or {}).get("gpu_hours_lost")),
+                       "remedy": inc.get("remedy", "")[:1000],
+                       "loss_gpuh_per_h": str((inc.get("decision") or {}).get("loss_gpuh_per_h")),
+                       "action_cost_gpuh": str((inc.get("decision") or {}).get("action_cost_gpuh")),
+                       "target_hosts": ",".join(((inc.get("decision") or {}).get("target") or {}).get("hosts", [])[:8]),
                        "store": alert.store}
         return [{"labels": labels, "annotations": annotations, "startsAt": iso(now),
                  "endsAt": iso(now + self.hold_s)}]

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from argus.analysis.coverage import Coverage, coverage_of
 from argus.analysis.deepen import DeepenConfig, deepen
 from argus.analysis.frames import WindowFrames, load_host_totals, load_phase_totals, load_steps
+from argus.analysis.decision import JobFacts, decide, job_facts
 from argus.analysis.incident import Incident, incidents_document, incidents_table
 from argus.analysis.verification import apply as apply_verifications, load as load_verifications
 from argus.analysis.l1_windows import L1Config, L1Result, detect_windows
@@ -123,6 +124,33 @@ class Diagnosis:
             "unjudged_communicators": self.unjudged_communicators(),
             "observations": [o.to_json() for o in self.observations],
         })
+
+
+def _job_facts(attempt: Attempt, l1: L1Result) -> JobFacts:
+    """What the decisions are priced with: job size, healthy step, checkpoints, restart time."""
+    ratios = [float(w.magnitude) for w in l1.windows if w.kind == "checkpoint"]
+    return job_facts(attempt.layout.world_size, l1.baseline_s if np.isfinite(l1.baseline_s) else None,
+                     sorted(l1.checkpoint_steps), ratios, _restart_gap_s(attempt))
+
+
+def _restart_gap_s(attempt: Attempt) -> float | None:
+    """Seconds between the previous attempt's last step and this one's first: the restart it took."""
+    try:
+        from argus.store import Store
+
+        siblings = [a for a in Store.open(attempt.path.parents[2]).attempts()
+                    if a.identity.run_id == attempt.identity.run_id]
+        ids = [a.identity.attempt_id for a in siblings]
+        i = ids.index(attempt.identity.attempt_id)
+        if i == 0:
+            return None
+        prev_end = siblings[i - 1].sql("SELECT max(end_ns) FROM steps WHERE end_ns >= 0").column(0)[0].as_py()
+        first = attempt.sql("SELECT min(start_ns) FROM steps").column(0)[0].as_py()
+        if prev_end is None or first is None or first <= prev_end:
+            return None
+        return (first - prev_end) / 1e9
+    except Exception:  # noqa: BLE001 - no history to learn from: the assumed figure, said so
+        return None
 
 
 def _checkpoint_steps(attempt: Attempt, world: int) -> set[int]:
@@ -256,6 +284,9 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen, frames, timings,
            l1.baseline_s)
     apply_verifications(incidents, load_verifications(getattr(attempt, "path", None)))  # argus verify's outcomes
+    facts = _job_facts(attempt, l1)
+    for inc in incidents:
+        inc.decision = decide(inc.to_json(), facts).to_json()
     incidents.sort(key=lambda i: (-i.severity_rank, -(i.slowdown_pct or 0.0), i.start_step))
     timings["l4_l5"] = time.perf_counter() - t
     note = _store_incidents(attempt, incidents) if config.store_incidents and incidents else ""

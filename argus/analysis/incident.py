@@ -104,6 +104,7 @@ class Incident:
     evidence: list[dict[str, Any]] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)  # the steps actually affected (intermittent faults)
     summary: str = ""
+    decision: dict[str, Any] | None = None  # target, remedy and price (``decision.py``), set by the diagnosis
 
     def __post_init__(self) -> None:
         # a misspelt class, state, severity or action fails here, where it is made
@@ -157,7 +158,7 @@ class Incident:
             "impact": {"slowdown_pct": None if self.slowdown_pct is None else round(self.slowdown_pct, 2),
                        "gpu_hours_lost": None if self.gpu_hours_lost is None else round(self.gpu_hours_lost, 4)},
             "action": self.action, "remedy": remedy(str(self.klass), self.evidence), "summary": self.summary,
-            "evidence": self.evidence,
+            "evidence": self.evidence, **({"decision": self.decision} if self.decision is not None else {}),
         }
 
 

@@ -115,8 +115,13 @@ def test_one_fault_is_one_alert_in_the_webhook_and_alertmanager(straggler_store,
     assert a["priority"] == "P1" and a["class"] == "compute_straggler"
     truth = json.loads((store / "truth.json").read_text())["faults"][0]
     assert a["culprit_ranks"] == truth["culprit_ranks"]
+    # what to do, on whom, and at what price travel with the alert (issue 24)
+    d = a["decision"]
+    assert d["action"] == a["action"] and d["target"]["ranks"] == a["culprit_ranks"] and a["remedy"]
+    assert d["loss_gpuh_per_h"] > 0 and d["action_cost_gpuh"] >= 0 and "restart_s" in d["basis"]["assumed"]
     am = _am_alerts(alertmanager)
     assert len(am) == 1 and am[0]["labels"]["priority"] == "P1" and am[0]["labels"]["incident"] == a["incident_id"]
+    assert float(am[0]["annotations"]["loss_gpuh_per_h"]) == pytest.approx(d["loss_gpuh_per_h"])
     # Alertmanager routes it on to its receiver
     for _ in range(100):
         if hook.at("/am"):
