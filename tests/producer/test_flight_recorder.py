@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from argus.producer.flight_recorder import FlightRecorderTimes, enable_timing, fr_key
+from argus.producer.flight_recorder import FlightRecorderTimes, enable_timing
 
 
 def entry(group: str, seq: int, state: str = "completed", duration_ms: float | None = 2.0, **kw) -> dict:
