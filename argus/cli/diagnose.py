@@ -9,6 +9,7 @@ import json
 from rich.table import Table
 
 from argus.cli.progress import progress_bar, stderr_console, stdout_console
+from argus.cli.sources import SOURCE_HELP
 from argus.text import term
 
 __all__ = ["register", "print_diagnosis", "select", "EXIT_CLEAR", "EXIT_NO_DATA", "EXIT_ERROR", "EXIT_FOUND"]
@@ -20,8 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("diagnose", help="find what slows a job: incidents with culprits, impact and evidence",
                        description="Run progressive diagnosis (L1 anomalous windows, L2 stragglers, L3 degraded "
                                    "kernels, root cause) over a store and report incidents.")
-    p.add_argument("store", help="store directory, or prom://HOST:PORT?job=NAME[&run=ID] (a Prometheus-compatible "
-                                 "TSDB, see docs/tsdb.md)")
+    p.add_argument("store", help=SOURCE_HELP)
     p.add_argument("--json", action="store_true", help="print the incidents document (JSON) on stdout")
     p.add_argument("--run", help="run id (default: latest)")
     p.add_argument("--attempt", help="attempt id (default: latest)")
@@ -63,13 +63,9 @@ def select(incidents: list, min_severity: str | None, steps: tuple[int, int] | N
 
 def run(args: argparse.Namespace) -> int:
     from argus.analysis import DiagnoseConfig, diagnose
-    from argus.tsdb import open_attempt
+    from argus.cli.sources import open_source_attempt
 
-    if args.store.startswith("s3://"):  # object storage: pulled into a local cache, then read as usual
-        from argus.objstore import local_copy
-
-        args.store = str(local_copy(args.store))
-    attempt = open_attempt(args.store, args.run, args.attempt)
+    attempt = open_source_attempt(args.store, args.run, args.attempt)
     if not attempt.files("steps") and not attempt.files("phases") and not attempt.files("hangs"):
         stderr_console().print(
             f"[bold]no data[/bold]: {term(attempt.identity.run_id)} attempt {term(attempt.identity.attempt_id)} in "

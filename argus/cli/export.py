@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from argus.cli.progress import progress_bar, stderr_console
+from argus.cli.sources import SOURCE_HELP
 from argus.text import term, visible
 
 __all__ = ["register", "parse_steps"]
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Write DIR/rank<N>.json per rank: ProfilerStep#N, phases as CPU and GPU user "
                     "annotations, raw kernels with their cudaLaunchKernel events. Opens in Perfetto, "
                     "TensorBoard and Holistic Trace Analysis (TraceAnalysis(trace_dir=DIR)).")
-    k.add_argument("store", help="store directory")
+    k.add_argument("store", help=SOURCE_HELP)
     k.add_argument("--out", required=True, help="output directory (new or empty)")
     k.add_argument("--run", help="run id (default: latest)")
     k.add_argument("--attempt", help="attempt id (default: latest)")
@@ -47,11 +48,12 @@ def parse_steps(text: str) -> tuple[int, int]:
 
 
 def run_export_kineto(args: argparse.Namespace) -> int:
+    from argus.cli.sources import open_source_attempt, store_root
     from argus.kineto import export_kineto
     from argus.store import Store
 
-    store = Store.open(args.store)
-    attempt = store.attempt(args.run, args.attempt)
+    attempt = open_source_attempt(args.store, args.run, args.attempt)
+    store = Store.open(store_root(attempt))
     with progress_bar(f"exporting {attempt.identity.run_id}", attempt.layout.world_size) as advance:
         result = export_kineto(store, args.out, run_id=attempt.identity.run_id,
                                attempt_id=attempt.identity.attempt_id, steps=args.steps, compress=args.gzip,

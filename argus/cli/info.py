@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.table import Table
 
 from argus.cli.progress import stdout_console
+from argus.cli.sources import SOURCE_HELP, open_source_attempt, store_root
 from argus.store import Attempt, Store
 from argus.text import term
 
@@ -36,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="summarise what a store holds",
                        description="Summarise a store: attempts, tables, step times, phases and, for "
                                    "simulated runs, the injected fault.")
-    p.add_argument("store", help="store directory")
+    p.add_argument("store", help=SOURCE_HELP)
     p.add_argument("--run", help="run id (default: latest)")
     p.add_argument("--attempt", help="attempt id (default: latest)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON document")
@@ -45,9 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def store_summary(path: str | Path, run_id: str | None = None, attempt_id: str | None = None) -> dict:
     """What ``argus info`` shows, as data."""
-    store = Store.open(path)
+    attempt = open_source_attempt(str(path), run_id, attempt_id)
+    root = store_root(attempt)
+    store = Store.open(root)
     attempts = store.attempts()
-    attempt = store.attempt(run_id, attempt_id)
     meta = attempt.meta
     topo = attempt.topology()
     doc: dict = {
@@ -78,7 +80,7 @@ def store_summary(path: str | Path, run_id: str | None = None, attempt_id: str |
         "FROM phases WHERE dur_ns >= 0 GROUP BY name, category ORDER BY total_s DESC LIMIT 15")
     doc["phases"] = [{"name": n, "category": c, "rows": int(k), "median_ms": m, "p99_ms": p, "total_s": t}
                      for n, c, k, m, p, t in phases]
-    truth_path = Path(path) / "truth.json"
+    truth_path = root / "truth.json"
     if truth_path.exists():
         doc["truth"] = json.loads(truth_path.read_text())
     doc["damage"] = [d.reason for d in attempt.damage]

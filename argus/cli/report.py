@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from argus.cli.progress import progress_bar, stderr_console
+from argus.cli.sources import SOURCE_HELP
 from argus.text import term
 
 __all__ = ["register"]
@@ -16,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Diagnose a run attempt and write one HTML file with its step time, incidents, "
                                    "culprit-vs-peer heatmaps, W₁ matrices, kernel CDFs, pipeline and stack evidence. "
                                    "The file loads nothing from the network and opens offline.")
-    p.add_argument("store", help="store directory")
+    p.add_argument("store", help=SOURCE_HELP)
     p.add_argument("--out", default="argus-report.html", help="output file (default: argus-report.html)")
     p.add_argument("--run", help="run id (default: latest)")
     p.add_argument("--attempt", help="attempt id (default: latest)")
@@ -27,13 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from argus.analysis import DiagnoseConfig, diagnose
     from argus.errors import ConfigError
+    from argus.cli.sources import open_source_attempt
     from argus.report import build_report
-    from argus.store import Store
 
     out = Path(args.out)
     if out.is_dir():
         raise ConfigError(f"--out {out}: is a directory; give a file name such as {out / 'report.html'}")
-    attempt = Store.open(args.store).attempt(args.run, args.attempt)
+    attempt = open_source_attempt(args.store, args.run, args.attempt)
     n_windows = max(1, len(attempt.sql("SELECT DISTINCT step FROM steps")) // (args.window_steps or 5))
     with progress_bar("diagnosing windows", n_windows) as advance:
         diagnosis = diagnose(attempt, DiagnoseConfig(window_steps=args.window_steps, store_incidents=False),

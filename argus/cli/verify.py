@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "`argus healthcheck --json` run on the suspect and a peer): judge the incident confirmed, "
                     "refuted or inconclusive, and record it in the store, where `argus diagnose` shows it. "
                     "Exit code: 3 confirmed, 0 refuted (the hardware is healthy), 1 inconclusive, 2 error.")
-    p.add_argument("store", help="store directory (or s3://…)")
+    p.add_argument("store", help="store directory or s3://bucket/prefix (a prom:// source is read-only: use --no-store)")
     p.add_argument("incident", help="incident id (inc-…, from `argus diagnose`)")
     p.add_argument("--health", metavar="FILE", help="`argus healthcheck --json` output ('-': stdin)")
     p.add_argument("--run", help="run id (default: latest)")
@@ -67,14 +67,10 @@ def _health(path: str) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from argus.analysis.verification import Outcome, save
+    from argus.cli.sources import open_source_attempt
     from argus.healthcheck.verify import NotVerifiable, judge, plan
-    from argus.store import Store
 
-    if args.store.startswith("s3://"):
-        from argus.objstore import local_copy
-
-        args.store = str(local_copy(args.store))
-    attempt = Store.open(args.store).attempt(args.run, args.attempt)
+    attempt = open_source_attempt(args.store, args.run, args.attempt)
     incident = _incident(attempt, args.incident)
     out = stdout_console()
     try:

@@ -199,3 +199,20 @@ def test_serve_reads_a_snapshot_from_the_tsdb(streamed, prometheus):
     assert served.identity.run_id == run_id and served.meta["phase_detail"] == "aggregated"
     mine = Store.open(proc_store).attempt()
     assert served.read("steps").num_rows == mine.read("steps").num_rows
+
+
+def test_report_info_and_export_read_the_tsdb_like_diagnose(streamed, prometheus, tmp_path, capsys):
+    """Issue 24: every command that reads a store takes prom://… where ``diagnose`` does."""
+    from argus.cli.main import main
+
+    _, proc_store, run_id = streamed("compute_straggler")
+    url = prometheus.prom_url(run=run_id)
+    capsys.readouterr()
+    assert main(["info", url, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["run_id"] == run_id and info["steps"]["last"] >= 0
+    assert main(["report", url, "--out", str(tmp_path / "r.html")]) == 0
+    html = (tmp_path / "r.html").read_text()
+    assert 'section class="verdict' in html and "compute_straggler" in html
+    assert main(["export", "kineto", url, "--out", str(tmp_path / "k")]) == 0
+    assert sorted(p.name for p in (tmp_path / "k").iterdir())[:1] == ["rank0.json"]
