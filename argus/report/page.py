@@ -266,19 +266,43 @@ def _gpu_idle(evs: list[dict[str, Any]]) -> str:
             + "".join(f"<th>{k}</th>" for k in keys) + f"</tr>{rows}</table>")
 
 
+#: evidence fields drawn as charts elsewhere on the page, or too long for a cell
+_EVIDENCE_SKIP = ("level", "kind", "w1_ms", "top_frames", "stages", "by_rank", "checks")
+MAX_EVIDENCE_COLUMNS = 10
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return esc(fmt(v))
+    if isinstance(v, (list, tuple)):
+        shown = ", ".join(str(x) for x in v[:8]) + (" …" if len(v) > 8 else "")
+        return esc(shown[:160])
+    if isinstance(v, dict):
+        return esc("; ".join(f"{k} {x}" for k, x in list(v.items())[:6])[:160])
+    return esc(str(v)[:160])
+
+
 def _evidence_table(evidence: list[Any]) -> str:
-    rows = []
+    """All evidence, one table per kind with a column per field (not ``k=v`` strings)."""
+    by_kind: dict[tuple[str, str], list[dict]] = {}
     for ev in evidence[:MAX_EVIDENCE_ROWS]:
-        if not isinstance(ev, dict):
-            continue
-        rest = {k: v for k, v in ev.items() if k not in ("level", "kind", "w1_ms", "top_frames", "stages")}
-        text = "; ".join(f"{k}={v}" for k, v in rest.items())
-        rows.append(f'<tr><td>{esc(ev.get("level", ""))}</td><td>{esc(ev.get("kind", ""))}</td>'
-                    f'<td class="mono">{esc(text[:300])}</td></tr>')
+        if isinstance(ev, dict):
+            by_kind.setdefault((str(ev.get("level", "")), str(ev.get("kind", ""))), []).append(ev)
+    parts = []
+    for (level, kind), rows in by_kind.items():
+        cols: list[str] = []
+        for ev in rows:
+            cols += [k for k in ev if k not in _EVIDENCE_SKIP and k not in cols]
+        cols = cols[:MAX_EVIDENCE_COLUMNS]
+        head = "".join(f"<th>{esc(c)}</th>" for c in cols)
+        body = "".join("<tr>" + "".join(f'<td class="mono">{_cell(ev.get(c, ""))}</td>' for c in cols) + "</tr>"
+                       for ev in rows)
+        parts.append(f'<h5>{esc(kind)} <span class="muted">({esc(level)}, {len(rows)})</span></h5>'
+                     f'<div class="scroll"><table class="evidence-{esc(kind)}"><tr>{head}</tr>{body}</table></div>')
     extra = len(evidence) - MAX_EVIDENCE_ROWS
     more = f'<p class="muted">… {extra} more</p>' if extra > 0 else ""
-    return (f"<details class=\"evidence\"><summary>All evidence ({len(evidence)} entries)</summary><table><tr>"
-            f"<th>level</th><th>kind</th><th>detail</th></tr>{''.join(rows)}</table>{more}</details>")
+    return (f"<details class=\"evidence\"><summary>All evidence ({len(evidence)} entries)</summary>"
+            f"{''.join(parts)}{more}</details>")
 
 
 def _trace_files(view: IncidentView, file_href: Callable[[EvidenceFile], str]) -> str:

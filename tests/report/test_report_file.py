@@ -45,6 +45,21 @@ def test_kernel_evidence_becomes_w1_matrix_and_cdf_plots(reported):
     assert "L1 window" in html and "regression" in html
 
 
+def test_evidence_is_tables_with_named_columns_and_the_verdict_leads(reported):
+    """Issue 24: evidence as a table per kind with a column per field, not ``k=v`` strings; the
+    page opens with the verdict (who, cost per hour, what to do), before the run facts."""
+    _, truth, _, html = reported("compute_straggler")
+    table = re.search(r'<table class="evidence-busy_outlier"><tr>(.*?)</tr>', html, re.S)
+    assert table, "no busy_outlier evidence table"
+    heads = re.findall(r"<th>(.*?)</th>", table.group(1))
+    assert {"rank", "phase", "ratio", "excess_s"} <= set(heads)
+    assert not re.search(r"excess_s=\d", html)  # no k=v strings left
+    verdict = html.index('<section class="verdict')
+    assert verdict < html.index('<section class="card summary"')
+    banner = re.sub(r"<[^>]+>", " ", html[verdict:html.index("</section>", verdict)])
+    assert str(truth["faults"][0]["culprit_ranks"][0]) in banner and "GPU-h lost per hour" in banner
+
+
 def test_hostile_phase_and_kernel_names_render_as_text(simulated, tmp_path):
     attempt = copy_store(sim(simulated, "compute_straggler")[0], tmp_path / "S")
     add_script_names(attempt, culprit=36)
