@@ -34,7 +34,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--severity", choices=SEVERITY_ORDER, help="show only incidents at least this severe")
     p.add_argument("--steps", type=_step_range, metavar="A-B",
                    help="only incidents whose steps overlap A–B (e.g. 100-200; 100- for step 100 on)")
+    p.add_argument("--since", type=_duration, metavar="DURATION",
+                   help="only incidents in the job's last DURATION of steps (e.g. 30m, 2h, 90s)")
     p.set_defaults(func=run)
+
+
+def _duration(text: str) -> float:
+    """``90s``, ``30m``, ``2h``, ``1d`` (or plain seconds) → seconds."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration: use e.g. 90s, 30m, 2h") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be positive")
+    return value
+
+
+def _since_steps(attempt, seconds: float) -> tuple[int, int] | None:
+    """The steps that ended in the job's last ``seconds`` (by the ranks' own clocks)."""
+    rows = attempt.sql("SELECT step, max(end_ns) AS e FROM steps WHERE end_ns >= 0 GROUP BY step").to_pylist()
+    if not rows:
+        return None
+    last = max(r["e"] for r in rows)
+    recent = [r["step"] for r in rows if r["e"] >= last - seconds * 1e9]
+    return (min(recent), 2**62)
 
 
 #: Exit codes of ``argus diagnose`` (docs/diagnosis.md, "Exit codes").
@@ -57,6 +82,8 @@ def _step_range(text: str) -> tuple[int, int]:
 def select(incidents: list, min_severity: str | None, steps: tuple[int, int] | None) -> list:
     """The incidents at least ``min_severity`` whose window overlaps ``steps``."""
     floor = SEVERITY_ORDER.index(min_severity) if min_severity else 0
+    if steps is not None and steps[0] > steps[1]:
+        return []
     return [i for i in incidents if SEVERITY_ORDER.index(str(i.severity)) >= floor
             and (steps is None or (i.start_step <= steps[1] and i.end_step >= steps[0]))]
 
@@ -78,14 +105,21 @@ def run(args: argparse.Namespace) -> int:
     with progress_bar("diagnosing windows", n_windows) as advance:
         diagnosis = diagnose(attempt, config, on_window=lambda done, total: advance())
     diagnosis_all = diagnosis.incidents
+    if args.since is not None:
+        since = _since_steps(attempt, args.since)
+        if since is not None:
+            lo = max(since[0], args.steps[0]) if args.steps else since[0]
+            hi = args.steps[1] if args.steps else since[1]
+            args.steps = (lo, hi)  # lo > hi: the two filters do not overlap, nothing is kept
     in_range = select(diagnosis.incidents, None, args.steps)
     shown = select(in_range, args.severity, None)
     if len(shown) != len(diagnosis.incidents):
         diagnosis = dataclasses.replace(diagnosis, incidents=shown)
     if args.json:
         doc = diagnosis.document()
-        if args.severity or args.steps:
+        if args.severity or args.steps:  # (--since is given as the steps it covers)
             doc["filters"] = {**({"min_severity": args.severity} if args.severity else {}),
+                              **({"since_s": args.since} if args.since is not None else {}),
                               **({"steps": list(args.steps)} if args.steps else {}),
                               "left_out": len(diagnosis_all) - len(shown)}
         print(json.dumps(doc, indent=2, default=str))
@@ -162,7 +196,7 @@ def print_diagnosis(diagnosis, evidence: bool = False, left_out: int = 0) -> Non
     depth = diagnosis.depth
     thin = depth.sentence() if depth is not None else ""
     if left_out:
-        out.print(f"[yellow]{left_out} incident(s) left out by --severity/--steps[/yellow]")
+        out.print(f"[yellow]{left_out} incident(s) left out by --severity/--steps/--since[/yellow]")
     if not diagnosis.incidents and left_out:
         _print_observations(out, diagnosis.observations)
         return

@@ -90,7 +90,7 @@ def test_filters_leave_incidents_out_and_say_so(stores, capsys):
     assert doc["filters"]["steps"] == [0, before]
     assert rc == (EXIT_FOUND if any(i["severity"] != "info" for i in doc["incidents"]) else EXIT_CLEAR)
     rc, out = _diagnose(capsys, stores / "hang", "--steps", f"0-{before}")
-    assert "left out by --severity/--steps" in out and "no incident" not in out  # never passed off as healthy
+    assert "left out by --severity/--steps/--since" in out and "no incident" not in out  # never as healthy
     rc, out = _diagnose(capsys, stores / "hang", "--json", "--severity", "critical")
     assert {i["severity"] for i in json.loads(out)["incidents"]} == {"critical"}
 
@@ -100,3 +100,22 @@ def test_a_bad_step_range_is_refused_clearly(stores, capsys, bad):
     with pytest.raises(SystemExit) as exc:
         main(["diagnose", str(stores / "healthy"), "--steps", bad])
     assert exc.value.code == 2 and "--steps" in capsys.readouterr().err
+
+
+def test_since_keeps_the_incidents_of_the_jobs_last_stretch(stores, capsys):
+    """``--since 1s``: only what overlaps the steps that ended in the job's last second — the
+    straggler runs to the end and stays; a checkpoint-free early window would not."""
+    rc, out = _diagnose(capsys, stores / "compute_straggler", "--json", "--since", "1s")
+    doc = json.loads(out)
+    validate(doc)
+    assert doc["filters"]["since_s"] == 1.0 and doc["filters"]["steps"][0] >= 25
+    assert [i["class"] for i in doc["incidents"]] == ["compute_straggler"]
+    rc, out = _diagnose(capsys, stores / "compute_straggler", "--json", "--since", "1s", "--steps", "0-5")
+    assert json.loads(out)["incidents"] == []  # both filters: the intersection
+
+
+@pytest.mark.parametrize("bad", ["abc", "-5m", "0s"])
+def test_a_bad_duration_is_refused_clearly(stores, capsys, bad):
+    with pytest.raises(SystemExit) as exc:
+        main(["diagnose", str(stores / "healthy"), f"--since={bad}"])
+    assert exc.value.code == 2 and "--since" in capsys.readouterr().err
