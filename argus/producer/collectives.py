@@ -162,6 +162,7 @@ class CollectiveTracker:
     def _wrap(self, original: Callable, op: str, method: str) -> Callable:
         tracker = self
         peer_arg = _P2P_PEER_ARG.get(method)
+        collective = op not in ("send", "recv")
 
         @functools.wraps(original)
         def pg_method(pg: Any, *args: Any, **kwargs: Any) -> Any:
@@ -189,7 +190,8 @@ class CollectiveTracker:
                 if batch is not None:  # its own work is a placeholder: the coalesced one completes it
                     batch.append(launch)
                     return work
-                tracker._track(work, launch, pg)
+                # a point-to-point op has a p2p sequence of its own: no collective record to find
+                tracker._track(work, launch, pg if collective else None)
             except Exception as exc:  # noqa: BLE001
                 rt.fail(f"collective tracking failed ({type(exc).__name__}: {exc})")
             return work

@@ -283,3 +283,23 @@ def test_the_key_read_after_a_launch_finds_that_collective_in_torchs_own_ring(tm
     keys = [tuple(k) for k in doc["keys"]]
     assert len(set(keys)) == 3 and keys[0][0] == keys[2][0] != keys[1][0]
     assert all(found.get(k, "").endswith("all_reduce") for k in keys), (keys, found)
+
+
+def test_a_point_to_point_op_is_never_matched_to_a_collective_record(tmp_path, monkeypatch):
+    """send/recv count on the group's p2p sequence; the collective sequence read after one would
+    name the previous collective's record. They keep the callback path (through the wrapped
+    process-group method, as the job calls it)."""
+    ring = RingWriter.create(tmp_path)
+    rt = Runtime(ring)
+    tracker = CollectiveTracker(rt, lambda: False)
+    tracker.fr_dump = Ring()
+    tracker.groups[(id(None), 1)] = _Group("pp", ring.inflight.slot(group_key([0, 1]), 4, 2, 0), 4)
+    monkeypatch.setattr(tracker, "_group", lambda pg, peer: tracker.groups[(id(None), 1)])
+    effects, pg = SideEffects(), NcclGroup()
+    send = tracker._wrap(lambda pg, tensors, dst, tag=0: NcclWork(effects), "send", "send")
+    monkeypatch.setattr("argus.producer.collectives._cuda_device", lambda args: 0)
+    send(pg, [object()], 1)
+    assert effects.pool_stream_waits == 1 and not rt.cuda.on_pass  # the callback, no ring read
+    allreduce = tracker._wrap(lambda pg, tensors: NcclWork(effects), "allreduce", "allreduce")
+    allreduce(pg, [object()])
+    assert effects.pool_stream_waits == 1 and rt.cuda.on_pass  # a collective: the Flight Recorder
