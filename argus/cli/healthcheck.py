@@ -41,6 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--save-baseline", action="store_true", help="archive this run as the node's baseline")
     p.add_argument("--threshold", type=float, default=None, help="deficit that fails a check (default 0.10)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    p.add_argument("--store", type=Path, default=None,
+                   help="also keep the result in this Argus store (health/<host>/…), where `argus verify` finds it")
     p.set_defaults(func=run)
 
 
@@ -85,12 +87,21 @@ def run(args: argparse.Namespace) -> int:
     saved = None
     if args.save_baseline:
         saved = save_baseline(report, directory)
+    doc = {**report.to_json(), "threshold": threshold,
+           "baseline": {"path": str(directory), "found": baseline is not None,
+                        "started_s": baseline.started_s if baseline is not None else None},
+           "verdicts": [v.to_json() for v in verdicts], "passed": not failed,
+           "saved_baseline": str(saved) if saved else None}
+    kept = None
+    if args.store is not None:
+        from argus.healthcheck.records import save_health
+        from argus.store import Store
+
+        try:
+            kept = save_health(Store.open(args.store).root, doc)
+        except Exception as exc:  # noqa: BLE001 - the verdict stands; say why it was not kept
+            err.print(f"[yellow]not kept in {term(args.store)}: {term(str(exc))}[/yellow]")
     if args.json:
-        doc = {**report.to_json(), "threshold": threshold,
-               "baseline": {"path": str(directory), "found": baseline is not None,
-                            "started_s": baseline.started_s if baseline is not None else None},
-               "verdicts": [v.to_json() for v in verdicts], "passed": not failed,
-               "saved_baseline": str(saved) if saved else None}
         print(json.dumps(doc, indent=1))
     else:
         out = stdout_console()
@@ -114,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
                   + ("" if baseline or args.save_baseline else " (no baseline yet: --save-baseline archives one)"))
         if saved:
             out.print(f"baseline saved: {term(saved)}")
+        if kept:
+            out.print(f"kept in the store: {term(kept)}")
     return EXIT_FAIL if failed else EXIT_PASS
 
 

@@ -19,13 +19,16 @@ EXIT_REFUTED, EXIT_INCONCLUSIVE, EXIT_ERROR, EXIT_CONFIRMED = 0, 1, 2, 3
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify", help="check an incident's hardware suspect against a healthy peer (argus healthcheck)",
-        description="Without --health: say which healthcheck to run where. With --health (the JSON of "
-                    "`argus healthcheck --json` run on the suspect and a peer): judge the incident confirmed, "
-                    "refuted or inconclusive, and record it in the store, where `argus diagnose` shows it. "
+        description="With --health (the JSON of `argus healthcheck --json` run on the suspect and a peer), or a "
+                    "health report kept in the store (`argus healthcheck --store`): judge the incident confirmed, "
+                    "refuted or inconclusive, and record it in the store, where `argus diagnose` shows it; with neither, say "
+                    "which healthcheck to run where. "
                     "Exit code: 3 confirmed, 0 refuted (the hardware is healthy), 1 inconclusive, 2 error.")
     p.add_argument("store", help="store directory or s3://bucket/prefix (a prom:// source is read-only: use --no-store)")
     p.add_argument("incident", help="incident id (inc-…, from `argus diagnose`)")
-    p.add_argument("--health", metavar="FILE", help="`argus healthcheck --json` output ('-': stdin)")
+    p.add_argument("--health", metavar="FILE", help="`argus healthcheck --json` output ('-': stdin); default: the "
+                                                    "newest one kept in the store (healthcheck --store) that measured "
+                                                    "a suspect")
     p.add_argument("--run", help="run id (default: latest)")
     p.add_argument("--attempt", help="attempt id (default: latest)")
     p.add_argument("--json", action="store_true", help="print the verification (JSON)")
@@ -67,18 +70,25 @@ def _health(path: str) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from argus.analysis.verification import Outcome, save
-    from argus.cli.sources import open_source_attempt
-    from argus.healthcheck.verify import NotVerifiable, judge, plan
+    from argus.cli.sources import open_source_attempt, store_root
+    from argus.healthcheck.records import covering
+    from argus.healthcheck.verify import NotVerifiable, judge, plan, suspects
 
     attempt = open_source_attempt(args.store, args.run, args.attempt)
     incident = _incident(attempt, args.incident)
     out = stdout_console()
     try:
-        if not args.health:
-            hosts = sorted(set(attempt.topology().hosts.tolist()))
-            print(plan(incident, hosts))
-            return 0
-        v = judge(incident, _health(args.health))
+        if args.health:
+            health = _health(args.health)
+        else:  # the newest health report kept in the store that measured a suspect
+            found = covering(store_root(attempt), suspects(incident))
+            if found is None:
+                hosts = sorted(set(attempt.topology().hosts.tolist()))
+                print(plan(incident, hosts))
+                return 0
+            path, health = found
+            stderr_console().print(f"[dim]using the health report {term(path)}[/dim]")
+        v = judge(incident, health)
     except NotVerifiable as exc:
         raise ArgusError(str(exc)) from None
     where = None

@@ -19,7 +19,7 @@ from __future__ import annotations
 from argus.analysis.incident import IncidentClass
 from argus.analysis.verification import Outcome, Verification
 
-__all__ = ["HARDWARE_CLASSES", "judge", "plan", "NotVerifiable"]
+__all__ = ["HARDWARE_CLASSES", "judge", "plan", "suspects", "NotVerifiable"]
 
 HARDWARE_CLASSES = (IncidentClass.LINK_DEGRADATION, IncidentClass.COMPUTE_STRAGGLER)
 
@@ -41,6 +41,11 @@ def _suspects(incident: dict) -> tuple[list[str], str, str]:
                         f"(verifiable: {', '.join(map(str, HARDWARE_CLASSES))})")
 
 
+def suspects(incident: dict) -> list[str]:
+    """The health-report subjects that measure ``incident``'s suspects."""
+    return _suspects(incident)[0]
+
+
 def plan(incident: dict, hosts: list[str]) -> str:
     """What to run, and where, to verify ``incident`` (``hosts``: the job's hosts)."""
     subjects, _, what = _suspects(incident)
@@ -54,7 +59,8 @@ def plan(incident: dict, hosts: list[str]) -> str:
         cmd = ("torchrun … -m argus healthcheck --level net --json > health.json   # with the job's ranks, or\n"
                f"argus healthcheck --level gpu --json > health.json   # on {where}")
     return (f"{incident['id']} ({incident['class']}): measure the {what} of {', '.join(subjects) or 'the suspects'}:\n"
-            f"  {cmd}\nthen: argus verify STORE {incident['id']} --health health.json")
+            f"  {cmd}\nthen: argus verify STORE {incident['id']} --health health.json   (or run the healthcheck "
+            "with --store STORE: argus verify then finds it)")
 
 
 def judge(incident: dict, health: dict) -> Verification:

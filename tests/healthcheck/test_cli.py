@@ -59,6 +59,34 @@ def test_the_net_level_runs_real_ranks_and_measures_every_size_and_each_ranks_pe
     assert all(v["peers"] is not None and v["status"] in ("pass", "fail") for v in peers)
 
 
+def test_a_check_kept_in_a_store_is_what_verify_reads(tmp_path, capsys):
+    """``--store``: the result stays with the store, and ``argus verify`` without ``--health``
+    judges the store's compute incident (rank 2 of a 4-rank job) from it — whatever the verdict on
+    this VM (refuted when rank 2's cores measure like the others')."""
+    from argus.analysis.verification import load
+    from argus.cli.main import main
+    from argus.healthcheck.records import stored_health
+
+    store = tmp_path / "s"
+    assert main(["simulate", "--scenario", "compute_straggler", "--out", str(store), "--ranks", "4", "--layout",
+                 "dp=4", "--steps", "30"]) == 0
+    capsys.readouterr()
+    assert main(["diagnose", str(store), "--json", "--no-store"]) == 0
+    (inc,) = json.loads(capsys.readouterr().out)["incidents"]
+    assert inc["culprit_ranks"] == [2]
+    assert main(["verify", str(store), inc["id"]]) == 0  # nothing kept yet: it says what to run
+    assert "argus healthcheck --level net" in capsys.readouterr().out
+    done = _run("--level", "net", "--nproc", "4", "--sizes", "8", "--store", str(store), "--json", tmp_path=tmp_path)
+    assert done.returncode in (0, 1), done.stderr[-2000:]
+    ((path, doc),) = list(stored_health(store))
+    assert path.parent.parent.name == "health" and doc == json.loads(done.stdout)
+    assert main(["verify", str(store), inc["id"]]) in (0, 1, 3)
+    (attempt_dir,) = (store / "runs").glob("*/*")
+    (v,) = load(attempt_dir).values()
+    assert v.incident == inc["id"] and v.suspects == ["rank:2"] and v.health_host == doc["host"]
+    assert sorted(v.peers) == ["rank:0", "rank:1", "rank:3"]
+
+
 def test_bad_input_is_a_clear_error_and_nothing_is_written(tmp_path):
     bad = _run("--level", "gpu,disk", tmp_path=tmp_path)
     assert bad.returncode == 2 and "a comma list of gpu, node, net, e2e" in bad.stderr
