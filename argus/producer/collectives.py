@@ -191,7 +191,7 @@ class CollectiveTracker:
                     batch.append(launch)
                     return work
                 # a point-to-point op has a p2p sequence of its own: no collective record to find
-                tracker._track(work, launch, pg if collective else None)
+                tracker._track(work, launch, pg if collective else None, op)
             except Exception as exc:  # noqa: BLE001
                 rt.fail(f"collective tracking failed ({type(exc).__name__}: {exc})")
             return work
@@ -267,7 +267,7 @@ class CollectiveTracker:
         rq0 = rt.sched.runq_ns() if main and m0 is None else -1
         return (t0, rt.mb_context, rt.step, g, nid, m0, rq0, device)
 
-    def _track(self, work: Any, launch: tuple, pg: Any = None) -> None:
+    def _track(self, work: Any, launch: tuple, pg: Any = None, op: str = "") -> None:
         if work is None:
             # a synchronous collective the backend waited for itself (torch ≥ 2.8: "sync'ed at
             # CPP level", no Work). On a GPU it returns once the current stream waits on the
@@ -288,7 +288,7 @@ class CollectiveTracker:
             # its in-flight count so hang snapshots do not see it waiting forever
             self.rt.ring.inflight.completed(launch[3].slot, launch[0], launch[0])
             return
-        if launch[5] is not None and pg is not None and self._track_by_flight_recorder(work, launch, pg):
+        if launch[5] is not None and pg is not None and self._track_by_flight_recorder(work, launch, pg, op):
             return
         if launch[5] is not None and self._track_on_gpu(work, launch):
             return
@@ -302,14 +302,14 @@ class CollectiveTracker:
             return
         fut.add_done_callback(lambda _f, key=key: self._finish(key))
 
-    def _track_by_flight_recorder(self, work: Any, launch: tuple, pg: Any) -> bool:
+    def _track_by_flight_recorder(self, work: Any, launch: tuple, pg: Any, op: str) -> bool:
         """An asynchronous collective on a CUDA device: its end from ProcessGroupNCCL's own
         timing in the Flight Recorder (``flight_recorder.py``), nothing attached to the work."""
         fr = self._flight_recorder()
         if fr is None:
             return False
         key = fr_key(pg)
-        if key is None or not fr.expect(key, launch):
+        if key is None or not fr.expect(key, launch, op):
             return False
         self.rt.cuda.phase(launch[5], launch[5], (fr.arrived, key))  # the arrival, on the GPU clock
         return True

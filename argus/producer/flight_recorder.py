@@ -87,11 +87,16 @@ def _ring_capacity() -> int:
     return 2000
 
 
-class _Pending:
-    __slots__ = ("launch", "t0", "dur_ns", "lost")
+def _letters(name: str) -> str:
+    return "".join(c for c in name.lower() if c.isalpha())
 
-    def __init__(self, launch: Any):
+
+class _Pending:
+    __slots__ = ("launch", "op", "t0", "dur_ns", "lost")
+
+    def __init__(self, launch: Any, op: str = ""):
         self.launch = launch
+        self.op = _letters(op)  # "allreduce": found in the record's "nccl:all_reduce"
         self.t0: int | None = None
         self.dur_ns: int | None = None
         self.lost = False
@@ -123,24 +128,26 @@ class FlightRecorderTimes:
         self.stats = {"timed": 0, "lost": 0, "reads": 0, "read_errors": 0, "read_ms": 0.0}
         self.untimed = 0  # records completed without a duration
         self.empty_reads = 0
+        self.mismatched = 0  # records of another op under the key read after a launch
 
     @property
     def usable(self) -> bool:
         """False once the ring showed it cannot time collectives here (empty, or no durations):
         the caller times the next ones another way."""
-        return self.empty_reads == 0 and self.untimed == 0 and self.stats["read_errors"] < 3
+        return self.empty_reads == 0 and self.untimed == 0 and self.mismatched == 0 and self.stats["read_errors"] < 3
 
     @property
     def pending(self) -> int:
         return sum(len(g) for g in self._groups.values())
 
-    def expect(self, key: tuple[str, int], launch: Any) -> bool:
-        """Wait for ``key``'s record; False when full (the caller times it another way)."""
+    def expect(self, key: tuple[str, int], launch: Any, op: str = "") -> bool:
+        """Wait for ``key``'s record (a record of another ``op`` is not this collective's); False
+        when full (the caller times it another way)."""
         if self.pending >= self.MAX_PENDING:
             return False
         group, seq = key
         with self._lock:
-            self._groups.setdefault(group, {})[seq] = _Pending(launch)
+            self._groups.setdefault(group, {})[seq] = _Pending(launch, op)
             self._since_read += 1
         return True
 
@@ -197,7 +204,13 @@ class FlightRecorderTimes:
                     continue
                 oldest[group] = min(seq, oldest.get(group, seq))
                 p = self._groups.get(group, {}).get(seq)
-                if p is None or p.dur_ns is not None:
+                if p is None or p.dur_ns is not None or p.lost:
+                    continue
+                if p.op and p.op not in _letters(str(e.get("profiling_name", ""))):
+                    # the sequence number read after the launch was not this collective's (a group
+                    # with two backends counts on the other one): never another op's duration
+                    p.lost = True
+                    self.mismatched += 1
                     continue
                 dur = e.get("duration_ms")
                 if e.get("state") == "completed" and dur is not None:

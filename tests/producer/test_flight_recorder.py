@@ -17,7 +17,7 @@ from argus.producer.flight_recorder import FlightRecorderTimes, enable_timing
 
 def entry(group: str, seq: int, state: str = "completed", duration_ms: float | None = 2.0, **kw) -> dict:
     return {"process_group": [group, "desc"], "collective_seq_id": seq, "state": state, "duration_ms": duration_ms,
-            "is_p2p": False, "retired": state == "completed", **kw}
+            "is_p2p": False, "retired": state == "completed", "profiling_name": "nccl:all_reduce", **kw}
 
 
 class Ring:
@@ -120,6 +120,28 @@ def test_the_last_read_settles_everything_still_waiting():
     ring.entries = [entry("0", 1)]
     fr.poll(final=True)
     assert done == [("c", None, None)] and fr.pending == 0
+
+
+def test_a_record_of_another_op_under_the_key_is_never_taken():
+    """A group with two backends may count its sequence on the other one: the record found
+    under the key is then another collective's. Its duration is not taken, and the ring is no
+    longer trusted for timing (the caller falls back)."""
+    ring = Ring()
+    fr, done, _ = times(ring)
+    fr.expect(("0", 4), "ag", "allgather")
+    fr.arrived(("0", 4), 100)
+    ring.entries = [entry("0", 4, profiling_name="nccl:all_reduce")]
+    fr.poll()
+    assert done == [("ag", None, None)] and fr.mismatched == 1 and not fr.usable
+    fr2, done2, _ = times(Ring())
+    fr2.dump.entries = [entry("0", 1, profiling_name="nccl:_allgather_base", duration_ms=1.0),
+                        entry("0", 2, profiling_name="nccl:reduce_scatter_tensor_coalesced", duration_ms=2.0),
+                        entry("0", 3, profiling_name="nccl:all_reduce_barrier", duration_ms=0.5)]
+    for seq, op in ((1, "allgather"), (2, "reduce-scatter"), (3, "barrier")):
+        fr2.expect(("0", seq), op, op)
+        fr2.arrived(("0", seq), seq * 10_000_000)
+    fr2.poll()
+    assert [d[0] for d in done2 if d[1] is not None] == ["allgather", "reduce-scatter", "barrier"] and fr2.usable
 
 
 def test_timing_is_switched_on_unless_the_job_decided():
