@@ -90,6 +90,39 @@ def _runs_seen(store: str, host: str) -> list[str]:
         return []
 
 
+def _losses(store: str, host: str, runs: list[str]) -> list[str]:
+    """What this host's processor lost or could not write, in sentences (empty: nothing):
+    windows it failed to write, and the records the store's ``drops`` table counts for it."""
+    import json
+
+    out: list[str] = []
+    try:
+        doc = json.loads((Path(store) / "processors" / f"{host}.json").read_text())
+    except (OSError, ValueError):
+        doc = {}
+    errors = int(doc.get("write_errors", 0) or 0) if isinstance(doc, dict) else 0
+    if errors:
+        out.append(f"could not write {errors} window(s) into the store (its log says why)")
+    try:
+        from argus.store import Store
+
+        by_reason: dict[str, int] = {}
+        for a in Store.open(store).attempts():
+            if a.identity.run_id not in runs or not a.files("drops"):
+                continue
+            t = a.read("drops", columns=["host", "events", "reason"]).to_pylist()
+            for r in t:
+                if r["host"] in (host, "", None) and r["events"]:
+                    by_reason[str(r["reason"])] = by_reason.get(str(r["reason"]), 0) + int(r["events"])
+        if by_reason:
+            what = ", ".join(f"{n:,} {reason.replace('_', ' ')}" for reason, n in sorted(by_reason.items()))
+            out.append(f"dropped {sum(by_reason.values()):,} record(s) ({what}); the store's drops table has them "
+                       "per window and rank")
+    except Exception:  # noqa: BLE001 - an unreadable store: the processor's log says more
+        pass
+    return out
+
+
 def _flush_progress(store: str, host: str) -> tuple[object, float]:
     """What changes while the stopping processor makes progress, and until when it is busy
     in a bounded wait of its own (wall clock; 0 when none)."""
@@ -252,7 +285,10 @@ def run(args: argparse.Namespace) -> int:
                   "processes that call torch.distributed.init_process_group (set ARGUS_FORCE=1 to trace a job "
                   f"without one). The command exited with {code}.", file=sys.stderr)
         else:
-            runs = ", ".join(_runs_seen(args.store, args.host)) or run_id
+            seen = _runs_seen(args.store, args.host)
+            runs = ", ".join(seen) or run_id
+            for line in _losses(args.store, args.host, seen or [run_id]):  # never a silent gap
+                print(f"argus run: the processor {line}", file=sys.stderr)
             print(f"argus run: traced run {runs} into {args.store}  (argus diagnose {args.store})",
                   file=sys.stderr)
     return code

@@ -52,3 +52,28 @@ def test_the_log_is_created_private_and_never_through_a_planted_link(tmp_path):
     assert target.read_text() == "precious"
     st = os.lstat(log)
     assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+
+
+def test_what_the_processor_lost_is_said_on_exit(tmp_path):
+    """Issue 28: ``argus run`` says when its processor dropped records or could not write — from
+    the store's drops table (this host's rows) and the status file's write errors."""
+    import json
+
+    from argus.cli.main import main
+    from argus.cli.run import _losses
+    from argus.store import Store, conform
+
+    store = tmp_path / "s"
+    assert main(["simulate", "--scenario", "healthy", "--out", str(store), "--ranks", "4", "--steps", "2"]) == 0
+    attempt = Store.open(store).attempt()
+    run = attempt.identity.run_id
+    assert _losses(str(store), "vm", [run]) == []  # nothing lost, nothing said
+    rows = {"window": [0, 1, 0], "rank": [2, 2, -1], "host": ["vm", "vm", "other"], "table": ["phases"] * 3,
+            "events": [40, 2, 7], "batches": [1, 1, 1], "reason": ["queue_full", "memory_cap", "queue_full"]}
+    attempt.writer("test").write("drops", conform("drops", rows), window=0)
+    (store / "processors").mkdir(exist_ok=True)
+    (store / "processors" / "vm.json").write_text(json.dumps({"write_errors": 3}))
+    said = _losses(str(store), "vm", [run])
+    assert said[0] == "could not write 3 window(s) into the store (its log says why)"
+    assert said[1].startswith("dropped 42 record(s) (2 memory cap, 40 queue full)"), said
+    assert _losses(str(store), "vm", ["another-run"]) == said[:1]  # only the runs it traced
