@@ -328,7 +328,9 @@ class CollectiveTracker:
         if not fr.usable:
             log.warning("argus: the Flight Recorder does not time collectives here (%s); asynchronous NCCL "
                         "collectives are timed by a future callback instead, which records their outputs on a "
-                        "pool stream", "TORCH_FR_BUFFER_SIZE=0" if fr.empty_reads else "no durations")
+                        "pool stream", "TORCH_FR_BUFFER_SIZE=0" if fr.empty_reads else
+                        "records of other ops under the keys" if fr.mismatched else
+                        "no durations" if fr.untimed else "the ring could not be read")
             self._fr = False
             return None
         return fr
