@@ -145,7 +145,8 @@ def pair_p2p(f: PhaseFrame, layout: Layout, start: np.ndarray) -> tuple[np.ndarr
     A receive followed by a forward block carries activations from stage *s − 1*, one followed
     by a backward block gradients from *s + 1*; a send carries what the block before it made.
     The n-th receive of a (pipeline line, step, microbatch when recorded, direction) is paired
-    with the n-th send. Empty without backward blocks (no way to tell activations from
+    with the n-th send; stages wrap around (interleaved 1F1B: the last stage sends chunk 0's
+    activations to the first stage's chunk 1). Empty without backward blocks (no way to tell activations from
     gradients)."""
     empty = np.zeros(0, np.int64), np.zeros(0, np.int64)
     if layout.pp < 2 or "pp" not in f.groups:
@@ -170,7 +171,9 @@ def pair_p2p(f: PhaseFrame, layout: Layout, start: np.ndarray) -> tuple[np.ndarr
     wkey, work = wkey[order], work[order]
     ckey = f.rank[rows].astype(np.float64) * 1e15 + (start[rows] - t0)
     nxt = np.searchsorted(wkey, ckey - 1.0, side="left")  # a block starting at the post's instant is next
-    prv = np.searchsorted(wkey, ckey, side="right") - 1
+    # … and a block starting at a send's instant is the next one, computed while the send is in
+    # flight (1F1B: the forward of microbatch m + k starts as the backward of m posts its gradients)
+    prv = np.searchsorted(wkey, ckey, side="left") - 1
     ok_n = (nxt < work.size) & (f.rank[work[np.minimum(nxt, work.size - 1)]] == f.rank[rows])
     ok_p = (prv >= 0) & (f.rank[work[np.maximum(prv, 0)]] == f.rank[rows])
     recv_fwd = ~bwd_name[f.name[work[np.minimum(nxt, work.size - 1)]]]
@@ -183,7 +186,9 @@ def pair_p2p(f: PhaseFrame, layout: Layout, start: np.ndarray) -> tuple[np.ndarr
         step, mb = int(f.step[i]), int(f.mb[i])
         if is_recv[j] and ok_n[j]:
             fwd = bool(recv_fwd[j])
-            src = int(stage[j]) - 1 if fwd else int(stage[j]) + 1
+            # modulo pp: the interleaved schedule's last stage feeds the first stage's next chunk
+            # (and its gradients flow back the same way)
+            src = (int(stage[j]) + (-1 if fwd else 1)) % layout.pp
             recvs.setdefault((int(line[j]), step, mb, fwd, src), []).append(int(i))
         elif is_send[j] and ok_p[j]:
             sends.setdefault((int(line[j]), step, mb, bool(send_fwd[j]), int(stage[j])), []).append(int(i))

@@ -56,41 +56,47 @@ class JobDraw:
     dataloader_spike_prob: float
     megatron_groups: bool = False  # Megatron's EMBEDDING and MODEL_PARALLEL groups at the step's tail
     virtual_stages: int = 1  # > 1: the interleaved 1F1B schedule (pipelined jobs, half of them)
+    slow_group: str = "dp"  # the group kind ``group_link_degradation`` slows (cp jobs: their ring, half of them)
 
 
 #: The layout families, drawn alike (a family the common draws rarely reach — data parallel
 #: alone needs dp ≥ 16 — is scored as often as the others)
-FAMILIES = ("dp", "tp·dp", "pp", "moe", "moe·pp")
+FAMILIES = ("dp", "tp·dp", "pp", "moe", "moe·pp", "cp")
 
 
 def draw_job(seed: int, min_ranks: int = 16, max_ranks: int = 256) -> JobDraw:
     """A job's shape and noise, from ``seed`` alone: a family, then a layout of it (tp, pp,
-    ep in 1–8, dp in 2–32), the interleaved schedule for half the pipelined ones."""
+    ep in 1–8, cp in 2–8 for the context-parallel family, dp in 2–32), the interleaved schedule
+    for half the pipelined ones."""
     rng = np.random.default_rng(seed)
     fam = str(rng.choice(FAMILIES))
     while True:
         tp, pp, ep = (int(rng.choice(v)) for v in ((1, 2, 4, 8), (1, 2, 4, 8), (1, 2, 4, 8)))
+        cp = int(rng.choice((2, 4, 8))) if fam == "cp" else 1
         dp = int(rng.choice((2, 3, 4, 6, 8, 12, 16, 24, 32)))
-        n = tp * pp * ep * dp
-        layout = f"tp={tp},pp={pp},ep={ep},dp={dp}"
+        n = tp * cp * pp * ep * dp
+        layout = f"tp={tp},cp={cp},pp={pp},ep={ep},dp={dp}" if cp > 1 else f"tp={tp},pp={pp},ep={ep},dp={dp}"
         if min_ranks <= n <= max_ranks and family(layout) == fam:
             break
     noise = (float(rng.choice((5.0, 15.0, 40.0, 100.0))), float(rng.choice((0.02, 0.08, 0.15))),
              float(rng.choice((0.01, 0.02, 0.04))), float(rng.choice((0.0, 0.01, 0.03))))
     megatron = bool(rng.random() < 0.5)
     virtual = 2 if pp > 1 and rng.random() < 0.5 else 1
-    return JobDraw(seed, n, layout, *noise, megatron, virtual)
+    slow_group = "cp" if cp > 1 and rng.random() < 0.5 else "dp"
+    return JobDraw(seed, n, layout, *noise, megatron, virtual, slow_group)
 
 
 def family(layout: str) -> str:
     """The layout family a job belongs to, by the axes it parallelises over: ``dp`` (data
     parallel only), ``tp·dp``, ``pp`` (pipelined, dense), ``moe`` (experts, no pipeline),
-    ``moe·pp``. Scores are stated per family as well as pooled (and, across families, for
+    ``moe·pp``, ``cp`` (context parallel — ring attention — with any of the others). Scores are stated per family as well as pooled (and, across families, for
     the jobs that run Megatron's own groups, ``megatron-groups``, and the interleaved
     schedule, ``interleaved``): a detector tuned on the common shape must not carry a family
     it fails on."""
     sizes = {k: int(v) for k, v in (part.split("=") for part in layout.split(",") if "=" in part)}
     tp, pp, ep = sizes.get("tp", 1), sizes.get("pp", 1), sizes.get("ep", 1)
+    if sizes.get("cp", 1) > 1:
+        return "cp"
     if ep > 1:
         return "moe·pp" if pp > 1 else "moe"
     if pp > 1:
@@ -164,7 +170,9 @@ def run_draw(scenario: str, seed: int, magnitude: float | None = None, steps: in
     from argus.store import Store
 
     draw = draw_job(seed)
-    params = {MAGNITUDES[scenario][0]: magnitude} if magnitude is not None else None
+    params: dict[str, object] | None = {MAGNITUDES[scenario][0]: magnitude} if magnitude is not None else None
+    if scenario == "group_link_degradation" and draw.slow_group != "dp":
+        params = {**(params or {}), "group": draw.slow_group}
     tmp = Path(tempfile.mkdtemp(prefix="argus-heldout-", dir=workdir))
     try:
         config = SimConfig(ranks=draw.ranks, steps=steps, seed=seed, layout=draw.layout, moe_alpha=draw.moe_alpha,

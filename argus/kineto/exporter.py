@@ -331,7 +331,7 @@ class _Export:
         """The rank's process groups as PyTorch lists them in ``distributedInfo.pg_config``, named
         as Megatron-core names them (``pg_desc``), for the kinds the store's collectives used:
         tools that read only the trace (not Argus's own args) see each collective's group."""
-        from argus.topology import MEGATRON_DESC, megatron_group
+        from argus.topology import megatron_desc, megatron_group
 
         layout = self.attempt.layout
         out: dict[str, dict] = {}
@@ -339,7 +339,7 @@ class _Export:
             members = megatron_group(layout, kind, rank) if rank < layout.world_size else None
             if members is None or len(members) < 2:
                 continue
-            desc = MEGATRON_DESC.get(kind, kind.upper())
+            desc = megatron_desc(layout, kind)
             out[kind] = {"pg_name": f"{desc}:{int(members[0])}", "pg_desc": desc,
                          "backend_config": f"{'cuda' if self.gpu else 'cpu'}:{self.backend}",
                          "pg_size": int(len(members)), "ranks": [int(m) for m in members]}

@@ -281,6 +281,7 @@ class Engine:
         start = self.t[s].copy()
         for layer in self._layers(c):
             self._compute(s, w.attention_fwd, m)
+            self._ring(s, m)
             self._collective(s, w.tp_allreduce, m)
             if w.is_moe(layer, self.layout.ep):
                 self._moe(s, m, layer, backward=False)
@@ -307,6 +308,7 @@ class Engine:
                 self._compute(s, w.mlp_bwd, m)
             self._collective(s, w.tp_allreduce, m)
             self._compute(s, w.attention_bwd, m)
+            self._ring(s, m)
             self._collective(s, w.tp_allreduce, m)
         self._phase(s, self.id["backward-compute"], self.id["compute"], self.id[""], m, start, self.t[s] - start)
         if vs > 0:
@@ -337,6 +339,11 @@ class Engine:
         name = self.id["moe_layer-bwd" if backward else "moe_layer"]
         self._phase(s, name, self.id["compute"], self.id[""], m, start, self.t[s] - start)
         self.tok = np.ones(self.C)
+
+    def _ring(self, s: int, m: int) -> None:
+        """Ring attention's exchanges around the cp group (none without context parallelism)."""
+        for _ in range(self.layout.cp - 1):
+            self._collective(s, self.W.cp_ring, m)
 
     # -- operations ------------------------------------------------------------------------
     def _compute(self, s: int, op: ComputeOp, m: int) -> None:

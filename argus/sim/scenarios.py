@@ -238,7 +238,13 @@ def _gc_pause(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[str, Any]]]:
     if not pool:
         raise ScenarioError(f"gc_pause needs a step after the {ctx.config.warmup_steps} warm-up steps; the job has "
                             f"{ctx.steps}")
-    hit = [s for s in pool if ctx.rng.random() < float(ctx.p("probability"))] or pool[-1:]
+    chosen = ctx.params.get("steps", "auto")
+    if chosen in (None, "auto"):
+        hit = [s for s in pool if ctx.rng.random() < float(ctx.p("probability"))] or pool[-1:]
+    else:
+        hit = sorted({int(s) for s in str(chosen).split(",") if s.strip()})
+        if not hit or not all(0 <= s < ctx.steps for s in hit):
+            raise ScenarioError(f"gc_pause steps={chosen!r}: steps of 0..{ctx.steps - 1}, comma-separated")
     plan = _plan(ctx)
     for s in hit:
         mb = int(ctx.rng.integers(ctx.config.microbatches))
@@ -302,7 +308,8 @@ def _group_link_degradation(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[
     plan = _plan(ctx)
     plan.group_links.append(GroupLinkDegradation(kind, tuple(members), float(ctx.p("factor")), frozenset(steps)))
     w = ctx.config.workload
-    ops = {"dp": (w.dp_reduce_scatter, w.dp_allgather), "ep": (w.ep_alltoall,)}.get(kind, ())
+    ops = {"dp": (w.dp_reduce_scatter, w.dp_allgather), "ep": (w.ep_alltoall,), "cp": (w.cp_ring,),
+           "tp": (w.tp_allreduce,)}.get(kind, ())
     return plan, [_truth(ctx, "link_degradation", members, steps, None, sorted({op.kernel.short for op in ops}),
                          factor=float(ctx.p("factor")), group=kind, cause="group_path_degraded")]
 
@@ -348,7 +355,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("thermal_throttle", "one GPU heats up and its clocks fall: compute slows gradually to factor× "
              "by the end", "compute_straggler", _thermal_throttle,
              {"factor": 1.6, "ranks": "auto", "start_step": "auto", "end_step": "auto"}),
-    Scenario("group_link_degradation", "every transfer of one data-parallel group is factor× slower from a "
+    Scenario("group_link_degradation", "every transfer of one group (data-parallel; group= tp, cp, ep) is factor× slower from a "
              "quarter in (a degraded rail or switch port on that ring's path); its hosts' other groups are "
              "healthy", "link_degradation", _group_link_degradation,
              {"factor": 3.0, "group": "dp", "ranks": "auto", "start_step": "auto", "end_step": "auto"}),
@@ -356,7 +363,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "on_steps of every period steps", "link_degradation", _link_flap,
              {"factor": 5.0, "hosts": "auto", "period": 5, "on_steps": 2}),
     Scenario("gc_pause", "Python garbage-collection pauses of ~pause_ms on one rank in a random share of "
-             "steps", "host_stall", _gc_pause, {"pause_ms": 600.0, "probability": 0.4, "ranks": "auto"}),
+             "steps", "host_stall", _gc_pause,
+             {"pause_ms": 600.0, "probability": 0.4, "ranks": "auto", "steps": "auto"}),
 )}
 
 

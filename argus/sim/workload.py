@@ -156,6 +156,10 @@ class Workload:
                                                   _k(_ADAM, "multi_tensor_apply_kernel", 9000, seq_exp=0)))
     tp_allreduce: CommOp = CommOp("tp-allreduce", "tp", _k(NCCL_ALLREDUCE, "AllReduce", 260), inter_host=6.0)
     ep_alltoall: CommOp = CommOp("ep-alltoall", "ep", _k(NCCL_SENDRECV, "SendRecv", 420), inter_host=3.0, moe=True)
+    # context parallelism (Megatron's ring attention, ``cp_comm_type="p2p"``): each attention
+    # passes its key/value chunk (forward) or their gradients (backward) around the cp ring,
+    # cp - 1 exchanges a layer; an exchange waits for the ring's slowest member
+    cp_ring: CommOp = CommOp("cp-ring-sendrecv", "cp", _k(NCCL_SENDRECV, "SendRecv", 180), inter_host=3.0)
     pp_p2p: CommOp = CommOp("pp-send", "pp", _k(NCCL_SENDRECV, "SendRecv", 250), inter_host=2.5)
     dp_reduce_scatter: CommOp = CommOp("dp-reduce-scatter", "dp", _k(NCCL_REDUCESCATTER, "ReduceScatter", 9000, seq_exp=0),
                                        inter_host=2.5)
@@ -179,7 +183,7 @@ class Workload:
                 self.router_bwd, self.experts_fwd, self.experts_bwd, self.loss_fwd, self.loss_bwd, self.optimizer)
 
     def comm_ops(self) -> tuple[CommOp, ...]:
-        return (self.tp_allreduce, self.ep_alltoall, self.pp_p2p, self.dp_reduce_scatter, self.dp_allgather,
+        return (self.tp_allreduce, self.ep_alltoall, self.cp_ring, self.pp_p2p, self.dp_reduce_scatter, self.dp_allgather,
                 self.grad_norm, self.grad_norm_mp, self.embedding_allreduce, self.barrier)
 
     def is_moe(self, layer: int, ep: int) -> bool:

@@ -1,7 +1,7 @@
 """Execution identity and parallel topology: layouts, groups, peer sets, rank placement."""
 
-from argus.topology.layout import (AXES, DEFAULT_ORDER, GROUP_KINDS, MEGATRON_DESC, GroupKind, Layout, megatron_group,
-                                   parse_layout, parse_order)
+from argus.topology.layout import (AXES, DEFAULT_ORDER, GROUP_KINDS, MEGATRON_DESC, GroupKind, Layout, megatron_desc,
+                                   megatron_group, parse_layout, parse_order)
 from argus.topology.snapshot import RunIdentity, Topology, new_run_id
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "GroupKind",
     "Layout",
     "MEGATRON_DESC",
+    "megatron_desc",
     "RunIdentity",
     "Topology",
     "megatron_group",

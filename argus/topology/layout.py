@@ -248,6 +248,14 @@ MEGATRON_DESC: Mapping[str, str] = {
 }
 
 
+def megatron_desc(layout: Layout, kind: str) -> str:
+    """Megatron-core's name for a group of ``kind``: with context parallelism the gradients are
+    reduced over ``DATA_PARALLEL_GROUP_WITH_CP`` (our ``dp`` kind spans cp, ep and dp)."""
+    if kind == "dp" and layout.cp > 1:
+        return "DATA_PARALLEL_GROUP_WITH_CP"
+    return MEGATRON_DESC.get(kind, kind.upper())
+
+
 def megatron_group(layout: Layout, kind: str, rank: int) -> np.ndarray | None:
     """Members of ``rank``'s group of ``kind`` — a layout kind or one of Megatron's own
     (``model_parallel``, ``embedding``); None for a kind it does not know, or an embedding

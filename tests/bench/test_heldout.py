@@ -20,9 +20,9 @@ def test_every_family_is_drawn_and_pipelined_jobs_interleave_half_the_time():
 
     from argus.bench.heldout import FAMILIES
 
-    draws = [draw_job(HELD_OUT_SEED0 + i) for i in range(100)]
+    draws = [draw_job(HELD_OUT_SEED0 + i) for i in range(200)]
     by = Counter(family(d.layout) for d in draws)
-    assert set(by) == set(FAMILIES) and min(by.values()) >= 10  # data parallel alone too (dp 16–32)
+    assert set(by) == set(FAMILIES) and min(by.values()) >= 20  # data parallel alone too (dp 16–32)
     piped = [d for d in draws if "pp=1," not in d.layout]
     assert all(d.virtual_stages == 1 for d in draws if "pp=1," in d.layout)
     assert 0.25 < sum(d.virtual_stages > 1 for d in piped) / len(piped) < 0.75
@@ -49,7 +49,17 @@ def test_a_run_is_costed_and_scored(tmp_path):
 
 def test_layout_families_follow_the_axes_a_job_parallelises_over():
     assert [family(x) for x in ("tp=1,pp=1,ep=1,dp=8", "tp=4,pp=1,ep=1,dp=4", "tp=2,pp=4,ep=1,dp=2",
-                                "tp=1,pp=1,ep=4,dp=4", "tp=8,pp=2,ep=2,dp=2")] == ["dp", "tp·dp", "pp", "moe", "moe·pp"]
+                                "tp=1,pp=1,ep=4,dp=4", "tp=8,pp=2,ep=2,dp=2", "tp=2,cp=4,pp=2,ep=2,dp=2")] == [
+        "dp", "tp·dp", "pp", "moe", "moe·pp", "cp"]
+
+
+def test_context_parallel_jobs_slow_their_ring_or_their_data_parallel_group():
+    """The cp family's jobs (cp 2–8) put the slow group on the cp ring about half the time; the
+    others slow a data-parallel group, as every other family does."""
+    cps = [d for d in (draw_job(HELD_OUT_SEED0 + i) for i in range(200)) if family(d.layout) == "cp"]
+    assert len(cps) >= 20 and {int(d.layout.split("cp=")[1].split(",")[0]) for d in cps} == {2, 4, 8}
+    assert 0.25 < sum(d.slow_group == "cp" for d in cps) / len(cps) < 0.75
+    assert all(d.slow_group == "dp" for d in (draw_job(HELD_OUT_SEED0 + i) for i in range(60)) if "cp=" not in d.layout)
 
 
 def test_an_intermittent_fault_is_costed_over_the_steps_from_its_first_to_its_last():

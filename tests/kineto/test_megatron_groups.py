@@ -144,6 +144,14 @@ def test_the_simulator_runs_megatrons_groups_and_the_exporter_names_them_as_mega
     assert pgs["MODEL_PARALLEL_GROUP"] == megatron_group(L, "model_parallel", 3).tolist() == [2, 3, 6, 7, 10, 11]
     assert pgs["EMBEDDING_GROUP"] == [3, 11] and pgs["TENSOR_MODEL_PARALLEL_GROUP"] == [2, 3]
     # the trace alone: without Argus's own args, the importer finds every group from PyTorch's records
+    kinds = {r["group_kind"] for r in _reimport_bare(tmp_path, layout).sql(
+        "SELECT DISTINCT group_kind FROM phases WHERE category = 'comm'").to_pylist()}
+    assert {"tp", "dp", "pp", "model_parallel", "embedding"} <= kinds
+
+
+def _reimport_bare(tmp_path, layout: str):
+    """The export in ``tmp_path / "k"`` imported again without Argus's own args: what a reader of
+    the trace alone (PyTorch's ``record_param_comms`` and ``pg_config``) makes of it."""
     bare = tmp_path / "bare"
     bare.mkdir()
     for f in (tmp_path / "k").glob("rank*.json"):
@@ -152,6 +160,24 @@ def test_the_simulator_runs_megatrons_groups_and_the_exporter_names_them_as_mega
             e.get("args", {}).pop("argus", None)
         (bare / f.name).write_text(json.dumps(t))
     import_kineto([bare], tmp_path / "s2", layout)
-    kinds = {r["group_kind"] for r in Store.open(tmp_path / "s2").attempt().sql(
-        "SELECT DISTINCT group_kind FROM phases WHERE category = 'comm'").to_pylist()}
-    assert {"tp", "dp", "pp", "model_parallel", "embedding"} <= kinds
+    return Store.open(tmp_path / "s2").attempt()
+
+
+def test_context_parallel_groups_carry_megatrons_names(tmp_path):
+    """With cp > 1 the gradients are reduced over ``DATA_PARALLEL_GROUP_WITH_CP`` (our dp kind
+    spans cp, ep and dp) and ring attention exchanges over ``CONTEXT_PARALLEL_GROUP``; the trace
+    alone puts every exchange in its ring."""
+    from argus.kineto import export_kineto
+    from argus.sim import SimConfig, simulate_to_store
+
+    layout = "tp=2,cp=2,dp=2"
+    simulate_to_store(SimConfig(ranks=8, steps=6, layout=layout, gpus_per_host=4, kernels=True), "healthy",
+                      tmp_path / "s", baseline=False)
+    export_kineto(tmp_path / "s", tmp_path / "k")
+    doc = json.loads((tmp_path / "k" / "rank1.json").read_text())
+    pgs = {g["pg_desc"]: g["ranks"] for g in doc["distributedInfo"]["pg_config"]}
+    assert pgs["CONTEXT_PARALLEL_GROUP"] == [1, 3] and pgs["TENSOR_MODEL_PARALLEL_GROUP"] == [0, 1]
+    assert pgs["DATA_PARALLEL_GROUP_WITH_CP"] == [1, 3, 5, 7] and "DATA_PARALLEL_GROUP" not in pgs
+    kinds = {r["group_kind"] for r in _reimport_bare(tmp_path, layout).sql(
+        "SELECT DISTINCT group_kind FROM phases WHERE category = 'comm' AND rank = 1").to_pylist()}
+    assert {"tp", "cp", "dp"} <= kinds
