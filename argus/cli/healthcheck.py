@@ -42,7 +42,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold", type=float, default=None, help="deficit that fails a check (default 0.10)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument("--store", type=Path, default=None,
-                   help="also keep the result in this Argus store (health/<host>/…), where `argus verify` finds it")
+                   help="also keep the result in this Argus store (health/<host>/…), where `argus verify` finds it "
+                        "and where a node that failed stays out of service until a later check of it passes")
+    p.add_argument("--standing", action="store_true",
+                   help="run no check: list the nodes the --store's checks judged, in or out of service, with "
+                        "their re-admissions (exit 1 when one is out; with --host, that node only)")
+    p.add_argument("--host", default=None, help="with --standing: only this node")
+    p.add_argument("--remote-write", default=None, metavar="URL",
+                   help="also send the figures, verdicts and node standings to this Prometheus remote-write "
+                        "endpoint (argus_health_* series)")
     p.set_defaults(func=run)
 
 
@@ -51,6 +59,10 @@ def run(args: argparse.Namespace) -> int:
                                    run_checks, save_baseline)
     from argus.healthcheck.run import launched
 
+    if args.standing:
+        return _standing(args)
+    if args.host is not None:
+        raise ArgusError("--host goes with --standing (a check measures the node it runs on)")
     try:
         levels = tuple(Level(x.strip()) for x in args.level.split(",") if x.strip())
     except ValueError:
@@ -93,14 +105,22 @@ def run(args: argparse.Namespace) -> int:
            "verdicts": [v.to_json() for v in verdicts], "passed": not failed,
            "saved_baseline": str(saved) if saved else None}
     kept = None
+    standings: list = []
     if args.store is not None:
         from argus.healthcheck.records import save_health
+        from argus.healthcheck.standing import judged_nodes, node_standings
         from argus.store import Store
 
         try:
-            kept = save_health(Store.open(args.store).root, doc)
+            root = Store.create(args.store).root  # a fleet's checks may come before its first job
+            kept = save_health(root, doc)
+            mine = set(judged_nodes(doc)) | {report.host}
+            standings = [n for n in node_standings(root) if n.host in mine]
+            doc["standing"] = [n.to_json() for n in standings]
         except Exception as exc:  # noqa: BLE001 - the verdict stands; say why it was not kept
             err.print(f"[yellow]not kept in {term(args.store)}: {term(str(exc))}[/yellow]")
+    if args.remote_write:
+        _push(args.remote_write, doc, standings, err)
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
@@ -127,7 +147,71 @@ def run(args: argparse.Namespace) -> int:
             out.print(f"baseline saved: {term(saved)}")
         if kept:
             out.print(f"kept in the store: {term(kept)}")
+        for n in standings:
+            out.print(_standing_line(n, just_now=report.started_s))
     return EXIT_FAIL if failed else EXIT_PASS
+
+
+def _when(t: float | None) -> str:
+    import datetime as dt
+
+    return "—" if t is None else dt.datetime.fromtimestamp(t, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _standing_line(n, just_now: float | None = None) -> str:
+    if n.standing == "out":
+        return (f"[bold red]{term(n.host)}: out of service[/bold red] since {_when(n.out_since_s)} "
+                f"({term(', '.join(n.failing[:4]))}); a passing check re-admits it")
+    if n.readmissions and n.readmissions[-1][1] == just_now:
+        return (f"[green]{term(n.host)}: re-admitted[/green] — out since {_when(n.readmissions[-1][0])}, "
+                "this check passes")
+    return f"[green]{term(n.host)}: in service[/green] (last check {_when(n.last_check_s)})"
+
+
+def _standing(args: argparse.Namespace) -> int:
+    """``--standing``: the nodes the store's checks judged, and whether each is in service."""
+    from argus.healthcheck.standing import Standing, node_standings
+    from argus.store import Store
+
+    if args.store is None:
+        raise ArgusError("--standing reads the checks a store keeps: give --store STORE")
+    nodes = node_standings(Store.open(args.store).root)
+    if args.host is not None:
+        nodes = [n for n in nodes if n.host == args.host]
+        if not nodes:
+            raise ArgusError(f"no health check in {args.store} judged {args.host!r}")
+    if args.json:
+        print(json.dumps({"store": str(args.store), "nodes": [n.to_json() for n in nodes]}, indent=1))
+    else:
+        out = stdout_console()
+        if not nodes:
+            out.print(f"no health check kept in {term(args.store)} (argus healthcheck --store keeps them)")
+        table = Table(title_justify="left")
+        for col in ("node", "standing", "since", "last check", "checks", "re-admitted", "failing"):
+            table.add_column(col)
+        for n in nodes:
+            colour = "bold red" if n.standing == Standing.OUT else "green"
+            table.add_row(term(n.host), f"[{colour}]{n.standing}[/{colour}]",
+                          _when(n.out_since_s) if n.standing == Standing.OUT else "",
+                          _when(n.last_check_s), str(n.checks),
+                          ", ".join(_when(b) for _a, b in n.readmissions[-2:]), term(", ".join(n.failing[:3])))
+        if nodes:
+            out.print(table)
+    return EXIT_FAIL if any(n.standing == Standing.OUT for n in nodes) else EXIT_PASS
+
+
+def _push(url: str, doc: dict, standings: list, err) -> None:
+    """Send the check to a Prometheus remote-write endpoint; a failure is said, never raised (the
+    verdict stands on its own)."""
+    from argus.healthcheck.export import health_write_request
+    from argus.tsdb.sink import post_once
+
+    try:
+        status, text = post_once(url, health_write_request(doc, standings))
+    except Exception as exc:  # noqa: BLE001
+        status, text = 0, f"{type(exc).__name__}: {exc}"
+    if not 200 <= status < 300:
+        err.print(f"[yellow]remote write to {term(url)} failed ({status}): {term(text[:200])}[/yellow]")
 
 
 def _size(n: int) -> str:

@@ -108,6 +108,9 @@ RULES: tuple[Rule, ...] = (
          "{{ $labels.run }}: median step time 20% above its best this hour"),
     Rule("ArgusRecordsDropped", "P2", 'sum by (job, run, attempt, host) (argus_dropped_events) > 0', "0m",
          "processor on {{ $labels.host }} dropped records of {{ $labels.run }}: analysis is partial"),
+    # ``argus healthcheck --remote-write``: a node that failed a check, and no check has passed since
+    Rule("ArgusNodeOutOfService", "P1", "min by (host) (last_over_time(argus_node_in_service[7d])) == 0", "0m",
+         "{{ $labels.host }} failed a health check and none has passed since: keep it out of jobs"),
 )
 
 

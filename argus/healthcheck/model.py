@@ -73,12 +73,15 @@ class HealthReport:
     seconds: float = 0.0
     measurements: list[Measurement] = field(default_factory=list)
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (level or check, reason)
+    #: the host of each rank, for a net check launched across ranks (``rank:N`` subjects → nodes)
+    rank_hosts: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, "host": self.host, "device": self.device,
                 "versions": self.versions, "started_s": self.started_s, "seconds": round(self.seconds, 3),
                 "measurements": [m.to_json() for m in self.measurements],
-                "skipped": [{"check": c, "reason": r} for c, r in self.skipped]}
+                "skipped": [{"check": c, "reason": r} for c, r in self.skipped],
+                **({"rank_hosts": self.rank_hosts} if self.rank_hosts else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> "HealthReport":
@@ -87,4 +90,5 @@ class HealthReport:
         return cls(str(d["host"]), str(d["device"]), {str(k): str(v) for k, v in d["versions"].items()},
                    float(d["started_s"]), float(d.get("seconds", 0.0)),
                    [Measurement.from_json(m) for m in d["measurements"]],
-                   [(str(s["check"]), str(s["reason"])) for s in d.get("skipped", [])])
+                   [(str(s["check"]), str(s["reason"])) for s in d.get("skipped", [])],
+                   [str(h) for h in d.get("rank_hosts", [])])

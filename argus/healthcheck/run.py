@@ -80,6 +80,7 @@ def run_checks(config: CheckConfig, progress: Callable[[str], None] | None = Non
             return None
         ms.extend(to_measurements(doc))
         report.device = f"{world} ranks on {len(set(doc['hosts']))} hosts ({doc['backend']})"
+        report.rank_hosts = [str(h) for h in doc["hosts"]]
         report.seconds = time.perf_counter() - t0
         return report
     if Level.GPU in config.levels:

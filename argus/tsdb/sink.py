@@ -32,7 +32,7 @@ from argus.errors import ConfigError
 from argus.tsdb.remote_write import HEADERS, LabelCache, compress, encode_histogram_series, encode_write_request
 from argus.tsdb.series import AttemptClock, SeriesBatch, WindowJob, build_window_series
 
-__all__ = ["RemoteWriteConfig", "RemoteWriteSink", "DROP_REASONS", "ENV_JOB"]
+__all__ = ["RemoteWriteConfig", "RemoteWriteSink", "DROP_REASONS", "ENV_JOB", "post_once"]
 
 log = logging.getLogger("argus.tsdb")
 
@@ -114,6 +114,16 @@ class _Http:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def post_once(url: str, body: bytes, timeout_s: float = 10.0) -> tuple[int, str]:
+    """One remote-write request (an already compressed body), for a one-off push such as a health
+    check's figures: (HTTP status, the start of the reply)."""
+    conn = _Http(url, timeout_s)
+    try:
+        return conn.post(body)
+    finally:
+        conn.close()
 
 
 class RemoteWriteSink:

@@ -117,6 +117,19 @@ def test_pauses_filling_three_steps_of_a_window_recur_step_by_step(diagnosed):
     assert inc.slowdown_pct >= 5.0
 
 
+def test_a_gpu_that_heats_up_in_a_peer_pair_is_named_by_when_it_slowed(diagnosed):
+    """tp=8 × dp=2 on two hosts: every rank's peer set is itself and one other, so no per-rank
+    test tells the slow one from the fast. One GPU fell to ×1.25 by the end (the job 17% slower
+    at the end, 5.8% over the run) and the diagnosis was "every rank matches its peers'"
+    (held-out 69122). Its kernel time rose against its peer's when the job slowed."""
+    _, truth, d = diagnosed("thermal_throttle", seed=69122, ranks=16, layout="tp=8,pp=1,ep=1,dp=2",
+                            params={"factor": 1.25}, moe_alpha=100.0, seqlen_sigma=0.02, jitter=0.02,
+                            dataloader_spike_prob=0.01)
+    (inc,) = _claims(d)
+    assert inc.klass == "compute_straggler" and inc.culprit_ranks == truth["faults"][0]["culprit_ranks"] == [8]
+    assert inc.state == "suspected" and "its only peer's (rank 0)" in inc.summary
+
+
 def test_a_slow_backward_is_pipeline_imbalance_with_its_stage(diagnosed):
     _, truth, d = diagnosed("pipeline_bubble")
     (inc,) = _claims(d)
