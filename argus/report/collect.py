@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import Any, Iterable
 
 import numpy as np
@@ -286,7 +287,20 @@ class Gatherer:
             l1_windows=[w.to_json() for w in l1.windows] if l1 is not None else [], incidents=views,
             attempt_path=str(a.path), diagnosed=diagnosis is not None,
             diagnosis_s=(getattr(diagnosis, "timings_s", {}) or {}).get("total"), generated_ns=time.time_ns(),
-            missing=list(getattr(diagnosis, "missing", None) or [d.reason for d in a.damage]))
+            missing=list(getattr(diagnosis, "missing", None) or [d.reason for d in a.damage]),
+            nodes=_node_standings(a, set(self.hosts.astype(str).tolist())))
+
+
+def _node_standings(attempt: Attempt, hosts: set[str]) -> list[dict[str, Any]]:
+    """The job's hosts as the store's kept health checks judge them (none kept: empty). The
+    attempt lives at ``<store>/runs/<run>/<attempt>``."""
+    from argus.healthcheck.standing import node_standings
+
+    try:
+        root = Path(attempt.path).parents[2]
+        return [n.to_json() for n in node_standings(root) if n.host in hosts]
+    except Exception:  # noqa: BLE001 - the report stands without them
+        return []
 
 
 def gather(attempt: Attempt, diagnosis: Any | None = None) -> ReportData:

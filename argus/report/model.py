@@ -113,6 +113,8 @@ class ReportData:
     diagnosis_s: float | None = None
     generated_ns: int = 0
     missing: list[str] = field(default_factory=list)  # what the store lacked (damaged files, gaps)
+    #: the job's hosts as the store's kept health checks judge them (``NodeStanding.to_json``)
+    nodes: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def step_range(self) -> tuple[int, int] | None:
@@ -128,7 +130,7 @@ class ReportData:
             "run_id": self.run_id, "attempt_id": self.attempt_id, "layout": self.layout, "ranks": self.ranks,
             "hosts": self.hosts, "source": self.source, "scenario": self.scenario,
             "steps": list(self.step_range) if self.step_range else [], "baseline_step_s": self.baseline_s,
-            "l1": self.l1_windows, "incidents": len(self.incidents), "diagnosed": self.diagnosed, "missing": self.missing,
+            "l1": self.l1_windows, "incidents": len(self.incidents), "diagnosed": self.diagnosed, "missing": self.missing, "nodes": self.nodes,
             "step_time": {"steps": s.steps.tolist(), "job_s": _nan_none(s.job_s), "p10_s": _nan_none(s.p10_s),
                           "p90_s": _nan_none(s.p90_s), "steps_per_point": s.steps_per_point,
                           "unfinished_steps": s.unfinished_steps},

@@ -193,6 +193,30 @@ def step_section(data: ReportData, highlight: tuple[int, int] | None = None) -> 
             f"{table}</section>")
 
 
+def _utc(t: Any) -> str:
+    return "—" if t is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(t)))
+
+
+def nodes_section(data: ReportData) -> str:
+    """The job's hosts as the store's health checks judge them: a node out of service (it failed
+    a check, none passed since) first — empty when the store keeps no check of them."""
+    if not data.nodes:
+        return ""
+    rows = []
+    for n in data.nodes:
+        out = n.get("standing") == "out"
+        readmitted = ", ".join(_utc(r.get("readmitted_s")) for r in (n.get("readmissions") or [])[-2:])
+        rows.append(f'<tr class="node-row"><td class="mono">{esc(n.get("host"))}</td>'
+                    f'<td><span class="sev sev-{"critical" if out else "info"}">'
+                    f'{"out of service" if out else "in service"}</span></td>'
+                    f'<td>{esc(_utc(n.get("out_since_s")) if out else "")}</td><td>{esc(_utc(n.get("last_check_s")))}</td>'
+                    f'<td>{esc(readmitted)}</td><td>{_list(list(n.get("failing") or []), 4)}</td></tr>')
+    return ("<h2>Node health</h2><table class=\"nodes\"><tr><th>node</th><th>standing</th><th>out since</th>"
+            "<th>last check</th><th>re-admitted</th><th>failing</th></tr>" + "".join(rows) + "</table>"
+            '<p class="muted">From the checks kept in the store (<span class="mono">argus healthcheck --store</span>);'
+            " a node that failed stays out until a later check of it passes.</p>")
+
+
 def incidents_table(data: ReportData, href: Callable[[IncidentView], str]) -> str:
     if not data.incidents:
         return ('<p class="healthy">No incident: every rank\'s work, collectives and kernels match its peers\'.</p>'
@@ -367,7 +391,7 @@ def render_report(data: ReportData, out_dir: Path | None = None) -> str:
             f"{verdict_banner(data)}<h1>{esc(data.run_id)} / {esc(data.attempt_id)}</h1>{summary_section(data)}"
             f"<h2>Step time</h2>{step_section(data)}"
             f"<h2>Incidents</h2>{incidents_table(data, lambda v: '#' + v.id)}"
-            + "".join(incident_section(v, file_href) for v in data.incidents)
+            + "".join(incident_section(v, file_href) for v in data.incidents) + nodes_section(data)
             + f'<p class="muted">Generated {esc(when)} by argus {esc(__version__)}. Heatmaps show culprits, at most '
               "32 evenly sampled peers and peer quantiles; step time is the median rank's.</p></main>")
     return document(f"Argus report · {data.run_id}/{data.attempt_id}", body)

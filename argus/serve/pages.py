@@ -13,8 +13,8 @@ from typing import Any
 from urllib.parse import quote
 
 from argus.report import EvidenceFile, IncidentView
-from argus.report.page import (document, incident_section, incidents_table, step_section, summary_section,
-                               verdict_banner)
+from argus.report.page import (document, incident_section, incidents_table, nodes_section, step_section,
+                               summary_section, verdict_banner)
 from argus.report.svg import esc
 from argus.serve.state import Snapshot
 from argus.store import Attempt
@@ -165,7 +165,7 @@ def run_fragment(snap: Snapshot, run_id: str, attempt_id: str) -> str:
     d = snap.data
     return (f"{verdict_banner(d)}<h1>{esc(run_id)} / {esc(attempt_id)}</h1>{_status(snap)}{summary_section(d)}"
             f"<h2>Step time</h2>{step_section(d)}<h2>Incidents</h2>"
-            + incidents_table(d, lambda v: incident_url(run_id, attempt_id, v.id))
+            + incidents_table(d, lambda v: incident_url(run_id, attempt_id, v.id)) + nodes_section(d)
             + f'<p class="muted">JSON: <a href="{esc(api_url(run_id, attempt_id))}">summary</a> · '
               f'<a href="{esc(api_url(run_id, attempt_id, "/incidents"))}">incidents</a></p>')
 

@@ -56,3 +56,31 @@ def test_stored_incidents_count_only_while_newer_than_the_data(simulated, tmp_pa
     after = fingerprint(attempt.path)
     assert after.data != before.data and after.incidents == before.incidents
     assert stored_incidents(attempt, after.data_mtime_ns) == []
+
+
+def test_the_jobs_nodes_as_the_kept_health_checks_judge_them(simulated, tmp_path):
+    """A node of the job that failed a kept check (and none since) is shown out of service in the
+    report and the UI's summary; a host the job did not use is not shown; no check kept: nothing."""
+    from argus.healthcheck.records import save_health
+    from argus.report import gather
+    from argus.report.page import render_report
+
+    attempt = copy_store(sim(simulated, "healthy")[0], tmp_path / "S")
+    assert gather(attempt).nodes == []
+    host = str(attempt.topology().hosts[0])
+
+    def doc(h: str, at: float, status: str) -> dict:
+        return {"host": h, "started_s": at, "verdicts": [{"level": "gpu", "metric": "gemm_fp32_gflops",
+                                                          "subject": "device", "status": status}]}
+
+    root = tmp_path / "S"
+    save_health(root, doc(host, 100.0, "fail"))
+    save_health(root, doc("not-in-this-job", 100.0, "fail"))
+    data = gather(attempt)
+    assert [(n["host"], n["standing"]) for n in data.nodes] == [(host, "out")]
+    assert data.summary_json()["nodes"][0]["failing"] == ["gemm_fp32_gflops device"]
+    html = render_report(data)
+    assert "Node health" in html and "out of service" in html and "not-in-this-job" not in html
+    save_health(root, doc(host, 200.0, "pass"))
+    (node,) = gather(attempt).nodes
+    assert node["standing"] == "in" and node["readmissions"] == [{"failed_s": 100.0, "readmitted_s": 200.0}]
