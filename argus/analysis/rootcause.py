@@ -278,7 +278,11 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
                   and any(f.excess_at(s) >= ctx.config.stall_share * ctx.step_time.get(s, np.inf) for s in f.steps)}:
             spiky_w[r] += 1
     groups: dict[tuple[IncidentClass, str, bool], list[int]] = defaultdict(list)
+    full = max((w.hi - w.lo + 1 for w in windows), default=0)
     for r, ev in per_rank.items():
+        if full >= 3 and all(hi - lo + 1 < full for lo, hi in ev["windows"]):
+            continue  # "steady" in the job's last, cut-short window alone (2 steps): too thin to call a slow
+            # device — a real 4-rank CPU job's rank 0 read 1.43× in its last two steps (vCPU sharing)
         if ev["busy"] and spiky_w[r] >= 2 * steady_w[r]:
             continue  # a recurring host stall (see _stalls), not a slow device
         if not ev["busy"] and len(ev["windows"]) < 2:
