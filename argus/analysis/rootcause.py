@@ -1028,8 +1028,7 @@ def _slow_hosts(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident
         extra: dict[int, list[float]] = defaultdict(list)  # rank → its extra kernel time per step (s)
         own: set[int] = set()
         for w in windows:
-            inside = sum(1 for s in range(w.lo, w.hi + 1) for rg in regressions if rg.start_step <= s <= rg.end_step)
-            if w.l3 is None or not w.l3.device or inside < 0.5 * (w.hi - w.lo + 1):
+            if w.l3 is None or not _device_window_in_regression(w, regressions):
                 continue
             slow = _host_slow(ctx, windows, ranks, [w.lo, w.hi], own)
             if slow is not None and len(slow) >= SLOW_HOST_SHARE * len(ranks):
@@ -1056,6 +1055,12 @@ def _slow_hosts(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident
             inc.severity = max(within, key=lambda o: o.severity_rank).severity
         out = [o for o in out if o not in within] + [inc]
     return out
+
+
+def _device_window_in_regression(w: WindowAnalysis, regressions: list) -> bool:
+    """A window with device kernels (L3), mostly inside one of L1's regressions."""
+    inside = sum(1 for s in range(w.lo, w.hi + 1) for rg in regressions if rg.start_step <= s <= rg.end_step)
+    return w.l3 is not None and w.l3.device and inside >= 0.5 * (w.hi - w.lo + 1)
 
 
 def _slow_in_pairs(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) -> list[Incident]:
@@ -1092,8 +1097,7 @@ def _slow_in_pairs(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incid
             if w.hi < start:
                 before.append(k[r] / k[q])
                 continue
-            inside = sum(1 for s in range(w.lo, w.hi + 1) for rg in regressions if rg.start_step <= s <= rg.end_step)
-            if w.l3 is None or not w.l3.device or inside < 0.5 * (w.hi - w.lo + 1):
+            if not _device_window_in_regression(w, regressions):
                 continue
             after.append((w, k[r], k[q]))
         if not before or not after:
