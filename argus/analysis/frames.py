@@ -10,6 +10,7 @@ in a collective or a pipeline receive is waiting, not work). Nesting is found wi
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -18,7 +19,7 @@ import pyarrow.compute as pc
 from argus.store import Attempt
 
 __all__ = ["StepFrame", "PhaseFrame", "PhaseTotals", "WindowFrames", "load_steps", "load_phases", "load_phase_totals",
-           "load_host_totals", "encode"]
+           "load_host_totals", "step_phases", "step_phases_sql", "encode"]
 
 
 def encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
@@ -27,6 +28,35 @@ def encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
     if isinstance(d, pa.ChunkedArray):
         d = d.combine_chunks()
     return d.indices.to_numpy(zero_copy_only=False).astype(np.int32), d.dictionary.to_pylist()
+
+
+def step_phases(attempt: Attempt) -> Any:
+    """A DuckDB connection whose ``phases`` view holds only the phases inside their steps (and a
+    ``steps`` view).
+
+    Step 0 begins with the first forward, not when tracing starts, so what a rank does before it
+    (imports, building the model and the data, a DDP broadcast) is recorded as step 0 but lies
+    before the step's start: about a second of garbage collections a rank in a small CPU job.
+    Read as step 0's work, the few tens of ms one rank's start-up collections took more than its
+    peer's became a "host stall in gc" that "nearly doubled" a 0.15 s step (CI's healthy
+    pipeline job). A phase that ended before its rank's step 0 began is start-up's; an unfinished
+    one (``dur_ns < 0``) is kept, for the hang analysis."""
+    con = attempt.duckdb(tables=["phases", "steps"])
+    con.execute('ALTER VIEW phases RENAME TO _argus_phases_recorded')
+    con.execute("CREATE VIEW phases AS SELECT p.* FROM _argus_phases_recorded p LEFT JOIN "
+                "(SELECT rank, min(start_ns) AS t0 FROM steps WHERE step = 0 GROUP BY rank) z "
+                "ON p.step = 0 AND p.rank = z.rank "
+                "WHERE z.t0 IS NULL OR p.dur_ns < 0 OR p.start_ns + p.dur_ns > z.t0")
+    return con
+
+
+def step_phases_sql(attempt: Attempt, query: str) -> pa.Table:
+    """``query`` over :func:`step_phases`'s views, as an Arrow table."""
+    con = step_phases(attempt)
+    try:
+        return con.sql(query).to_arrow_table()
+    finally:
+        con.close()
 
 
 @dataclass
@@ -104,7 +134,7 @@ class PhaseFrame:
 def load_phases(attempt: Attempt, lo: int, hi: int, ranks: np.ndarray | None = None) -> PhaseFrame:
     """Phases of steps ``lo..hi`` (of ``ranks`` only, if given) sorted by (rank, start), with
     busy times."""
-    con = attempt.duckdb(tables=["phases"])
+    con = step_phases(attempt)
     try:
         where = f"step BETWEEN {int(lo)} AND {int(hi)}"
         if ranks is not None:
@@ -179,7 +209,7 @@ class PhaseTotals:
 def load_phase_totals(attempt: Attempt, lo: int, hi: int) -> PhaseTotals:
     """Per (rank, step, name) totals, plus per (rank, step, microbatch, name) for phases that
     occur once per microbatch (forward/backward blocks, found on a sample of ranks first)."""
-    con = attempt.duckdb(tables=["phases"])
+    con = step_phases(attempt)
     try:
         where = f"step BETWEEN {int(lo)} AND {int(hi)}"
         blocks = [r[0] for r in con.sql(
@@ -224,8 +254,8 @@ def load_host_totals(attempt: Attempt, world: int) -> dict[str, np.ndarray]:
     """Each host phase's whole-run seconds per rank (``(world,)``; 0 for a rank that reported
     steps but never ran it). A pause every rank takes once, at a step of its own (a full
     garbage collection crossing its threshold, a checkpoint), is symmetric here."""
-    t = attempt.sql("SELECT rank, name, sum(greatest(dur_ns, 0))::DOUBLE / 1e9 AS total FROM phases "
-                    "WHERE category = 'host' GROUP BY rank, name")
+    t = step_phases_sql(attempt, "SELECT rank, name, sum(greatest(dur_ns, 0))::DOUBLE / 1e9 AS total FROM phases "
+                                 "WHERE category = 'host' GROUP BY rank, name")
     seen = attempt.sql("SELECT DISTINCT rank FROM steps").column("rank").to_numpy()
     empty = np.where(np.isin(np.arange(world), seen), 0.0, np.nan)
     rank = t.column("rank").to_numpy().astype(np.int64)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from argus.analysis.frames import step_phases_sql
 from argus.store import Attempt
 
 __all__ = ["PhaseCause", "host_phase_cause", "HOST_PHASE_CAUSES"]
@@ -50,7 +51,8 @@ def host_phase_cause(attempt: Attempt, rank: int, steps: list[int], excess_per_s
     peers = [int(p) for p in attempt.layout.peer_set(rank)]
     ranks = ",".join(map(str, sorted(set(peers) | {rank})))
     in_steps = ",".join(str(int(s)) for s in steps)
-    rows = attempt.sql(
+    rows = step_phases_sql(
+        attempt,
         f"SELECT rank, name, sum(dur_ns)::DOUBLE AS ns FROM phases WHERE category = 'host' AND dur_ns > 0 AND "
         f"step IN ({in_steps}) AND rank IN ({ranks}) GROUP BY rank, name").to_pylist()
     by_name: dict[str, dict[int, float]] = {}

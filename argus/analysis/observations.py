@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from argus.analysis.frames import encode
+from argus.analysis.frames import encode, step_phases_sql
 from argus.analysis.host_phases import HOST_PHASE_CAUSES
 from argus.compress.names import categorize_kernel
 from argus.store import Attempt
@@ -149,8 +149,8 @@ def _per_rank_share(values: dict[tuple[int, int], float], rank: np.ndarray, step
 
 
 def _host_time(attempt: Attempt, rank: np.ndarray, step: np.ndarray, dur: np.ndarray) -> list[Observation]:
-    rows = attempt.sql("SELECT rank, step, name, sum(greatest(dur_ns, 0))::DOUBLE AS ns FROM phases "
-                       "WHERE category = 'host' AND microbatch < 0 GROUP BY ALL").to_pylist()
+    rows = step_phases_sql(attempt, "SELECT rank, step, name, sum(greatest(dur_ns, 0))::DOUBLE AS ns FROM phases "
+                                    "WHERE category = 'host' AND microbatch < 0 GROUP BY ALL").to_pylist()
     by_name: dict[str, dict[tuple[int, int], float]] = {}
     for r in rows:
         by_name.setdefault(str(r["name"]), {})[(int(r["rank"]), int(r["step"]))] = float(r["ns"])
@@ -238,8 +238,8 @@ def _waiting(attempt: Attempt, k: dict[str, np.ndarray] | None, rank: np.ndarray
         values = _covered(k, k["comm"])
         source = "communication kernels"
     else:
-        rows = attempt.sql("SELECT rank, step, sum(greatest(dur_ns, 0))::DOUBLE AS ns FROM phases "
-                           "WHERE category = 'comm' AND microbatch < 0 GROUP BY ALL").to_pylist()
+        rows = step_phases_sql(attempt, "SELECT rank, step, sum(greatest(dur_ns, 0))::DOUBLE AS ns FROM phases "
+                                        "WHERE category = 'comm' AND microbatch < 0 GROUP BY ALL").to_pylist()
         values = {(int(x["rank"]), int(x["step"])): float(x["ns"]) for x in rows}
         source = "collectives"
     if not values:
