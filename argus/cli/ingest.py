@@ -1,4 +1,5 @@
-"""``argus ingest FORMAT``: import traces written by other tools into a store (today: Kineto)."""
+"""``argus ingest FORMAT``: import what other tools wrote: Kineto traces into a store, Flight Recorder
+dumps as hang incidents."""
 
 from __future__ import annotations
 
@@ -38,6 +39,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--jobs", type=int, help="parsing processes (default: automatic, parallel for big inputs)")
     k.add_argument("--json", action="store_true", help="print the import summary as JSON on stdout")
     k.set_defaults(func=run_ingest_kineto)
+    f = fmt.add_parser(
+        "flight-recorder", help="PyTorch Flight Recorder dumps, one file per rank: who never joined a stuck collective",
+        description="Read the per-rank dumps a hung job's process groups wrote (TORCH_NCCL_DEBUG_INFO_TEMP_FILE "
+                    "<prefix><rank>, or _dump_fr_trace), pickle or JSON, with an unpickler that builds plain data "
+                    "only (a file naming any Python object is refused), and report a hang incident per stuck "
+                    "collective: the ranks that never joined it, those waiting in it and where, mismatched "
+                    "collectives, ranks whose dump is missing or empty. Exit code 1 when a collective is stuck.")
+    f.add_argument("paths", nargs="+", metavar="PATH", help="dump files, or directories holding them")
+    f.add_argument("--prefix", help="file name prefix before the rank number (default: the only one present)")
+    f.add_argument("--world", type=int, help="ranks in the job (default: the highest rank seen + 1); ranks "
+                                               "without a dump are then named")
+    f.add_argument("--store", help="the job's Argus store: culprits get their hosts, and the incidents are stored "
+                                   "in its latest attempt next to the diagnosis")
+    f.add_argument("--json", action="store_true", help="print the incidents as JSON on stdout")
+    f.set_defaults(func=run_ingest_flight_recorder)
 
 
 class _ByteProgress:
@@ -116,3 +132,60 @@ def run_ingest_kineto(args: argparse.Namespace) -> int:
         err.print(f"[red]{len(result.failures)} of {len(files)} files not imported[/red]")
         return 1
     return 0
+
+
+def run_ingest_flight_recorder(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from argus.analysis.incident import incidents_table
+    from argus.errors import ConfigError
+    from argus.flight_recorder import hang_incidents, read_dumps, stuck_collectives
+
+    if args.world is not None and args.world < 1:
+        raise ConfigError(f"--world must be at least 1 (got {args.world})")
+    ds = read_dumps([Path(p) for p in args.paths], prefix=args.prefix, world=args.world)
+    stuck = stuck_collectives(ds)
+    attempt = None
+    step = -1
+    if args.store:
+        from argus.store import Store
+
+        attempt = Store.open(args.store).attempt()
+        done = attempt.sql("SELECT max(step) AS s FROM steps WHERE end_ns > 0").column("s")[0].as_py()
+        step = -1 if done is None else int(done) + 1  # the step no rank finished
+    incidents = hang_incidents(ds, stuck, step=step)
+    if attempt is not None:
+        topo = attempt.topology()
+        for inc in incidents:
+            inside = [r for r in inc.culprit_ranks if 0 <= r < attempt.layout.world_size]
+            inc.hosts = sorted({str(topo.hosts[r]) for r in inside})
+            inc.gpus = [str(topo.gpu_uuids[r]) for r in inside]
+        if incidents:
+            attempt.writer("flight-recorder").write("incidents", incidents_table(incidents),
+                                                    window=len(attempt.files("incidents")))
+    err = stderr_console()
+    if args.json:
+        print(json.dumps({"world": ds.world, "dumps": sorted(ds.dumps), "unreadable": {
+            str(r): why for r, why in sorted(ds.unreadable.items())}, "missing": ds.missing,
+            "stuck": [s.to_json() for s in stuck], "incidents": [i.to_json() for i in incidents]}, indent=2))
+    else:
+        out = stdout_console()
+        versions = sorted({d.version for d in ds.dumps.values()})
+        out.print(f"{len(ds.dumps)} dump{'s' * (len(ds.dumps) != 1)} of {ds.world} ranks read "
+                  f"(format {', '.join(versions) or '?'}); {len(stuck)} stuck collective{'s' * (len(stuck) != 1)}")
+        for inc in incidents:
+            out.print(f"[bold red]hang[/bold red] ({inc.state}) {term(inc.summary)}")
+        for s in stuck:
+            if s.consequence:
+                out.print(f"  consequence: {term(s.group_desc or s.group)} #{s.seq} waits for "
+                          f"{', '.join(map(str, s.behind))}, who wait in another stuck collective")
+        if not stuck:
+            out.print("no collective is stuck: every member of every group completed what it enqueued")
+        if attempt is not None and incidents:
+            out.print(f"stored in {term(str(attempt.path))}")
+    for r, why in sorted(ds.unreadable.items()):
+        err.print(f"[yellow]unreadable[/yellow] rank {r}: {term(why)}")
+    for r in ds.missing:
+        if r not in ds.unreadable:
+            err.print(f"[yellow]missing[/yellow] no dump from rank {r}")
+    return 1 if stuck else 0

@@ -1,0 +1,246 @@
+"""Which collectives a hung job is stuck in, and which ranks never came — from the dumps alone.
+
+Each group numbers its collectives in order on every member. Per group, a member's last
+*enqueued* and last *completed* sequence numbers (``pg_status``; from the entries where a dump
+predates it) say where it is: the first collective some member has not completed is the stuck
+one, its members that enqueued it are waiting in it, and members whose last enqueued number is
+lower never arrived. A rank that never arrived in one group may itself be waiting in another
+(rank 2 stuck in a tensor-parallel all-reduce that rank 3 never joined holds up the data-parallel
+all-reduce everyone else waits in): the culprit is the rank waiting nowhere, and the other stuck
+collectives are its consequences. If every member arrived and none completed, no rank is to
+blame on this evidence: the collective itself did not finish (a link, a peer's device) —
+suspected, never named. Members that disagree on the op, sizes or dtypes at the same sequence
+number are a mismatch: a bug in the job, named as such.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State
+from argus.flight_recorder.dumps import DumpSet, Entry
+
+__all__ = ["StuckCollective", "stuck_collectives", "hang_incidents"]
+
+DEFAULT_GROUP_DESCS = ("default_pg", "WORLD")
+
+
+@dataclass
+class StuckCollective:
+    group: str
+    group_desc: str
+    seq: int
+    op: str
+    input_sizes: tuple
+    input_dtypes: tuple[str, ...]
+    members: list[int]
+    arrived: list[int]  # enqueued it and wait in it
+    behind: list[int]  # members whose dumps show they never enqueued it
+    no_dump: list[int]  # members without a readable dump
+    waiting_at: str  # where the waiting ranks issued it
+    last_of_behind: dict[int, dict] = field(default_factory=dict)  # rank → its last op on the group
+    mismatch: dict[int, tuple] = field(default_factory=dict)  # rank → its signature, where they differ
+    listed: bool = True  # members from the dumps' pg_config (NCCL), else from who used the group (gloo)
+    culprits: list[int] = field(default_factory=list)  # set by stuck_collectives: behind and waiting nowhere
+    #: where members are not listed: ranks whose dumps never mention the group and that wait in no
+    #: stuck collective — members that never came, if they are members
+    strangers: list[int] = field(default_factory=list)
+    consequence: bool = False  # every rank it waits for waits in another stuck collective
+
+    def to_json(self) -> dict:
+        return {"group": self.group, "group_desc": self.group_desc, "seq": self.seq, "op": self.op,
+                "input_sizes": list(self.input_sizes), "input_dtypes": list(self.input_dtypes),
+                "members": len(self.members), "arrived": self.arrived, "never_joined": self.behind,
+                "no_dump": self.no_dump, "waiting_at": self.waiting_at, "members_listed": self.listed,
+                **({"unlisted_idle_ranks": self.strangers} if self.strangers else {}),
+                "last_of_never_joined": {str(r): v for r, v in self.last_of_behind.items()},
+                **({"mismatch": {str(r): _show(s) for r, s in self.mismatch.items()}} if self.mismatch else {})}
+
+
+def _dims(sizes: tuple) -> str:
+    """[[16, 4], [8]] → "16x4, 8"."""
+    return ", ".join("x".join(map(str, s)) if isinstance(s, tuple) else str(s) for s in sizes)
+
+
+def _show(sig: tuple) -> str:
+    op, isz, idt = sig[:3]
+    return f"{op.split(':')[-1]} [{_dims(isz)}] {','.join(idt)}"
+
+
+def _is_default(group: str, desc: str) -> bool:
+    return desc in DEFAULT_GROUP_DESCS or (group == "0" and not desc)
+
+
+def stuck_collectives(ds: DumpSet) -> list[StuckCollective]:
+    """The first unfinished collective of every group that has one, with its culprits."""
+    groups: dict[str, str] = {}
+    members: dict[str, set[int]] = {}
+    listed: dict[str, set[int]] = {}
+    for d in ds.dumps.values():
+        for g in d.groups():
+            groups.setdefault(g, d.group_desc.get(g, ""))
+            members.setdefault(g, set()).add(d.rank)
+        for g, r in d.group_ranks.items():
+            listed.setdefault(g, set()).update(r)
+            groups.setdefault(g, d.group_desc.get(g, ""))
+    out = []
+    for g, desc in sorted(groups.items(), key=lambda kv: (len(kv[0]), kv[0])):
+        default = _is_default(g, desc)
+        mem = set(range(ds.world)) if default else listed.get(g) or members[g]
+        s = _stuck_in(ds, g, desc, sorted(mem))
+        if s is not None:
+            s.listed = default or g in listed
+            out.append(s)
+    waiting = {r for s in out for r in s.arrived}
+    for s in out:
+        s.culprits = sorted(set(s.behind) - waiting)
+        s.consequence = bool(s.behind) and not s.culprits and not s.mismatch and not s.no_dump
+        if not s.listed and not s.behind and not s.mismatch:
+            # a rank with no readable dump may be a member too: it is a stranger like an idle one
+            others = (set(ds.dumps) | set(ds.unreadable) | set(ds.missing)) - set(s.members) - waiting
+            s.strangers = sorted(others)
+    return out
+
+
+def _collectives(entries: list[Entry], group: str) -> dict[int, Entry]:
+    return {e.seq: e for e in entries if e.group == group and not e.is_p2p}
+
+
+def _stuck_in(ds: DumpSet, g: str, desc: str, members: list[int]) -> StuckCollective | None:
+    enq: dict[int, int] = {}
+    comp: dict[int, int] = {}
+    by_rank: dict[int, dict[int, Entry]] = {}
+    for r in members:
+        d = ds.dumps.get(r)
+        if d is None:
+            continue
+        ent = by_rank[r] = _collectives(d.entries, g)
+        st = d.status.get(g)
+        enq[r] = st.last_enqueued if st is not None else max(ent, default=-1)
+        if st is not None:
+            comp[r] = st.last_completed
+        elif any(e.state == "completed" for e in ent.values()):
+            comp[r] = max((q for q, e in ent.items() if e.state == "completed"), default=-1)
+    if not enq:
+        return None
+    frontier = max(enq.values())
+    # a collective one member completed, every member reached: the group is past the highest
+    # completion anyone reports (a gloo rank's own status can lag its finished barrier)
+    if comp and max(comp.values()) < frontier:
+        seq = max(max(comp.values()), 0) + 1
+    elif not comp and min(enq.values()) < frontier:
+        seq = max(min(enq.values()), 0) + 1
+    else:
+        return None
+    arrived = sorted(r for r, q in enq.items() if q >= seq)
+    behind = sorted(r for r, q in enq.items() if q < seq)
+    no_dump = [r for r in members if r not in ds.dumps]
+    at = [by_rank[r][seq] for r in arrived if seq in by_rank[r]]
+    first = at[0] if at else None
+    sigs = {r: by_rank[r][seq].signature for r in arrived if seq in by_rank[r]}
+    mismatch: dict[int, tuple] = {}
+    if len(set(sigs.values())) > 1:
+        counts: dict[tuple, int] = {}
+        for v in sigs.values():
+            counts[v] = counts.get(v, 0) + 1
+        common = max(counts, key=lambda v: counts[v])
+        mismatch = {r: v for r, v in sigs.items() if v != common}
+        first = next(by_rank[r][seq] for r in arrived if seq in by_rank[r] and sigs[r] == common)
+    last = {}
+    for r in behind:
+        if by_rank[r]:
+            e = by_rank[r][max(by_rank[r])]
+            last[r] = {"seq": e.seq, "op": e.op, "where": e.where()}
+        else:
+            last[r] = {"seq": enq[r], "op": "", "where": ""}
+    return StuckCollective(g, desc, seq, first.op if first else "", first.input_sizes if first else (),
+                           first.input_dtypes if first else (), members, arrived, behind, no_dump,
+                           first.where() if first else "", last, mismatch)
+
+
+def _name(s: StuckCollective) -> str:
+    group = s.group_desc or f"group {s.group}"
+    return f"{s.op.split(':')[-1] or 'collective'} #{s.seq} of {group}"
+
+
+def _ranks(rs: list[int]) -> str:
+    shown = ", ".join(map(str, rs[:8])) + (f" … (+{len(rs) - 8})" if len(rs) > 8 else "")
+    return f"rank{'s' * (len(rs) > 1)} {shown}"
+
+
+def _wait(rs: list[int]) -> str:
+    return "wait" if len(rs) > 1 else "waits"
+
+
+@dataclass
+class _Verdict:
+    stuck: StuckCollective
+    culprits: list[int]
+    state: State
+    summary: str
+
+    @property
+    def direct(self) -> bool:
+        """Every member it waits for is a culprit (no victim in between)."""
+        return set(self.stuck.behind) <= set(self.culprits)
+
+
+def _verdict(s: StuckCollective, ds: DumpSet) -> _Verdict:
+    if s.mismatch:
+        culprits = sorted(s.mismatch)
+        return _Verdict(s, culprits, State.CONFIRMED, (
+            f"{_ranks(culprits)} issued a different collective at {_name(s)}: "
+            + "; ".join(f"rank {r}: {_show(v)}" for r, v in sorted(s.mismatch.items())[:4])
+            + f" (the others: {_show((s.op, s.input_sizes, s.input_dtypes))}) — the job's code diverged on those ranks"))
+    if s.culprits:
+        last = s.last_of_behind.get(s.culprits[0], {})
+        was = (f"; its last on the group was #{last['seq']} {last['op'].split(':')[-1]}"
+               f"{' at ' + last['where'] if last.get('where') else ''}") if last.get("op") else ""
+        return _Verdict(s, s.culprits, State.CONFIRMED, (
+            f"{_ranks(s.culprits)} never joined {_name(s)} ([{_dims(s.input_sizes)}] {','.join(s.input_dtypes)}); "
+            f"{_ranks(s.arrived)} {_wait(s.arrived)} in it{' at ' + s.waiting_at if s.waiting_at else ''}{was}"))
+    absent = sorted(set(s.no_dump) | {r for r in s.strangers if r not in ds.dumps})
+    idle = [r for r in s.strangers if r in ds.dumps]
+    if absent or idle:
+        said = []
+        if absent:
+            said.append(f"{_ranks(absent)} left no readable dump (killed, or stuck too hard to write one)")
+        if idle:
+            said.append(f"{_ranks(idle)} never used the group and {'are' if len(idle) > 1 else 'is'} waiting in no "
+                        f"stuck collective")
+        caveat = "" if s.listed else " — if members: gloo dumps do not list a group's ranks"
+        return _Verdict(s, sorted(set(absent) | set(idle)), State.SUSPECTED, (
+            f"{_ranks(s.arrived)} {_wait(s.arrived)} in {_name(s)}; {'; '.join(said)}{caveat}: suspected"))
+    return _Verdict(s, [], State.SUSPECTED, (
+        f"every member ({len(s.arrived)}) issued {_name(s)} and none completed it: the collective itself did not "
+        f"finish (a link, or a peer's device), not a rank that never came"))
+
+
+def hang_incidents(ds: DumpSet, stuck: list[StuckCollective] | None = None, step: int = -1) -> list[Incident]:
+    """A ``hang`` incident per culprit set: the stuck collectives its ranks never joined (the most
+    direct one leads), their consequences as evidence; a collective everyone joined is its own."""
+    stuck = stuck_collectives(ds) if stuck is None else stuck
+    grouped: dict[tuple, list[_Verdict]] = {}
+    for s in stuck:
+        if not s.consequence:
+            v = _verdict(s, ds)
+            key = (v.state, tuple(v.culprits)) if v.culprits and not s.mismatch else ("own", s.group, s.seq)
+            grouped.setdefault(key, []).append(v)
+    out = []
+    for same in grouped.values():
+        # rank 3 never joined its pair's all-reduce, where rank 2 waits; 0 and 1 wait for both in the
+        # world's: the pair's says it without a victim in between
+        v = max(same, key=lambda x: (x.direct, len(x.stuck.arrived), -x.stuck.seq))
+        s, others = v.stuck, [x.stuck for x in same if x is not v]
+        waiting = set().union(*(x.arrived for x in [s, *others])) | set(v.culprits)
+        ev: list[dict] = [{"level": "flight_recorder", "kind": "stuck_collective", **x.to_json()} for x in [s, *others]]
+        ev += [{"level": "flight_recorder", "kind": "consequence", **c.to_json()} for c in stuck
+               if c.consequence and set(c.behind) & waiting]
+        ev += [{"level": "flight_recorder", "kind": "unreadable_dump", "rank": r, "why": why}
+               for r, why in sorted(ds.unreadable.items()) if r in set(s.members) | set(v.culprits)]
+        also = (f"; {', '.join(map(_name, others))} wait{'s' * (len(others) == 1)} for "
+                f"{'it' if len(v.culprits) == 1 else 'them'} too") if others else ""
+        out.append(Incident(IncidentClass.HANG, v.culprits, [], [], step, step, s.op, [], v.state, Severity.CRITICAL,
+                            100.0, None, Action.CHECKPOINT_AND_RESTART, ev, [step] if step >= 0 else [],
+                            v.summary + also))
+    return out

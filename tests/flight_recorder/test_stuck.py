@@ -1,0 +1,180 @@
+"""Flight Recorder dumps: real ones written by torch's gloo process groups, and NCCL-format ones
+written by the test for the fields gloo leaves empty (listed members, completion states)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from argus.flight_recorder import FlightRecorderError, hang_incidents, read_dumps, stuck_collectives
+
+pytest.importorskip("torch")
+
+JOB = Path(__file__).with_name("fr_job.py")
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory) -> Path:
+    """``healthy``, ``skip`` and ``nested`` dump directories of real 4-rank gloo jobs."""
+    out = tmp_path_factory.mktemp("fr")
+    env = {**os.environ, "TORCH_FR_BUFFER_SIZE": "200", "OMP_NUM_THREADS": "1"}
+    for scenario in ("skip", "nested"):
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+                               str(JOB), scenario, str(out)], env=env, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "argus", "ingest", "flight-recorder", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_job_whose_collectives_all_completed_has_nothing_stuck(dumps):
+    ds = read_dumps([dumps / "healthy"])
+    assert sorted(ds.dumps) == [0, 1, 2, 3] and {d.version for d in ds.dumps.values()} and not ds.unreadable
+    assert stuck_collectives(ds) == [] and hang_incidents(ds) == []
+    done = _cli(str(dumps / "healthy"))
+    assert done.returncode == 0 and "no collective is stuck" in done.stdout
+
+
+def test_the_rank_waiting_nowhere_is_the_culprit_and_the_others_collectives_its_consequences(dumps):
+    """Rank 3 never joins its tensor-parallel pair's all-reduce (rank 2 waits in it); ranks 0 and
+    1 wait in a world all-reduce for 2 and 3. Rank 3 is named, confirmed; rank 2 is a victim."""
+    ds = read_dumps([dumps / "nested"])
+    stuck = {s.group_desc: s for s in stuck_collectives(ds)}
+    assert set(stuck) == {"TENSOR_MODEL_PARALLEL_GROUP", "default_pg"}
+    tp, world = stuck["TENSOR_MODEL_PARALLEL_GROUP"], stuck["default_pg"]
+    assert (tp.arrived, tp.behind, tp.culprits, tp.seq) == ([2], [3], [3], 2)
+    assert (world.arrived, world.behind, world.culprits) == ([0, 1], [2, 3], [3])
+    (inc,) = hang_incidents(ds)
+    assert inc.klass == "hang" and inc.culprit_ranks == [3] and inc.state == "confirmed"
+    assert inc.summary.startswith("rank 3 never joined all_reduce #2 of TENSOR_MODEL_PARALLEL_GROUP")
+    assert "fr_job.py:" in inc.summary  # where rank 2 waits: the job's line, not torch's
+    assert [e["group_desc"] for e in inc.evidence if e["kind"] == "stuck_collective"] == \
+        ["TENSOR_MODEL_PARALLEL_GROUP", "default_pg"]
+
+
+def test_a_rank_that_never_used_a_gloo_group_is_only_suspected(dumps):
+    """Gloo dumps do not list a group's members: a rank whose dump never mentions the group the
+    others wait in is suspected, said so, never confirmed — and never "the network"."""
+    (inc,) = hang_incidents(read_dumps([dumps / "skip"]))
+    assert inc.culprit_ranks == [2] and inc.state == "suspected"
+    assert "ranks 0, 1, 3 wait in all_reduce #1 of DATA_PARALLEL_GROUP" in inc.summary
+    assert "do not list" in inc.summary
+
+
+def test_a_killed_ranks_empty_dump_is_evidence_not_an_error(dumps, tmp_path):
+    shutil.copytree(dumps / "nested", tmp_path / "d")
+    (tmp_path / "d" / "fr_trace_3").write_bytes(b"")
+    ds = read_dumps([tmp_path / "d"])
+    assert sorted(ds.dumps) == [0, 1, 2] and "empty" in ds.unreadable[3]
+    (inc,) = hang_incidents(ds)
+    assert inc.culprit_ranks == [3] and inc.state == "suspected"
+    assert any(e["kind"] == "unreadable_dump" and e["rank"] == 3 for e in inc.evidence)
+    done = _cli(str(tmp_path / "d"), "--json")
+    assert done.returncode == 1 and json.loads(done.stdout)["incidents"][0]["culprit_ranks"] == [3]
+    assert "unreadable" in done.stderr
+
+
+def _nccl(rank: int, entries: list[dict], members: str = "[0, 1, 2, 3]", version: str = "2.0") -> dict:
+    """A dump as ProcessGroupNCCL writes one (format 2.0: no pg_status; states from the watchdog)."""
+    return {"version": version, "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": members}},
+            "entries": [{"record_id": i, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": seq,
+                         "p2p_seq_id": 0, "op_id": seq, "profiling_name": op, "time_created_ns": 1_000 * seq,
+                         "input_sizes": [size], "input_dtypes": [dtype], "output_sizes": [size],
+                         "output_dtypes": [dtype], "state": state, "time_discovered_started_ns": None,
+                         "time_discovered_completed_ns": None, "retired": False, "timeout_ms": 600_000,
+                         "is_p2p": False, "frames": [{"name": "train", "filename": "/job/train.py", "line": 40 + seq}]}
+                        for i, (seq, op, size, dtype, state) in enumerate(entries)]}
+
+
+def _write(d: Path, dumps: dict[int, dict]) -> Path:
+    d.mkdir()
+    for rank, dump in dumps.items():
+        (d / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(dump))
+    return d
+
+
+def test_members_that_disagree_on_the_collective_are_a_mismatch(tmp_path):
+    ok = [(1, "nccl:all_reduce", [1024], "Float", "completed"), (2, "nccl:all_reduce", [4096], "BFloat16", "started")]
+    odd = [ok[0], (2, "nccl:all_gather", [512], "BFloat16", "started")]
+    ds = read_dumps([_write(tmp_path / "d", {0: _nccl(0, ok), 1: _nccl(1, ok), 2: _nccl(2, odd), 3: _nccl(3, ok)})])
+    (inc,) = hang_incidents(ds)
+    assert inc.culprit_ranks == [2] and inc.state == "confirmed"
+    assert "rank 2: all_gather [512] BFloat16" in inc.summary and "all_reduce [4096] BFloat16" in inc.summary
+
+
+def test_listed_members_name_a_rank_that_never_came_and_one_with_no_dump(tmp_path):
+    """NCCL dumps list each group's ranks: rank 3, behind by one, is confirmed; with rank 3's file
+    missing too, the world of 5 names rank 4 (no dump at all) as suspected instead."""
+    done = [(1, "nccl:all_reduce", [8], "Float", "completed")]
+    stuck = [*done, (2, "nccl:all_reduce", [8], "Float", "scheduled")]
+    five = "[0, 1, 2, 3, 4]"
+    d = _write(tmp_path / "d", {r: _nccl(r, done if r == 3 else stuck, five) for r in range(4)})
+    (inc,) = hang_incidents(read_dumps([d]))
+    assert (inc.culprit_ranks, inc.state) == ([3], "confirmed")
+    (d / "nccl_trace_rank_3").unlink()
+    ds = read_dumps([d])
+    assert ds.world == 5 and ds.missing == [3, 4]
+    (inc,) = hang_incidents(ds)
+    assert (inc.culprit_ranks, inc.state) == ([3, 4], "suspected")
+
+
+def test_every_member_in_and_none_done_names_no_rank(tmp_path):
+    both = [(1, "nccl:all_reduce", [8], "Float", "completed"), (2, "nccl:all_reduce", [8], "Float", "started")]
+    (inc,) = hang_incidents(read_dumps([_write(tmp_path / "d", {r: _nccl(r, both) for r in range(4)})]))
+    assert inc.culprit_ranks == [] and inc.state == "suspected" and "not a rank that never came" in inc.summary
+
+
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def test_a_dump_that_would_import_anything_is_refused_and_nothing_runs(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "fr_0").write_bytes(pickle.dumps(_nccl(0, [])))
+    (d / "fr_1").write_bytes(pickle.dumps({"version": "2.10", "entries": [_Payload()]}))
+    with pytest.raises(FlightRecorderError, match=r"refused.*posix\.system|refused.*os\.system"):
+        read_dumps([d])
+    done = subprocess.run([sys.executable, "-m", "argus", "ingest", "flight-recorder", str(d)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "refused" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_what_is_not_a_dump_is_said_so(tmp_path):
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "fr_0").write_bytes(pickle.dumps([1, 2, 3]))
+    (d / "fr_1").write_bytes(b"\x80\x04garbage")
+    (d / "fr_2").write_text('{"version": "2.10", "entries": []}')  # the JSON form: a dump
+    ds = read_dumps([d])
+    assert "no 'entries'" in ds.unreadable[0] and "cannot decode" in ds.unreadable[1] and 2 in ds.dumps
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("no dump here")
+    with pytest.raises(FlightRecorderError, match="no dump files"):
+        read_dumps([tmp_path / "other"])  # nothing named <prefix><rank>
+
+
+def test_with_the_jobs_store_the_culprit_gets_its_host_and_the_incident_is_stored(dumps, tmp_path):
+    from argus.sim import SimConfig, simulate_to_store
+    from argus.store import Store
+
+    simulate_to_store(SimConfig(ranks=4, steps=6, seed=1, gpus_per_host=2), "healthy", tmp_path / "s")
+    done = _cli(str(dumps / "nested"), "--store", str(tmp_path / "s"), "--json")
+    assert done.returncode == 1, done.stderr
+    (inc,) = json.loads(done.stdout)["incidents"]
+    attempt = Store.open(tmp_path / "s").attempt()
+    assert inc["hosts"] == [str(attempt.topology().hosts[3])] and inc["window"]["start_step"] == 6
+    rows = attempt.read("incidents").to_pylist()
+    assert [(r["class"], list(r["culprit_ranks"])) for r in rows] == [("hang", [3])]
