@@ -21,7 +21,7 @@ P1_SLOWDOWN_PCT = 10.0
 def priority(incident: dict[str, Any]) -> str | None:
     """P0–P2 for one incident of the incidents document, or None (info: no alert)."""
     klass = incident["class"]
-    if klass == "hang":
+    if klass in ("hang", "fail_stop"):
         return "P0"
     if incident.get("severity") == "info" or klass in ("healthy", "input_imbalance"):
         return None

@@ -92,7 +92,7 @@ def _loss_per_h(incident: dict[str, Any], ranks: int) -> float | None:
     if pct is None:
         return None
     pct = float(pct)
-    if incident.get("class") == "hang":
+    if incident.get("class") in ("hang", "fail_stop"):
         return float(ranks)
     return ranks * pct / (100.0 + pct)
 

@@ -22,7 +22,9 @@ class Level(StrEnum):
     L3 = "L3"  # kernels: distribution distances, communicator floors
     L4 = "L4"  # traces: replay, critical path, pipeline, device gaps
     L5 = "L5"  # stacks and host phases
-    HW = "hw"  # hardware telemetry
+    HW = "hw"  # hardware telemetry and the host's own counters
+    LOG = "log"  # the job's own output (argus run's logs table)
+    FLIGHT_RECORDER = "flight_recorder"  # PyTorch's Flight Recorder dumps (argus/flight_recorder)
 
 
 class EvidenceKind(StrEnum):
@@ -64,6 +66,14 @@ class EvidenceKind(StrEnum):
     PCIE_DEGRADED = "pcie_degraded"
     NIC_PORT_DOWN = "nic_port_down"
     THERMAL_THROTTLE = "thermal_throttle"
+    LINK_ERRORS = "link_errors"  # InfiniBand port / NVLink error counters rose
+    CPU_PRESSURE = "cpu_pressure"  # the host's CPUs contended, standing out from the other hosts'
+    IO_PRESSURE = "io_pressure"  # the host's storage stalled, standing out from the other hosts'
+    LOG_LINES = "log_lines"  # the job's log lines that bear on the incident
+    # Flight Recorder
+    STUCK_COLLECTIVE = "stuck_collective"
+    CONSEQUENCE = "consequence"  # a stuck collective that only waits for ranks waiting elsewhere
+    UNREADABLE_DUMP = "unreadable_dump"
 
 
 #: Fields a reader takes from a record of that kind (`cli/diagnose.py`, `report/page.py`,
@@ -81,6 +91,12 @@ REQUIRED_FIELDS: Mapping[EvidenceKind, frozenset[str]] = {
     EvidenceKind.GROUP_SHIFT: frozenset({"kernel", "stream", "ranks", "hosts"}),
     EvidenceKind.TRANSFER_SHIFT: frozenset({"collective", "group_kind", "step", "hosts", "extra_ms"}),
     EvidenceKind.BUSY_OUTLIER: frozenset({"rank", "phase", "steps", "ratio", "excess_s"}),
+    EvidenceKind.LINK_ERRORS: frozenset({"hosts", "errors"}),
+    EvidenceKind.LOG_LINES: frozenset({"events", "total"}),
+    EvidenceKind.CPU_PRESSURE: frozenset({"hosts", "pressure_pct", "others_pct"}),
+    EvidenceKind.IO_PRESSURE: frozenset({"hosts", "pressure_pct", "others_pct"}),
+    EvidenceKind.STUCK_COLLECTIVE: frozenset({"group", "group_desc", "seq", "op", "arrived", "never_joined"}),
+    EvidenceKind.CONSEQUENCE: frozenset({"group", "group_desc", "seq", "op", "arrived", "never_joined"}),
 }
 
 

@@ -31,6 +31,7 @@ class IncidentClass(StrEnum):
     PIPELINE_IMBALANCE = "pipeline_imbalance"
     HOST_STALL = "host_stall"
     HANG = "hang"
+    FAIL_STOP = "fail_stop"  # a rank stopped with an error (its exception, a signal): from the job's log
     INPUT_IMBALANCE = "input_imbalance"
     HEALTHY = "healthy"
 
@@ -127,7 +128,7 @@ class Incident:
         kind = {"state": State, "severity": Severity, "action": Action}.get(name)
         object.__setattr__(self, name, kind(value) if kind is not None else value)
         if name in ("severity", "slowdown_pct", "state", "action", "evidence") and "summary" in self.__dict__ \
-                and self.klass != IncidentClass.HANG:
+                and self.klass not in (IncidentClass.HANG, IncidentClass.FAIL_STOP):
             hw_only = self.slowdown_pct is None and any(e.get("level") == "hw" for e in self.evidence)
             allowed = Severity.WARNING if hw_only else Severity(grade(self.slowdown_pct))
             if hw_only and self.state == State.CONFIRMED:

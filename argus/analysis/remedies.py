@@ -36,6 +36,8 @@ _BY_CLASS = {
     "link_degradation": "a slow link: verify it (argus verify), then route around it or cordon the host at the "
                         "next checkpoint",
     "hang": "a rank stopped: checkpoint if the job still can, restart, and read the stuck rank's stack",
+    "fail_stop": "a rank failed: read its last error in the job log (the exception and its line, the signal that "
+                 "killed it), fix what it says, and restart from the last checkpoint",
 }
 
 

@@ -46,7 +46,7 @@ from argus.analysis.incident import (WARNING_PCT, Action, Incident, IncidentClas
 from argus.analysis.l1_windows import L1Result
 from argus.analysis.l2_stragglers import Finding, L2Result
 from argus.analysis.l3_kernels import KernelOutlier, L3Result
-from argus.analysis.signals import HwSignals, stack_cause
+from argus.analysis.signals import PRESSURE_PCT, HwSignals, stack_cause
 from argus.store import Attempt
 from argus.topology import Topology
 
@@ -586,6 +586,17 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
         if stack is not None:
             evidence.append({"level": "L5", "kind": "stacks", "rank": rank, **stack.to_json()})
         cause = measured.cause if measured is not None else stack.cause if stack is not None else "unknown"
+        # the host's own pressure, where it stands out from the other hosts': storage that stalls
+        # (I/O waits: a data loader reading from a slow disk) or CPUs others were using
+        host = ctx.hosts_of([rank])[0]
+        pressed = []
+        for kind, table, what in (("io_pressure", ctx.hw.io_pressure, "storage stalled (I/O pressure)"),
+                                  ("cpu_pressure", ctx.hw.cpu_pressure, "CPUs contended")):
+            got = _pressure_standing_out(ctx, table, [host], steps[0], steps[-1]).get(host)
+            if got is not None:
+                evidence.append({"level": "hw", "kind": kind, "hosts": [host], "pressure_pct": {host: round(got[0], 1)},
+                                 "others_pct": round(got[1], 1)})
+                pressed.append(f"{what} {got[0]:.0f}% vs {got[1]:.0f}% on the other hosts")
         if len(steps) == 1:  # one hiccup, explained or not: matters only if it nearly doubled the step
             share = max(f.excess_at(steps[0]) for f in findings) / ctx.step_time.get(steps[0], np.inf)
             if share < ctx.config.one_off_share:
@@ -599,7 +610,8 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
                 severity = Severity.INFO
         summary = (f"rank {rank} on {ctx.hosts_of([rank])[0]}: host stall in {phase}"
                    f"{' microbatch ' + ','.join(map(str, mb)) if mb else ''} in {len(steps)} step"
-                   f"{'s' * (len(steps) > 1)} ({cause.replace('_', ' ')}); kernels normal")
+                   f"{'s' * (len(steps) > 1)} ({cause.replace('_', ' ')}); kernels normal"
+                   + (f"; the host's {'; '.join(pressed)}" if pressed else ""))
         out.append(Incident(IncidentClass.HOST_STALL, [rank], ctx.hosts_of([rank]), ctx.gpus_of([rank]), steps[0], steps[-1],
                             phase, [], State.CONFIRMED if confirmed else State.SUSPECTED,
                             severity, pct, gpuh, Action.RAISE_TRACE_FIDELITY, evidence,
@@ -628,8 +640,48 @@ PAIR_MIN_STEPS = 4
 DOMINANT_SHARE = 0.5
 
 
+#: A host's CPU pressure explains a slow link as well as the link does when it is at least
+#: ``signals.PRESSURE_PCT`` and this many points above the other hosts' (like with like: on one
+#: machine shared by every "host", or a cluster all busy alike, pressure tells no host apart)
+PRESSURE_MARGIN = 10.0
+
+
+def _host_pressure(ctx: _Ctx, table: dict[int, dict[int, float]], lo: int, hi: int) -> dict[str, float]:
+    """Host → its worst pressure (%) sampled in steps ``lo..hi`` (hosts without samples: absent)."""
+    out: dict[str, float] = {}
+    for r, by_step in table.items():
+        vals = [v for s_, v in by_step.items() if lo <= s_ <= hi]
+        if vals and 0 <= r < len(ctx.topology.hosts):
+            h = str(ctx.topology.hosts[r])
+            out[h] = max(out.get(h, 0.0), max(vals))
+    return out
+
+
+def _pressure_standing_out(ctx: _Ctx, table: dict[int, dict[int, float]], hosts: list[str], lo: int,
+                           hi: int) -> dict[str, tuple[float, float]]:
+    """Hosts among ``hosts`` under pressure while the others were not: host → (its %, others' median %)."""
+    per = _host_pressure(ctx, table, lo, hi)
+    others = [v for h, v in per.items() if h not in hosts]
+    if not others:
+        return {}
+    base = float(np.median(others))
+    return {h: (per[h], base) for h in hosts if h in per and per[h] >= PRESSURE_PCT and per[h] - base >= PRESSURE_MARGIN}
+
+
+def _link_error_hosts(ctx: _Ctx, lo: int | None = None, hi: int | None = None) -> dict[str, float]:
+    """Host → link errors counted (InfiniBand port counters, NVLink) in steps ``lo..hi`` (all: None)."""
+    out: dict[str, float] = {}
+    for r, by_step in ctx.hw.link_errors.items():
+        n = sum(v for s_, v in by_step.items() if (lo is None or s_ >= lo) and (hi is None or s_ <= hi))
+        if n > 0 and 0 <= r < len(ctx.topology.hosts):
+            h = str(ctx.topology.hosts[r])
+            out[h] = out.get(h, 0.0) + n
+    return out
+
+
 def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) -> list[Incident]:
     hw_hosts = {str(ctx.topology.hosts[r]) for r in list(ctx.hw.pcie_degraded) + list(ctx.hw.nic_down)}
+    hw_hosts |= set(_link_error_hosts(ctx))  # a port or NVLink counting errors while the job ran
 
     def backed(hosts_: list[str], narrow_only: bool) -> bool:
         """Like-with-like evidence stands on its own; a two-group or cross-stage comparison
@@ -776,6 +828,20 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     nic = sorted(r for r in ctx.hw.nic_down if str(ctx.topology.hosts[r]) in hosts)
     if nic:
         evidence.append({"level": "hw", "kind": "nic_port_down", "ranks": nic[:8]})
+    errors = {h: n for h, n in _link_error_hosts(ctx, steps[0], steps[-1]).items() if h in hosts}
+    if errors:
+        evidence.append({"level": "hw", "kind": "link_errors", "hosts": sorted(errors),
+                         "errors": {h: int(n) for h, n in sorted(errors.items())},
+                         "note": "InfiniBand port or NVLink error counters rose on these hosts during the slow steps"})
+    # … and the host's CPUs: a link that looks slow on the one host whose CPUs were saturated
+    # (packet processing, other tenants) is as likely contention as a link: never confirmed so
+    contended = _pressure_standing_out(ctx, ctx.hw.cpu_pressure, hosts, steps[0], steps[-1])
+    if contended:
+        confirmed = False
+        evidence.append({"level": "hw", "kind": "cpu_pressure", "hosts": sorted(contended),
+                         "pressure_pct": {h: round(v, 1) for h, (v, _) in sorted(contended.items())},
+                         "others_pct": round(next(iter(contended.values()))[1], 1),
+                         "note": "CPU pressure (PSI, softirq, steal) on these hosts only, during the slow steps"})
     first = min((s_ for s_ in ctx.step_time if ctx.normal(s_)), default=0)
     pattern = (("from the first step" if steps[0] <= first else f"from step {steps[0]} on") if persistent
                else f"in {len(steps)} step{'s' * (len(steps) > 1)} (intermittent)")
@@ -785,6 +851,12 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
              f"{_rank_list(ranks)} on {', '.join(hosts)}" if groups else f"collectives crossing {', '.join(hosts)}")
     summary = (f"{where} transfer slowly {pattern}: "
                f"{', '.join(c for c, _ in collectives.most_common(3)) or ', '.join(kernels)}; compute is normal")
+    if errors:
+        summary += f"; link error counters rose on {', '.join(sorted(errors))}"
+    if contended:
+        h, (v, base) = sorted(contended.items())[0]
+        summary += (f"; {h}'s CPUs were under pressure meanwhile ({v:.0f}% vs {base:.0f}% on the other hosts): "
+                    f"contention is as likely as the link")
     # … and so does one among the slow groups' own members, wherever its host: a group waits for
     # its slowest member, and a member that computes slowly cannot be told from the link it
     # crosses (held-out 69222: a host's mlp ×2 named, and the data-parallel groups its ranks

@@ -1,6 +1,7 @@
 """Independent evidence outside the timing data: hardware telemetry (a PCIe link below its
-maximum generation or width, NIC ports reported down, thermal throttling). CPU stacks are
-L5 (``l5_stacks``), re-exported here for the callers that read both."""
+maximum generation or width, NIC ports reported down, thermal throttling, link error counters
+that climb) and the host's own pressure (CPU, I/O). CPU stacks are L5 (``l5_stacks``),
+re-exported here for the callers that read both."""
 
 from __future__ import annotations
 
@@ -11,7 +12,16 @@ import numpy as np
 from argus.analysis.l5_stacks import CAUSE_WORDS, StackCause, stack_cause
 from argus.store import Attempt
 
-__all__ = ["HwSignals", "load_hw_signals", "StackCause", "stack_cause", "CAUSE_WORDS"]
+__all__ = ["HwSignals", "load_hw_signals", "StackCause", "stack_cause", "CAUSE_WORDS", "LINK_ERROR_METRICS",
+           "PRESSURE_PCT"]
+
+#: Counters whose increase over a sample's interval is a link's own error (host counters and NVML)
+LINK_ERROR_METRICS = ("ib_link_errors", "ib_link_downed", "nvlink_errors", "nvlink_down")
+#: A host's CPUs (some task waiting: PSI, or time stolen / spent on softirq) or storage (PSI I/O,
+#: iowait) are under pressure from this share (%) of a sample's interval
+PRESSURE_PCT = 20.0
+_CPU_PRESSURE = ("psi_cpu_some", "cpu_steal_pct", "cpu_softirq_pct")
+_IO_PRESSURE = ("psi_io_some", "cpu_iowait_pct")
 
 @dataclass
 class HwSignals:
@@ -19,10 +29,13 @@ class HwSignals:
     nic_down: dict[int, list[int]] = field(default_factory=dict)  # rank → steps (sample index) with port down
     thermal: dict[int, float] = field(default_factory=dict)  # rank → max temperature when throttled
     pcie_steps: dict[int, list[int]] = field(default_factory=dict)  # rank → steps (sample index) below its max
+    link_errors: dict[int, dict[int, float]] = field(default_factory=dict)  # rank → step → link errors counted
+    cpu_pressure: dict[int, dict[int, float]] = field(default_factory=dict)  # rank → step → worst % (host's)
+    io_pressure: dict[int, dict[int, float]] = field(default_factory=dict)  # rank → step → worst % (host's)
 
     @property
     def empty(self) -> bool:
-        return not (self.pcie_degraded or self.nic_down or self.thermal)
+        return not (self.pcie_degraded or self.nic_down or self.thermal or self.link_errors)
 
 
 def load_hw_signals(attempt: Attempt, step_of_ts=None) -> HwSignals:
@@ -63,6 +76,20 @@ def load_hw_signals(attempt: Attempt, step_of_ts=None) -> HwSignals:
     for r in np.unique(rank[m]):
         tss = ts[m & (rank == r)]
         out.nic_down[int(r)] = [int(step_of_ts(int(r), int(x))) if step_of_ts else int(x) for x in tss]
+    def per_step(names: tuple[str, ...], keep) -> dict[int, dict[int, float]]:
+        """rank → step → the largest of ``names`` in that step's samples, where ``keep`` holds."""
+        got: dict[int, dict[int, float]] = {}
+        m = np.isin(metric, names)
+        for r, x, v in zip(rank[m].tolist(), ts[m].tolist(), value[m].tolist()):
+            if keep(v):
+                step = int(step_of_ts(int(r), int(x))) if step_of_ts else int(x)
+                by = got.setdefault(int(r), {})
+                by[step] = max(by.get(step, 0.0), float(v))
+        return got
+
+    out.link_errors = per_step(LINK_ERROR_METRICS, lambda v: v > 0)
+    out.cpu_pressure = per_step(_CPU_PRESSURE, lambda v: v >= 0)
+    out.io_pressure = per_step(_IO_PRESSURE, lambda v: v >= 0)
     thr = per_rank("throttle_reasons", np.max)
     temp = per_rank("temperature_c", np.max)
     for r, v in thr.items():

@@ -54,6 +54,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                                                      "(default $ARGUS_HANG_MIN_S or 30)")
     p.add_argument("--hang-step-factor", type=float, help="processor: … and at least this many median step times "
                                                            "(default $ARGUS_HANG_STEP_FACTOR or 10)")
+    p.add_argument("--no-job-log", action="store_true",
+                   help="leave the command's stdout/stderr as they are (default: passed through unchanged while "
+                        "known lines — NCCL warnings, timeouts, CUDA errors, OOM, exceptions, killed ranks — are "
+                        "kept as events in the store's logs table)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run")
     p.set_defaults(func=run)
 
@@ -251,7 +255,19 @@ def run(args: argparse.Namespace) -> int:
     for flag, var in ((args.layout, "ARGUS_LAYOUT"), (args.order, "ARGUS_ORDER"), (args.kernels, "ARGUS_KERNELS")):
         if flag:
             env[var] = flag
-    child = subprocess.Popen(cmd, env=env)
+    joblog = None
+    if not args.no_job_log:
+        try:
+            from argus.joblog import JobLog
+
+            joblog = JobLog(args.store, args.host)
+        except Exception as exc:  # noqa: BLE001 - the command runs as it would without us
+            print(f"argus run: job log channel off ({exc})", file=sys.stderr)
+    try:
+        child = subprocess.Popen(cmd, env=env, **(joblog.popen_kwargs() if joblog is not None else {}))
+    finally:
+        if joblog is not None:
+            joblog.start()  # closes our copies of the job's ends either way
     forward = lambda sig, _frame: child.send_signal(sig)  # noqa: E731
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     started, warned = time.monotonic(), False
@@ -270,6 +286,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        if joblog is not None:
+            joblog.finish()  # before the processor stops: the attempt's logs go in with the rest
         status, killed = _stop_processor(processor, args.store, args.host) if processor is not None else (0, "")
     if processor is not None:
         if killed:
@@ -291,4 +309,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"argus run: the processor {line}", file=sys.stderr)
             print(f"argus run: traced run {runs} into {args.store}  (argus diagnose {args.store})",
                   file=sys.stderr)
+    if joblog is not None and joblog.summary():
+        where = "kept in the store's logs table" if joblog.written else "not stored: no rank connected"
+        print(f"argus run: the job's output had {joblog.summary()} ({where})", file=sys.stderr)
     return code

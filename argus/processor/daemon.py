@@ -39,6 +39,7 @@ from argus.processor.assembler import RankInfo, WindowAssembler
 from argus.processor.cpu_time import CpuTimeSampler
 from argus.processor.hangs import HangConfig, HangWatch, RankView
 from argus.processor.hardware import HardwareSampler
+from argus.processor.host_counters import HostCountersSampler
 from argus.processor.limits import (ACCEPT_BACKOFF_S, ATTEMPT_IDLE_S, ATTEMPT_RETRY_S, HELLO_TIMEOUT_S,
                                     MAX_NAME_CHARS, MAX_NAME_TABLE_BYTES, MAX_PENDING_FRAME_BYTES, MAX_REFUSED,
                                     DropReason, HelloRefused, default_max_connections, drop_reason)
@@ -79,7 +80,8 @@ class ProcessorConfig:
     stack_hz: float = 0.5  # always-on rate per rank: one py-spy dump ≈ 8 ms CPU (argus bench overhead)
     suspect_stack_hz: float = 10.0  # rate for ranks under suspicion (stalled, slow last step)
     py_spy: str | None = None  # py-spy executable (default: $ARGUS_PY_SPY, next to Python, PATH)
-    hw_interval_s: float = 5.0  # NVML telemetry period (off without NVML)
+    hw_interval_s: float = 5.0  # NVML telemetry and host counters period (NVML: off without it)
+    host_root: str = "/"  # where the host counters' /proc and /sys are (host_counters.py; tests: a fake tree)
     remote_write: list[Any] = field(default_factory=list)  # argus.tsdb.RemoteWriteConfig per TSDB
     remote_write_flush_s: float = 10.0  # at shutdown, time the sinks get to send what is queued
     hang: HangConfig = field(default_factory=HangConfig)  # live hang detection (processor/hangs.py)
@@ -178,7 +180,8 @@ class Processor:
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._last_status = 0.0
         self._listener: socket.socket | None = None
-        samplers = [HardwareSampler(interval_s=config.hw_interval_s)]
+        samplers = [HardwareSampler(interval_s=config.hw_interval_s),
+                    HostCountersSampler(interval_s=config.hw_interval_s, root=config.host_root)]
         if config.stacks:
             samplers.insert(0, StackSampler(hz=config.stack_hz, suspect_hz=config.suspect_stack_hz,
                                             py_spy=config.py_spy))
@@ -655,6 +658,10 @@ class Processor:
             conn.cpu_timed = self._cpu_time.add(conn.token, conn.pid, hello.tid, hello.clock_offset_ns)
         self._samplers.rank_joined(conn.token, conn.info, key, hello.to_doc())
         self.stats["ranks_seen"] += 1
+        if hello.pid is not None:  # argus run's job log names a line's rank by its pid (NCCL's prefix)
+            pids = self.stats.setdefault("rank_pids", {})
+            if len(pids) < 4096:
+                pids[str(hello.pid)] = rank
         log.info("rank %d of %s/%s connected (pid %s)", rank, key[0], key[1], hello.pid)
 
     def _open_attempt(self, key: tuple[str, str], layout: Any) -> _AttemptState:

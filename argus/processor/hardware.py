@@ -18,6 +18,10 @@ metric                NVML call (unit)
 ``ecc_errors``        ``nvmlDeviceGetTotalEccErrors``: volatile *uncorrected* count
 ``ecc_corrected``     the volatile corrected count
 ``xid``               one row per XID critical-error event, value = the XID code
+``nvlink_errors``     increase over the interval of ``nvmlDeviceGetNvLinkErrorCounter``
+                      (DL replay, recovery, CRC flit and data) summed over the GPU's links
+``nvlink_down``       links of the GPU that were active earlier in this run and are not
+                      (``nvmlDeviceGetNvLinkState``)
 ====================  ==================================================================
 
 An idle GPU lowers its PCIe link generation to save power, which would read as a degraded
@@ -40,10 +44,8 @@ import threading
 import time
 from typing import Any, Iterable
 
-import numpy as np
 
-from argus.wire.protocol import DTYPES, Msg
-from argus.processor.samplers import Output, RankHandle, Sampler
+from argus.processor.samplers import Output, RankHandle, Sampler, hw_output
 
 __all__ = ["BENIGN", "HardwareSampler"]
 
@@ -69,6 +71,8 @@ _SIMPLE = (
 )
 _LINK = (("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration"), ("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth"))
 _REASONS = ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons")
+_NVLINK_MAX_LINKS = 18  # NVML_NVLINK_MAX_LINKS
+_NVLINK_COUNTERS = (0, 1, 2, 3)  # NVML_NVLINK_ERROR_DL_REPLAY, _DL_RECOVERY, _DL_CRC_FLIT, _DL_CRC_DATA
 
 
 class HardwareSampler(Sampler):
@@ -89,6 +93,9 @@ class HardwareSampler(Sampler):
         self._thread: threading.Thread | None = None
         self.rounds = self.errors = self.dropped = self.unmapped = 0
         self._off_reason = ""
+        self._nvlinks: dict[int, list[int]] = {}  # GPU index → its links (found on the first round)
+        self._nvlink_up: dict[int, set[int]] = {}  # … the links seen active
+        self._nvlink_errors: dict[int, int] = {}  # … the error counters' last sum
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -202,11 +209,52 @@ class HardwareSampler(Sampler):
                     value = self._call(index, metric, fn, handle)
                     if value is not None:
                         metrics.append((metric, float(value)))
+            metrics += self._nvlink(index, handle)
             out.append((uuid, index, metrics))
         by_uuid = {uuid: metrics for uuid, _, metrics in out}
         for uuid, xid in self._poll_xid():
             if uuid in by_uuid:
                 by_uuid[uuid].append(("xid", float(xid)))
+        return out
+
+    def _nvlink(self, index: int, handle: Any) -> list[tuple[str, float]]:
+        """The GPU's NVLink errors since the last round and its links gone down. The links are
+        found once: a GPU without NVLink answers NOT_SUPPORTED, one past its last link
+        INVALID_ARGUMENT, and neither is asked again."""
+        nvml = self.nvml
+        if index not in self._nvlinks:
+            links = []
+            for link in range(_NVLINK_MAX_LINKS):
+                try:
+                    nvml.nvmlDeviceGetNvLinkState(handle, link)
+                    links.append(link)
+                except Exception:  # noqa: BLE001 - absent link, no NVLink, old NVML: not this GPU's
+                    continue
+            self._nvlinks[index] = links
+        links = self._nvlinks[index]
+        if not links:
+            return []
+        active, total, counted = set(), 0, False
+        for link in links:
+            try:
+                if int(nvml.nvmlDeviceGetNvLinkState(handle, link)) == 1:  # NVML_FEATURE_ENABLED
+                    active.add(link)
+            except Exception:  # noqa: BLE001 - a link that stops answering is not active
+                pass
+            for counter in _NVLINK_COUNTERS:
+                try:
+                    total += int(nvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter))
+                    counted = True
+                except Exception:  # noqa: BLE001 - a counter this GPU does not keep
+                    continue
+        seen = self._nvlink_up.setdefault(index, set())
+        seen |= active
+        out = [("nvlink_down", float(len(seen - active)))]
+        if counted:
+            prev = self._nvlink_errors.get(index)
+            self._nvlink_errors[index] = total
+            if prev is not None:
+                out.append(("nvlink_errors", float(total - prev if total >= prev else total)))
         return out
 
     def _call(self, index: int, metric: str, fn: str, *args: Any) -> Any:
@@ -262,12 +310,7 @@ class HardwareSampler(Sampler):
             if not users:
                 self.unmapped += 1
                 continue
-            for h in users:
-                recs = np.zeros(len(metrics), DTYPES[Msg.HW])
-                recs["ts_ns"] = ts
-                recs["metric"] = [h.intern(m) for m, _ in metrics]
-                recs["value"] = [v for _, v in metrics]
-                out.append((h, Msg.HW, recs))
+            out += [hw_output(h, ts, metrics) for h in users]
         return out
 
     def status(self) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import numpy as np
 from argus.processor.assembler import RankInfo
 from argus.wire.protocol import Msg
 
-__all__ = ["QUEUE_ITEMS", "Output", "RankHandle", "Sampler", "Samplers"]
+__all__ = ["QUEUE_ITEMS", "Output", "RankHandle", "Sampler", "Samplers", "hw_output"]
 
 log = logging.getLogger("argus.processor")
 
@@ -59,6 +59,17 @@ class RankHandle:
 #: A batch for the assembler: (rank, message type, records of ``DTYPES[msg]``). ``Msg.DROPS``
 #: batches are the samplers' own drop counts (reason ``queue_full``).
 Output = tuple[RankHandle, Msg, np.ndarray]
+
+
+def hw_output(handle: RankHandle, ts_ns: int, metrics: list[tuple[str, float]]) -> Output:
+    """``(metric, value)`` samples taken at ``ts_ns`` as ``hw`` records of ``handle``'s rank."""
+    from argus.wire.protocol import DTYPES
+
+    recs = np.zeros(len(metrics), DTYPES[Msg.HW])
+    recs["ts_ns"] = ts_ns
+    recs["metric"] = [handle.intern(m) for m, _ in metrics]
+    recs["value"] = [v for _, v in metrics]
+    return handle, Msg.HW, recs
 
 
 class Sampler:

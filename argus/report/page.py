@@ -124,7 +124,7 @@ def cost_per_hour(incident: dict[str, Any], ranks: int) -> float | None:
     if pct is None:
         return None
     pct = float(pct)
-    return ranks * (1.0 if pct >= 100.0 and incident.get("class") == "hang" else pct / (100.0 + pct))
+    return ranks * (1.0 if pct >= 100.0 and incident.get("class") in ("hang", "fail_stop") else pct / (100.0 + pct))
 
 
 def verdict_banner(data: ReportData) -> str:
@@ -329,6 +329,19 @@ def _evidence_table(evidence: list[Any]) -> str:
             f"{''.join(parts)}{more}</details>")
 
 
+def _log_lines(e: dict[str, Any]) -> str:
+    """What the job printed that bears on the incident (``argus run``'s logs table)."""
+    rows = "".join(
+        f'<tr><td>{esc(x.get("rank", -1) if x.get("rank", -1) >= 0 else "—")}</td><td>{esc(x.get("host", ""))}</td>'
+        f'<td>{esc(x.get("step", "—"))}</td><td><span class="chip">{esc(str(x.get("kind", "")).replace("_", " "))}'
+        f'</span></td><td class="mono">{esc(str(x.get("text", ""))[:300])}</td></tr>'
+        for x in e.get("events") or [] if isinstance(x, dict))
+    more = int(e.get("total") or 0) - len(e.get("events") or [])
+    return (f'<h4>The job\'s log</h4><table class="log-lines"><tr><th>rank</th><th>host</th><th>step</th><th>kind</th>'
+            f'<th>line</th></tr>{rows}</table>' + (f'<p class="muted">{more} more in the store\'s logs table</p>'
+                                                     if more > 0 else ""))
+
+
 def _trace_files(view: IncidentView, file_href: Callable[[EvidenceFile], str]) -> str:
     how = (f'Open <a href="{PERFETTO_URL}" rel="noopener noreferrer" target="_blank">ui.perfetto.dev</a> and drag a '
            "trace file onto the page (or use <i>Open trace file</i>); the trace is read in your browser, nothing "
@@ -371,6 +384,7 @@ def incident_section(view: IncidentView, file_href: Callable[[EvidenceFile], str
         parts.append(_gpu_idle(idle))
     parts += [_stacks(e) for e in evidence if e.get("kind") == "stacks"][:3]
     parts += [_what_if(e) for e in evidence if e.get("kind") == "what_if"][:1]
+    parts += [_log_lines(e) for e in evidence if e.get("kind") == "log_lines"][:1]
     parts.append(_trace_files(view, file_href))
     parts.append(_evidence_table(evidence))
     return f'<section class="card incident" id="{esc(view.id)}">' + "".join(parts) + "</section>"

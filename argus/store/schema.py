@@ -190,7 +190,9 @@ TABLES: dict[str, TableSpec] = {
                 ("gpu_uuid", _STR, "GPU UUID"),
                 ("ts_ns", _I64, "sample time in ns"),
                 ("metric", _STR, "e.g. `sm_clock_mhz`, `temperature_c`, `power_w`, `pcie_gen`, `pcie_width`, "
-                 "`pcie_gen_max`, `pcie_width_max`, `throttle_reasons`, `ecc_errors`, `xid`, `nic_port_up`"),
+                 "`pcie_gen_max`, `pcie_width_max`, `throttle_reasons`, `ecc_errors`, `xid`, `nvlink_errors`, "
+                 "`nvlink_down`; the host's counters (`psi_cpu_some`, `cpu_softirq_pct`, `ib_link_errors`, "
+                 "`nic_port_up`, … on the host's lowest rank)"),
                 ("value", _F64, "metric value"),
             ),
             step_column=None,
@@ -234,7 +236,7 @@ TABLES: dict[str, TableSpec] = {
             (
                 ("id", _STR, "stable incident id"),
                 ("class", _STR, "root-cause class: `compute_straggler`, `link_degradation`, `pipeline_imbalance`, "
-                 "`host_stall`, `hang`, `input_imbalance`"),
+                 "`host_stall`, `hang`, `fail_stop`, `input_imbalance`"),
                 ("state", _STR, "`suspected`, `confirmed` or `inconclusive`"),
                 ("severity", _STR, "`info`, `warning`, `critical`"),
                 ("culprit_ranks", pa.list_(_I32), "culprit ranks"),
@@ -251,6 +253,23 @@ TABLES: dict[str, TableSpec] = {
                 ("detected_ns", _I64, "wall-clock time of detection (ns since epoch)"),
             ),
             step_column="start_step",
+        ),
+        TableSpec(
+            "logs",
+            "The job's own output as events (`argus run`'s job log channel, argus/joblog): one row per line "
+            "a signature matched, and per flush one `other` row per rank and stream counting the lines none did.",
+            (
+                ("rank", _I32, "rank the line belongs to; -1 when it did not say (the launcher's own lines)"),
+                ("ts_ns", _I64, "when the line was read (ns since epoch)"),
+                ("host", _STR, "host of the `argus run` that read it"),
+                ("stream", _STR, "`stdout` or `stderr`"),
+                ("kind", _STR, "`nccl_warn`, `nccl_error`, `peer_lost`, `watchdog_timeout`, `cuda_error`, `oom`, `xid`, "
+                 "`dataloader`, `exception`, `killed`, `worker_failed`, `stopped`, `other`"),
+                ("severity", _STR, "`warning` or `error` (`info` for `other`)"),
+                ("text", _STR, "the line (cut at 500 characters); an exception's last line and innermost frame"),
+                ("lines", _I64, "1; for `other`, the number of lines counted"),
+            ),
+            step_column=None,
         ),
     )
 }

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from argus.analysis.evidence import check_evidence
 from argus.flight_recorder import FlightRecorderError, hang_incidents, read_dumps, stuck_collectives
 
 pytest.importorskip("torch")
@@ -56,6 +57,7 @@ def test_the_rank_waiting_nowhere_is_the_culprit_and_the_others_collectives_its_
     assert (world.arrived, world.behind, world.culprits) == ([0, 1], [2, 3], [3])
     (inc,) = hang_incidents(ds)
     assert inc.klass == "hang" and inc.culprit_ranks == [3] and inc.state == "confirmed"
+    assert check_evidence(inc.evidence) == []
     assert inc.summary.startswith("rank 3 never joined all_reduce #2 of TENSOR_MODEL_PARALLEL_GROUP")
     assert "fr_job.py:" in inc.summary  # where rank 2 waits: the job's line, not torch's
     assert [e["group_desc"] for e in inc.evidence if e["kind"] == "stuck_collective"] == \

@@ -22,6 +22,7 @@ import pytest
 from argus.analysis.signals import load_hw_signals
 from argus.wire import Msg, ProcessorClient
 from argus.processor.assembler import RankInfo, WindowAssembler
+from argus.processor.host_counters import HOST_METRICS
 from argus.processor.hardware import HardwareSampler
 from argus.wire.protocol import DTYPES
 from argus.processor.samplers import Samplers
@@ -204,7 +205,7 @@ def test_without_nvml_the_channel_is_off_with_one_line(caplog):
 
 
 @pytest.mark.skipif(_nvml_works(), reason="NVML is present on this machine")
-def test_a_processor_without_nvml_writes_no_hw_rows(tmp_path):
+def test_a_processor_without_nvml_writes_no_gpu_rows(tmp_path):
     sock = Path(tempfile.mkdtemp(prefix="argus-t-")) / "p.sock"
     store, log = tmp_path / "store", tmp_path / "processor.log"
     with log.open("w") as out:
@@ -231,4 +232,43 @@ def test_a_processor_without_nvml_writes_no_hw_rows(tmp_path):
     lines = [ln for ln in log.read_text().splitlines() if "hardware telemetry" in ln]
     assert len(lines) == 1 and "off" in lines[0], log.read_text()
     attempt = Store.open(store).attempt()
-    assert attempt.read("steps").num_rows == 3 and attempt.read("hw").num_rows == 0
+    assert attempt.read("steps").num_rows == 3
+    assert set(attempt.read("hw").column("metric").to_pylist()) <= HOST_METRICS  # the host's counters only
+
+
+class FakeNvlinkNvml(FakeNvml):
+    """GPU 0 with four NVLinks (the rest answer INVALID_ARGUMENT), GPU 1 without NVLink."""
+
+    def __init__(self):
+        super().__init__()
+        self.active = {0, 1, 2, 3}
+        self.errors = 5  # replay count of link 1, as the driver keeps it since boot
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        if h != 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if link >= 4:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return 1 if link in self.active else 0
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h, link, counter):
+        return self.errors if (link, counter) == (1, 0) else 0
+
+
+def test_nvlink_errors_are_counted_per_interval_and_a_link_that_went_down_is_said():
+    nvml = FakeNvlinkNvml()
+    hw = HardwareSampler(interval_s=3600, nvml=nvml)
+    hw.start()
+    hw.close()  # the thread's first round is done or not: rounds below are ours
+    hw.nvml, hw.enabled = nvml, True
+
+    def nvlink(round_):
+        return {m: v for uuid, _, metrics in round_ if uuid == "GPU-aaa" for m, v in metrics if m.startswith("nvlink")}
+
+    first = hw.sample_once()
+    assert nvlink(first)["nvlink_down"] == 0  # errors since boot are no interval's
+    assert not any(m.startswith("nvlink") for uuid, _, ms in first if uuid == "GPU-bbb" for m, _ in ms)
+    nvml.errors += 12
+    nvml.active.discard(2)
+    assert nvlink(hw.sample_once()) == {"nvlink_down": 1.0, "nvlink_errors": 12.0}
+    assert nvlink(hw.sample_once()) == {"nvlink_down": 1.0, "nvlink_errors": 0.0}

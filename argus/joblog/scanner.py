@@ -1,0 +1,193 @@
+"""Turn a job's output, as it streams, into timed events with ranks — in bounded memory.
+
+Lines are attributed to a rank by what they carry, since a launcher merges its ranks' output
+into one stream:
+
+* ``[rank3]:`` / ``[default3]:`` prefixes (torch.distributed's uncaught-exception hook, a
+  launcher's ``--log-line-prefix-template``);
+* ``Rank 3`` inside a process group's watchdog line;
+* torchrun's failure report: ``rank : 3 (local_rank: 3)`` then ``exitcode : -9 (pid: …)``;
+* a pid the caller maps to a rank (``pid_rank``: NCCL's ``host:pid:tid`` prefix).
+
+Anything else is rank -1 (the launcher, or a rank that did not say). An uncaught traceback
+becomes one ``exception`` event: its last line, at its innermost frame. Lines no signature
+matches are counted per rank, never kept; a line longer than ``MAX_LINE`` is scanned by its
+first ``MAX_LINE`` bytes; past ``MAX_EVENTS`` events only counts grow.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from argus.joblog.signatures import SIGNATURES, LogKind
+
+__all__ = ["LogEvent", "LogScanner", "MAX_LINE", "MAX_EVENTS"]
+
+MAX_LINE = 64 << 10
+MAX_EVENTS = 10_000
+MAX_TEXT = 500
+
+_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
+_PG_RANK = re.compile(r"\bRank (\d+)\b")
+_NCCL_PID = re.compile(r"^[\w.\-]+:(\d+):\d+ \[\d+\] NCCL")
+_REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
+_REPORT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
+_FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+), in (.+)$')
+_SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
+_LAUNCHER_EXC = ("ChildFailedError", "SignalException")
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    ts_ns: int  # when the line was read (wall clock)
+    rank: int  # -1: not known
+    stream: str  # "stdout" | "stderr"
+    kind: LogKind
+    severity: str
+    text: str
+    pid: int = -1  # the process the line names (NCCL's host:pid:tid), to find its rank later
+
+
+class _Traceback:
+    __slots__ = ("frame",)
+
+    def __init__(self) -> None:
+        self.frame = ""
+
+
+class LogScanner:
+    """Thread-safe: each stream feeds from its own thread."""
+
+    def __init__(self, pid_rank: Callable[[int], int | None] | None = None,
+                 clock: Callable[[], int] = time.time_ns, max_events: int = MAX_EVENTS):
+        self.pid_rank = pid_rank
+        self.clock = clock
+        self.max_events = max_events
+        self._lock = threading.Lock()
+        self._partial: dict[str, bytearray] = {}
+        self._tracebacks: dict[tuple[str, int], _Traceback] = {}
+        self._report_rank: int | None = None
+        self.pending: list[LogEvent] = []  # not yet taken by the caller
+        self.events = 0
+        self.dropped = 0  # events past max_events
+        self.other: dict[tuple[int, str], int] = {}  # (rank, stream) → lines no signature matched
+
+    def feed(self, stream: str, data: bytes) -> None:
+        """Bytes as read from ``stream``; complete lines are scanned, the rest kept (bounded)."""
+        with self._lock:
+            buf = self._partial.setdefault(stream, bytearray())
+            start = 0
+            while True:
+                nl = data.find(b"\n", start)
+                if nl < 0:
+                    room = MAX_LINE - len(buf)
+                    if room > 0:
+                        buf += data[start:start + room]
+                    return
+                room = MAX_LINE - len(buf)
+                if room > 0:
+                    buf += data[start:min(nl, start + room)]
+                self._line(stream, buf.decode("utf-8", "replace").rstrip("\r"))
+                buf.clear()
+                start = nl + 1
+
+    def close(self) -> None:
+        """Scan what is left without a newline (the job's last words)."""
+        with self._lock:
+            for stream, buf in self._partial.items():
+                if buf:
+                    self._line(stream, buf.decode("utf-8", "replace").rstrip("\r"))
+                    buf.clear()
+            for (stream, rank), tb in list(self._tracebacks.items()):
+                del self._tracebacks[(stream, rank)]
+
+    def take(self) -> tuple[list[LogEvent], dict[tuple[int, str], int]]:
+        """The events and unmatched-line counts since the last call."""
+        with self._lock:
+            events, self.pending = self.pending, []
+            other, self.other = self.other, {}
+        return events, other
+
+    # -- one line (under the lock) ------------------------------------------------------------
+    def _emit(self, rank: int, stream: str, kind: LogKind, severity: str, text: str, pid: int = -1) -> None:
+        if self.events >= self.max_events:
+            self.dropped += 1
+            return
+        self.events += 1
+        self.pending.append(LogEvent(self.clock(), rank, stream, kind, severity, text[:MAX_TEXT], pid))
+
+    def _rank_of(self, line: str) -> tuple[int, str]:
+        m = _PREFIX.match(line)
+        if m:
+            return int(m.group(1)), line[m.end():]
+        m = _NCCL_PID.match(line)
+        if m and self.pid_rank is not None:
+            r = self.pid_rank(int(m.group(1)))
+            if r is not None:
+                return r, line
+        if "PG" in line or "ProcessGroup" in line:
+            m = _PG_RANK.search(line)
+            if m:
+                return int(m.group(1)), line
+        return -1, line
+
+    def _line(self, stream: str, raw: str) -> None:
+        rank, line = self._rank_of(raw)
+        if self._traceback(stream, rank, line):
+            return
+        m = _REPORT_RANK.match(line)
+        if m:
+            self._report_rank = int(m.group(1))
+            self.other[(-1, stream)] = self.other.get((-1, stream), 0) + 1
+            return
+        m = _REPORT_EXIT.match(line)
+        if m and self._report_rank is not None:
+            code, pid = int(m.group(1)), m.group(2)
+            if code in (-15, -2):  # the launcher stopping the others after one failed
+                self._emit(self._report_rank, stream, LogKind.STOPPED, "info",
+                           f"rank {self._report_rank} (pid {pid}) stopped by the launcher ({_SIGNALS[-code]})")
+            elif code < 0:
+                self._emit(self._report_rank, stream, LogKind.KILLED, "error",
+                           f"rank {self._report_rank} (pid {pid}) ended by signal {-code} "
+                           f"({_SIGNALS.get(-code, 'signal')})")
+            else:
+                self._emit(self._report_rank, stream, LogKind.WORKER_FAILED, "error",
+                           f"rank {self._report_rank} (pid {pid}) exited with code {code}")
+            self._report_rank = None
+            return
+        for sig in SIGNATURES:
+            if sig.pattern.search(line):
+                m = _NCCL_PID.match(line) if rank < 0 else None
+                self._emit(rank, stream, sig.kind, sig.severity, line.strip(), int(m.group(1)) if m else -1)
+                return
+        self.other[(rank, stream)] = self.other.get((rank, stream), 0) + 1
+
+    def _traceback(self, stream: str, rank: int, line: str) -> bool:
+        """Whether ``line`` belongs to an uncaught traceback (its last line becomes the event)."""
+        key = (stream, rank)
+        tb = self._tracebacks.get(key)
+        if line.startswith("Traceback (most recent call last):"):
+            self._tracebacks[key] = _Traceback()
+            return True
+        if tb is None:
+            return False
+        if not line.strip() or line[:1] in (" ", "\t") or line.startswith(("During handling", "The above exception")):
+            m = _FRAME.match(line)
+            if m and "<frozen " not in m.group(1):
+                tb.frame = f"{m.group(3)} ({m.group(1)}:{m.group(2)})"
+            return True
+        del self._tracebacks[key]
+        if line.split(":", 1)[0].rsplit(".", 1)[-1] in _LAUNCHER_EXC:
+            self.other[(rank, stream)] = self.other.get((rank, stream), 0) + 1
+            return True  # the launcher's own report of a rank's failure (its exit code says it)
+        kind, severity = LogKind.EXCEPTION, "error"
+        for sig in SIGNATURES:  # an OOM or CUDA error raised as an exception keeps its kind
+            if sig.pattern.search(line):
+                kind, severity = sig.kind, sig.severity
+                break
+        self._emit(rank, stream, kind, severity, f"{line.strip()}{' at ' + tb.frame if tb.frame else ''}")
+        return True

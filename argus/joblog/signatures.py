@@ -1,0 +1,60 @@
+"""The one table of what a job's log lines mean: a kind, a severity, whether the job stopped.
+
+Add a signature here (a kind and a regular expression over one line, the rank prefix already
+taken off) and every reader — the scanner, the store, the diagnosis, the report — knows it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = ["LogKind", "Signature", "SIGNATURES", "FAIL_STOP_KINDS"]
+
+
+class LogKind(StrEnum):
+    NCCL_WARN = "nccl_warn"
+    NCCL_ERROR = "nccl_error"
+    PEER_LOST = "peer_lost"  # a collective failed because a peer went away: a victim's error
+    WATCHDOG_TIMEOUT = "watchdog_timeout"
+    CUDA_ERROR = "cuda_error"
+    OOM = "oom"
+    XID = "xid"
+    DATALOADER = "dataloader"
+    EXCEPTION = "exception"  # an uncaught traceback's last line, with its innermost frame (the scanner's)
+    KILLED = "killed"  # a rank ended by a signal (the launcher's report)
+    WORKER_FAILED = "worker_failed"  # a rank exited with an error code (the launcher's report)
+    STOPPED = "stopped"  # a rank the launcher stopped (SIGTERM/SIGINT) after another failed: a victim
+    OTHER = "other"  # lines no signature matched: kept only as counts
+
+
+@dataclass(frozen=True)
+class Signature:
+    kind: LogKind
+    severity: str  # "warning" | "error"
+    pattern: re.Pattern
+
+
+#: First match wins. Lines are matched after the rank prefix is taken off.
+SIGNATURES: tuple[Signature, ...] = (
+    Signature(LogKind.NCCL_WARN, "warning", re.compile(r"\bNCCL WARN\b")),
+    Signature(LogKind.PEER_LOST, "warning", re.compile(
+        r"Connection (?:reset|closed) by peer|pair closure|Broken pipe|ncclRemoteError|"
+        r"remote process exited or there was a network error")),
+    Signature(LogKind.NCCL_ERROR, "error", re.compile(
+        r"\bNCCL (?:error|Error)\b|nccl(?:SystemError|InternalError|UnhandledCudaError|InvalidUsage)")),
+    Signature(LogKind.WATCHDOG_TIMEOUT, "error", re.compile(
+        r"Watchdog caught collective operation timeout|collective operation timeout|"
+        r"Timed out waiting \d+ ?ms for|Application timeout caused pair closure|ProcessGroupGloo.*[Tt]imed out")),
+    Signature(LogKind.OOM, "error", re.compile(r"CUDA out of memory|OutOfMemoryError|\bCannot allocate memory\b")),
+    Signature(LogKind.CUDA_ERROR, "error", re.compile(
+        r"CUDA error:|cudaError\w+|an illegal memory access was encountered|device-side assert triggered")),
+    Signature(LogKind.XID, "error", re.compile(r"NVRM: Xid \([^)]*\): \d+")),
+    Signature(LogKind.DATALOADER, "warning", re.compile(
+        r"DataLoader worker \(pid\(?s?\)?[ \d,]*\) (?:is killed|exited unexpectedly)|DataLoader timed out")),
+)
+
+#: Kinds that mean a rank stopped: the diagnosis makes a fail-stop of them
+FAIL_STOP_KINDS = frozenset({LogKind.EXCEPTION, LogKind.KILLED, LogKind.WORKER_FAILED, LogKind.CUDA_ERROR,
+                             LogKind.OOM, LogKind.XID})

@@ -1,0 +1,212 @@
+"""The host's own counters: CPU, I/O and memory pressure, and the network ports' health.
+
+What separates a degraded component from a busy one is rarely a timing: a port whose error
+counters climb, a link that went down, or a host whose CPUs are saturated (packet processing,
+other tenants) or whose storage stalls. Every ``interval_s`` one thread reads, from files the
+kernel keeps (``root`` is ``/``; tests point it at a fake tree):
+
+=========================  =================================================================
+metric                     source
+=========================  =================================================================
+``psi_{cpu,io,mem}_some``  ``/proc/pressure/{cpu,io,memory}``: % of the interval some task
+``psi_{io,mem}_full``      waited (``some``) / all non-idle tasks waited (``full``), from
+                           the ``total=`` µs counters (``avg10`` on the first read)
+``cpu_iowait_pct``         ``/proc/stat``: the share of all CPUs' time in iowait, softirq
+``cpu_softirq_pct``        (packet processing) and steal (a hypervisor's other guests)
+``cpu_steal_pct``
+``ib_link_errors``         ``/sys/class/infiniband/*/ports/*/counters``: increments over the
+                           interval of the error counters (symbol errors, link downed and
+                           error recovery, receive errors, remote physical errors, transmit
+                           discards, local link integrity, buffer overruns), all ports
+``ib_link_downed``         the increments of ``link_downed`` alone
+``nic_port_up``            1, or 0 while a port that was up earlier in this run is not:
+                           InfiniBand ``state`` ACTIVE, Ethernet ``operstate`` up (physical
+                           interfaces only; a port never up here is not this job's)
+=========================  =================================================================
+
+The samples are the host's, stored as ``hw`` rows of its lowest connected rank of each job
+(``argus/analysis/signals.py`` reads them per host). A file that is absent is skipped, said
+once in the log; without ``/proc/pressure`` (kernels before 4.20, or PSI off) those metrics are
+simply not sampled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from argus.processor.samplers import Output, RankHandle, Sampler, hw_output
+
+__all__ = ["HostCountersSampler", "IB_ERROR_COUNTERS", "HOST_METRICS"]
+
+log = logging.getLogger("argus.processor")
+
+IB_ERROR_COUNTERS = ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors",
+                     "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
+                     "excessive_buffer_overrun_errors")
+_PSI = (("cpu", "cpu"), ("io", "io"), ("memory", "mem"))
+HOST_METRICS = frozenset({"psi_cpu_some", "psi_io_some", "psi_io_full", "psi_mem_some", "psi_mem_full", "cpu_iowait_pct",
+                          "cpu_softirq_pct", "cpu_steal_pct", "ib_link_errors", "ib_link_downed", "nic_port_up"})
+
+
+class HostCountersSampler(Sampler):
+    name = "host"
+
+    def __init__(self, *, interval_s: float = 5.0, root: str | os.PathLike = "/"):
+        super().__init__()
+        self.interval_s = interval_s
+        self.root = Path(root)
+        self._prev: dict[str, tuple[float, float]] = {}  # counter → (time s, value)
+        self._was_up: set[str] = set()
+        self._missing: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rounds = self.dropped = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="argus-host-counters", daemon=True)
+        self._thread.start()
+
+    def close(self) -> list[Output]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10.0)
+            self._thread = None
+        return []
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                metrics = self.sample_once()
+            except Exception as exc:  # noqa: BLE001 - a sampler never takes the processor down
+                log.warning("host counters: %s", exc)
+                metrics = []
+            if metrics and not self.put(("host", time.time_ns(), metrics)):
+                self.dropped += 1
+            if self._stop.wait(self.interval_s):
+                return
+
+    # -- reading (thread) ------------------------------------------------------------------------
+    def _read(self, rel: str) -> str | None:
+        try:
+            return (self.root / rel).read_text()
+        except OSError:
+            if rel not in self._missing and len(self._missing) < 64:
+                self._missing.add(rel)
+                log.info("host counters: %s not readable here; skipped", self.root / rel)
+            return None
+
+    def _delta(self, key: str, value: float, now: float) -> float | None:
+        """Increase of a counter since its last read (None on the first; a reset counts from 0)."""
+        prev = self._prev.get(key)
+        self._prev[key] = (now, value)
+        if prev is None:
+            return None
+        return value - prev[1] if value >= prev[1] else value
+
+    def sample_once(self, now: float | None = None) -> list[tuple[str, float]]:
+        """One round: ``[(metric, value), …]``."""
+        now = time.monotonic() if now is None else now
+        self.rounds += 1
+        return self._pressure(now) + self._cpu(now) + self._ports(now)
+
+    def _pressure(self, now: float) -> list[tuple[str, float]]:
+        out = []
+        for file, short in _PSI:
+            text = self._read(f"proc/pressure/{file}")
+            if text is None:
+                continue
+            for line in text.splitlines():
+                kind, _, rest = line.partition(" ")
+                if kind not in ("some", "full") or (file == "cpu" and kind == "full"):
+                    continue  # the system-wide cpu "full" is always 0
+                fields = dict(f.split("=", 1) for f in rest.split() if "=" in f)
+                key = f"psi_{short}_{kind}"
+                try:
+                    total_us = float(fields["total"])
+                except (KeyError, ValueError):
+                    continue
+                prev = self._prev.get(key)
+                grew = self._delta(key, total_us, now)
+                if grew is not None and prev is not None and now > prev[0]:
+                    out.append((key, min(100.0, 100.0 * grew / 1e6 / (now - prev[0]))))
+                elif "avg10" in fields:
+                    out.append((key, float(fields["avg10"])))
+        return out
+
+    def _cpu(self, now: float) -> list[tuple[str, float]]:
+        text = self._read("proc/stat")
+        if text is None:
+            return []
+        line = text.split("\n", 1)[0].split()
+        if not line or line[0] != "cpu" or len(line) < 9:
+            return []
+        vals = [float(x) for x in line[1:9]]  # user nice system idle iowait irq softirq steal
+        grew = [self._delta(f"cpu{i}", v, now) for i, v in enumerate(vals)]
+        if any(g is None for g in grew):
+            return []
+        d = np.asarray(grew, np.float64)
+        total = float(d.sum())
+        if total <= 0:
+            return []
+        return [("cpu_iowait_pct", 100 * d[4] / total), ("cpu_softirq_pct", 100 * d[6] / total),
+                ("cpu_steal_pct", 100 * d[7] / total)]
+
+    def _ports(self, now: float) -> list[tuple[str, float]]:
+        up: dict[str, bool] = {}
+        errors = downed = 0.0
+        compared = 0  # counters read before: their increments are this interval's
+        ib = self.root / "sys/class/infiniband"
+        for port in sorted(ib.glob("*/ports/*")) if ib.is_dir() else []:
+            name = f"{port.parent.parent.name}/{port.name}"
+            state = self._read(str(port.relative_to(self.root) / "state"))
+            if state is not None:
+                up[f"ib:{name}"] = "ACTIVE" in state.upper()
+            for counter in IB_ERROR_COUNTERS:
+                raw = self._read(str(port.relative_to(self.root) / "counters" / counter))
+                if raw is None:
+                    continue
+                try:
+                    grew = self._delta(f"ib:{name}:{counter}", float(raw.strip()), now)
+                except ValueError:
+                    continue
+                if grew is None:
+                    continue
+                compared += 1
+                if grew:
+                    errors += grew
+                    downed += grew if counter == "link_downed" else 0.0
+        net = self.root / "sys/class/net"
+        for nic in sorted(net.iterdir()) if net.is_dir() else []:
+            if not (nic / "device").exists():  # lo, bridges, veths, tunnels: no physical port
+                continue
+            state = self._read(str(nic.relative_to(self.root) / "operstate"))
+            if state is not None:
+                up[f"net:{nic.name}"] = state.strip().lower() == "up"
+        out: list[tuple[str, float]] = []
+        if compared:
+            out += [("ib_link_errors", errors), ("ib_link_downed", downed)]
+        self._was_up |= {k for k, v in up.items() if v}
+        judged = {k: v for k, v in up.items() if k in self._was_up}
+        if judged:
+            out.append(("nic_port_up", 1.0 if all(judged.values()) else 0.0))
+        return out
+
+    # -- to rows (main thread) -------------------------------------------------------------------
+    def receive(self, payload: Any, ranks: Iterable[RankHandle]) -> list[Output]:
+        _, ts, metrics = payload
+        first: dict[tuple[str, str], RankHandle] = {}
+        for h in ranks:  # one rank per job carries the host's rows
+            if h.attempt_key not in first or h.rank < first[h.attempt_key].rank:
+                first[h.attempt_key] = h
+        return [hw_output(h, ts, metrics) for h in first.values()]
+
+    def status(self) -> dict[str, Any]:
+        return {"interval_s": self.interval_s, "rounds": self.rounds, "dropped": self.dropped,
+                "missing": sorted(self._missing)[:16]}

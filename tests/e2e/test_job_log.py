@@ -1,0 +1,63 @@
+"""argus run's job log channel on a real gloo job: one rank warns like NCCL, one raises, one is
+killed. The job's output passes through unchanged; the events are stored with their ranks and
+times; the diagnosis makes a fail-stop of them and the report shows the lines next to it."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from argus.store import Store  # noqa: E402
+from tests.e2e.jobs import env  # noqa: E402
+
+JOB = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
+       str(Path(__file__).with_name("log_job.py"))]
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, timeout=300, env=env(OMP_NUM_THREADS="1"))
+
+
+def test_the_jobs_own_words_are_stored_with_their_ranks_and_shown_with_the_fail_stop(tmp_path):
+    store = tmp_path / "store"
+    t0 = time.time_ns()
+    traced = _run([sys.executable, "-m", "argus", "run", "--store", str(store), "--no-stacks", "--", *JOB])
+    t1 = time.time_ns()
+    plain = _run(JOB)
+    assert traced.returncode == plain.returncode == 1
+    # every byte the ranks printed, as they printed it: four processes share one stream, so their
+    # writes interleave differently run to run (a line's newline can land after another rank's
+    # text, traced or not): the same bytes, and the same 24 lines of text in it
+    assert len(traced.stdout) == len(plain.stdout) and sorted(traced.stdout) == sorted(plain.stdout)
+    lines = [re.findall(rb"rank \d step \d sum \d+", p.stdout) for p in (traced, plain)]
+    assert sorted(lines[0]) == sorted(lines[1]) and len(lines[0]) >= 4 * 4
+    assert b"rank 0 step 3 sum 256" in traced.stdout and b"loss is nan" in traced.stderr
+
+    attempt = Store.open(store).attempt()
+    rows = [r for r in attempt.read("logs").to_pylist() if r["kind"] != "other"]
+    got = {(r["kind"], r["rank"]) for r in rows}
+    assert {("nccl_warn", 1), ("exception", 2), ("killed", 3)} <= got, rows
+    assert all(t0 <= r["ts_ns"] <= t1 for r in rows)
+    (exc,) = [r for r in rows if r["kind"] == "exception"]
+    assert exc["text"].startswith("ValueError: loss is nan at <module> (") and "log_job.py" in exc["text"]
+    assert sum(r["lines"] for r in attempt.read("logs").to_pylist() if r["kind"] == "other") > 0  # counted only
+
+    report = tmp_path / "report.html"
+    done = subprocess.run([sys.executable, "-m", "argus", "report", str(store), "--out", str(report)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    html = report.read_text()
+    sections = [x.split("</section>")[0] for x in html.split('<section class="card incident"')[1:]]
+    fail_stops = [x for x in sections if "</span> fail_stop <" in x]
+    assert len(fail_stops) == 1, [x[:300] for x in sections]
+    section = fail_stops[0]
+    assert "ranks 2, 3 failed" in section  # not rank 0, whose read failed when they went: a victim
+    assert "The job&#x27;s log" in section or "The job's log" in section
+    assert "loss is nan" in section and "SIGKILL" in section
