@@ -50,6 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="windows waiting per TSDB before the oldest is dropped (default 16)")
     p.add_argument("--remote-write-max-backoff", type=float, default=5.0,
                    help="longest wait between retries of a request, seconds (default 5)")
+    p.add_argument("--remote-write-heartbeat", type=float, default=15.0, metavar="S",
+                   help="send the processor's liveness series (argus_processor_heartbeat_seconds, its jobs' ranks "
+                        "connected and last step) at least every S seconds: the absence alert rules watch them "
+                        "(default 15)")
     p.add_argument("--remote-write-native-histograms", action="store_true",
                    help="also send each kernel's duration sketch as a native histogram (Prometheus needs "
                         "--enable-feature=native-histograms, or it refuses the requests)")
@@ -79,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         remote = [RemoteWriteConfig(url=u, job=args.remote_write_job, queue_windows=args.remote_write_queue,
                                     max_backoff_s=args.remote_write_max_backoff,
                                     backoff_s=min(0.1, args.remote_write_max_backoff),
-                                    native_histograms=args.remote_write_native_histograms) for u in args.remote_write]
+                                    native_histograms=args.remote_write_native_histograms,
+                                    heartbeat_s=args.remote_write_heartbeat) for u in args.remote_write]
 
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s argus-processor %(levelname)s %(message)s")

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from argus.dashboards.queries import PANELS, RULES, Panel
+from argus.dashboards.queries import PANELS, RULES, Panel, Rule
 
 __all__ = ["dashboard", "alert_rules_yaml", "provisioning", "write_all", "DASHBOARD_UID"]
 
@@ -69,10 +69,10 @@ def dashboard() -> dict[str, Any]:
     }
 
 
-def alert_rules_yaml() -> str:
+def alert_rules_yaml(rules: tuple[Rule, ...] = RULES, interval: str = "30s") -> str:
     """The rules as a Prometheus rule file (YAML, written by hand: no YAML library needed)."""
-    lines = ["groups:", "- name: argus", "  interval: 30s", "  rules:"]
-    for r in RULES:
+    lines = ["groups:", "- name: argus", f"  interval: {interval}", "  rules:"]
+    for r in rules:
         lines += [f"  - alert: {r.name}", f"    expr: {json.dumps(r.expr)}", f"    for: {r.for_}",
                   "    labels:", f"      priority: {r.priority}",
                   f"      severity: {'page' if r.priority == 'P0' else 'ticket' if r.priority == 'P1' else 'info'}",

@@ -7,7 +7,8 @@ are Grafana template variables; alert rules aggregate over every job and run ins
 
 from __future__ import annotations
 
-__all__ = ["SEL", "PANELS", "RULES", "Panel", "Rule", "substitute"]
+__all__ = ["SEL", "PANELS", "RULES", "Panel", "Rule", "substitute", "watcher_rules", "PROCESSOR_SILENT_S",
+           "JOB_SILENT_S"]
 
 from dataclasses import dataclass
 
@@ -68,6 +69,12 @@ PANELS: tuple[Panel, ...] = (
         ("degraded links", f'count(argus_hw{{{SEL}, metric="pcie_gen"}} < on (run, rank) '
                            f'argus_hw{{{SEL}, metric="pcie_gen_max"}}) or vector(0)'),
     ), unit="none"),
+    Panel("Argus health: seconds since each processor was heard", "timeseries", (
+        ("{{host}}", 'time() - max by (host) (max_over_time(argus_processor_heartbeat_seconds{job="$job"}[1h]))'),
+    ), description="A processor sends a heartbeat every 15 s; a rising line is a host Argus no longer sees."),
+    Panel("Argus health: windows waiting to be written, per processor", "timeseries", (
+        ("{{host}}", 'max by (host) (argus_processor_queued_windows{job="$job"})'),
+    ), unit="none"),
     Panel("Records dropped by processors", "timeseries", (
         ("{{host}} {{table}}", f'sum by (host, table) (argus_dropped_events{{{SEL}}})'),
     ), unit="none", description="What an analysis did not see: overload, unreachable TSDB."),
@@ -84,6 +91,31 @@ _GROUP_KEYS = (("dp", "tp, pp"), ("tp", "cp, ep, dp, pp"), ("ep", "tp, cp, dp, p
 def _group_ratio(kind: str, by: str) -> str:
     inner = f'min by ({_ALL}, phase, {by}) (argus_phase_min_seconds{{category="comm", group="{kind}"}})'
     return f"max by ({_ALL}, phase) ({inner}) / quantile by ({_ALL}, phase) (0.5, {inner})"
+
+
+#: A processor says it is alive every ``RemoteWriteConfig.heartbeat_s`` (15 s) whether windows
+#: flow or not; silent for this long, it is down or its remote write is failing.
+PROCESSOR_SILENT_S = 90
+#: A job whose ranks are still connected but which finished no step for this long went silent.
+JOB_SILENT_S = 300
+
+
+def watcher_rules(processor_silent_s: float = PROCESSOR_SILENT_S, job_silent_s: float = JOB_SILENT_S) -> tuple[Rule, ...]:
+    """Alerts on Argus going blind: they fire on the *absence* of series that should keep
+    coming, where every other rule would simply stop having data to compare (a host's processor
+    killed, the TSDB write path broken, every rank of a job frozen)."""
+    by = "job, run, attempt"
+    return (
+        Rule("ArgusProcessorSilent", "P1",
+             f"time() - max by (job, host) (max_over_time(argus_processor_heartbeat_seconds[1h])) > {processor_silent_s:g}",
+             "0m", "the Argus processor on {{ $labels.host }} has not been heard for over "
+             f"{processor_silent_s:g} s: down, or its remote write is failing — that host's ranks are unobserved"),
+        Rule("ArgusJobSilent", "P0",
+             f"(time() - max by ({by}) (max_over_time(argus_run_last_step_seconds[1h])) > {job_silent_s:g}) "
+             f"and on ({by}) (max by ({by}) (last_over_time(argus_run_ranks_connected[2m])) > 0)",
+             "0m", "{{ $labels.run }}: its ranks are connected but none finished a step for over "
+             f"{job_silent_s:g} s — every rank went silent"),
+    )
 
 
 RULES: tuple[Rule, ...] = (
@@ -111,6 +143,7 @@ RULES: tuple[Rule, ...] = (
     # ``argus healthcheck --remote-write``: a node that failed a check, and no check has passed since
     Rule("ArgusNodeOutOfService", "P1", "min by (host) (last_over_time(argus_node_in_service[7d])) == 0", "0m",
          "{{ $labels.host }} failed a health check and none has passed since: keep it out of jobs"),
+    *watcher_rules(),
 )
 
 

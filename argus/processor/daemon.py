@@ -179,6 +179,8 @@ class Processor:
         self._wake_w.setblocking(False)
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._last_status = 0.0
+        self._last_window_wall = 0.0
+        self._liveness: Any = None
         self._listener: socket.socket | None = None
         samplers = [HardwareSampler(interval_s=config.hw_interval_s),
                     HostCountersSampler(interval_s=config.hw_interval_s, root=config.host_root)]
@@ -197,7 +199,10 @@ class Processor:
         if config.remote_write:  # imported only when asked for: the TSDB path is optional
             from argus.tsdb import RemoteWriteSink
 
-            self._sinks = [RemoteWriteSink(c) for c in config.remote_write]
+            from argus.tsdb.sink import Liveness
+
+            self._liveness = Liveness(config.host)  # replaced by the loop; read by the sinks' threads
+            self._sinks = [RemoteWriteSink(c, liveness=lambda: self._liveness) for c in config.remote_write]
 
     # -- lifecycle -----------------------------------------------------------------------
     def stop(self) -> None:
@@ -944,6 +949,7 @@ class Processor:
             if rows is None:
                 continue
             self.stats["windows_written"] += 1
+            self._last_window_wall = time.time()
             ack = {"window": window, "start_step": start, "end_step": end, "rows": rows}
             self.stats["acked"] = (self.stats["acked"] + [ack])[-50:]
             for conn in list(self._conns.values()):
@@ -987,6 +993,19 @@ class Processor:
                 return
             self.stats.setdefault("producer_cpu_s", {})[str(conn.info.rank)] = round(cpu / 1e9, 4)
 
+    def _note_liveness(self) -> None:
+        """The snapshot the sinks' heartbeats send (built here, on the loop's thread)."""
+        from argus.tsdb.sink import Liveness
+
+        connected: dict[tuple[str, str], int] = {}
+        for conn in self._conns.values():
+            if conn.info is not None and conn.attempt_key is not None:
+                connected[conn.attempt_key] = connected.get(conn.attempt_key, 0) + 1
+        runs = tuple((run, attempt, connected.get((run, attempt), 0), self._hangs.last_step_wall.get((run, attempt), 0.0))
+                     for run, attempt in sorted(set(self._attempts) | set(connected)))
+        self._liveness = Liveness(self.config.host, runs, sum(st.in_flight for st in self._attempts.values()),
+                                  self._last_window_wall)
+
     def _write_status(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last_status < self.config.status_interval_s:
@@ -994,6 +1013,8 @@ class Processor:
         self._last_status = now
         for conn in self._conns.values():
             self._note_producer_cpu(conn)
+        if self._sinks:
+            self._note_liveness()
         own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         self.stats["cpu_s"] = round(own.ru_utime + own.ru_stime, 3)
         self.stats["children_cpu_s"] = round(children.ru_utime + children.ru_stime, 3)  # py-spy

@@ -82,6 +82,7 @@ class HangWatch:
         self.clock = clock
         self.wall_ns = wall_ns
         self.jobs: dict[tuple[str, str], _Job] = {}
+        self.last_step_wall: dict[tuple[str, str], float] = {}  # job → wall time its last finished step was reported
         self.snapshots = 0
 
     def steps_reported(self, key: tuple[str, str] | None, records: np.ndarray) -> None:
@@ -89,6 +90,7 @@ class HangWatch:
             return
         done = records[records["end_ns"] >= 0]
         if len(done):
+            self.last_step_wall[key] = self.wall_ns() / 1e9
             job = self.jobs.setdefault(key, _Job(changed_at=self.clock()))
             job.durations.extend(((done["end_ns"] - done["start_ns"]) / 1e9).tolist())
 

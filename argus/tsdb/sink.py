@@ -66,6 +66,7 @@ class RemoteWriteConfig:
     max_samples_per_request: int = 20_000
     native_histograms: bool = False  # also send kernel sketches as native histograms (Prometheus needs
     # --enable-feature=native-histograms, or it refuses the whole request)
+    heartbeat_s: float = 15.0  # the processor's liveness series at least this often, windows or not
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.url)
@@ -80,6 +81,8 @@ class RemoteWriteConfig:
             self.job = os.environ.get(ENV_JOB) or "argus"
         if self.queue_windows < 1 or self.max_attempts < 1 or self.max_samples_per_request < 1:
             raise ConfigError("queue_windows, max_attempts and max_samples_per_request must be at least 1")
+        if self.heartbeat_s <= 0:
+            raise ConfigError(f"heartbeat_s must be positive, not {self.heartbeat_s}")
         if self.timeout_s <= 0 or self.backoff_s <= 0 or self.max_backoff_s < self.backoff_s:
             raise ConfigError("timeout_s and backoff_s must be positive and max_backoff_s ≥ backoff_s")
 
@@ -126,12 +129,28 @@ def post_once(url: str, body: bytes, timeout_s: float = 10.0) -> tuple[int, str]
         conn.close()
 
 
+@dataclass(frozen=True)
+class Liveness:
+    """What the processor says about itself and its jobs in every heartbeat: the alert rules on
+    absence read it (a processor that stops saying it, a job whose ranks are connected but whose
+    steps stopped)."""
+
+    host: str
+    runs: tuple[tuple[str, str, int, float], ...] = ()  # (run, attempt, ranks connected, last step's wall s)
+    queued_windows: int = 0
+    last_window_s: float = 0.0  # wall time the last window was written (0: none yet)
+
+
 class RemoteWriteSink:
-    """Bounded queue + one sender thread; :meth:`close` flushes within a deadline."""
+    """Bounded queue + one sender thread; :meth:`close` flushes within a deadline. With
+    ``liveness``, the thread also sends the processor's heartbeat (``Liveness``) every
+    ``config.heartbeat_s`` — the series the absence rules watch."""
 
     def __init__(self, config: RemoteWriteConfig, *, post: Callable[[bytes], tuple[int, str]] | None = None,
-                 wall_ns: Callable[[], int] = time.time_ns):
+                 wall_ns: Callable[[], int] = time.time_ns, liveness: Callable[[], Liveness] | None = None):
         self.config = config
+        self._liveness = liveness
+        self._last_beat = 0.0
         self._http = _Http(config.url, config.timeout_s)
         self._post = post or self._http.post
         self._wall_ns = wall_ns
@@ -203,20 +222,71 @@ class RemoteWriteSink:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._queue and not self._closing:
-                    self._cond.wait()
-                if not self._queue:
+                while not self._queue and not self._closing and not self._beat_due():
+                    self._cond.wait(self._beat_wait())
+                if not self._queue and not self._closing:
+                    job = None  # a heartbeat is due
+                elif not self._queue:
                     return
-                if time.monotonic() > self._deadline:
+                elif time.monotonic() > self._deadline:
                     while self._queue:
                         self._drop_window(self._queue.popleft())
                     return
-                job = self._queue.popleft()
+                else:
+                    job = self._queue.popleft()
+            if job is None:
+                self._beat()
+                continue
             try:
                 self._send_window(job)
             except Exception as exc:  # never let one bad window stop the sink
                 log.exception("remote write of window %d failed: %s", job.window, exc)
                 self._count_drop(job, 0, 1, "tsdb_encode_error")
+            if self._beat_due():
+                self._beat()
+
+    def _beat_due(self) -> bool:
+        return self._liveness is not None and time.monotonic() >= self._last_beat + self.config.heartbeat_s
+
+    def _beat_wait(self) -> float | None:
+        return None if self._liveness is None else max(0.0, self._last_beat + self.config.heartbeat_s - time.monotonic())
+
+    def _beat(self) -> None:
+        """The processor's liveness series, sent now (a failure is counted like any request's)."""
+        self._last_beat = time.monotonic()
+        try:
+            live = self._liveness() if self._liveness is not None else None
+        except Exception as exc:  # noqa: BLE001 - a heartbeat never stops the sink
+            log.debug("no heartbeat: %s", exc)
+            return
+        if live is None:
+            return
+        ms = max(self._wall_ns() // 1_000_000, self._self_metrics_ms + 1)
+        self._self_metrics_ms = ms
+        batch = SeriesBatch()
+        base = (("job", self.config.job or "argus"), ("host", live.host))
+        t, now_s = np.array([ms]), ms / 1000.0
+        batch.add("argus_processor_heartbeat_seconds", base, {}, t, np.array([now_s]))
+        batch.add("argus_processor_queued_windows", base, {}, t, np.array([float(live.queued_windows)]))
+        if live.last_window_s > 0:
+            batch.add("argus_processor_last_window_seconds", base, {}, t, np.array([live.last_window_s]))
+        for run, attempt, ranks, last_step_s in live.runs:
+            labels = (*base, ("run", run), ("attempt", attempt))
+            batch.add("argus_run_ranks_connected", labels, {}, t, np.array([float(ranks)]))
+            if last_step_s > 0:
+                batch.add("argus_run_last_step_seconds", labels, {}, t, np.array([last_step_s]))
+        series, ts, values = batch.arrays()
+        body = encode_write_request([self._labels.get(k) for k in batch.keys], series, ts, values)
+        try:
+            status, text = self._post(compress(body))
+        except (OSError, http.client.HTTPException) as exc:
+            status, text = 0, f"{type(exc).__name__}: {exc}"
+        with self._cond:
+            if 200 <= status < 300:
+                self._stats["heartbeats"] = self._stats.get("heartbeats", 0) + 1
+            else:
+                self._stats["failed_requests"] += 1
+                self._stats["last_error"] = f"heartbeat: HTTP {status}: {text.strip()[:200]}" if status else text
 
     def _send_window(self, job: WindowJob) -> None:
         clock, last_ms = self._state(job.key)
