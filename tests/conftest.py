@@ -11,7 +11,8 @@ from argus.sim import SimConfig, simulate_to_store
 #: Test folders whose tests run real training processes and measure them (step times, CPU
 #: time, who is slower): they run one at a time, alone on the machine (``-m serial`` in
 #: scripts/test.sh), while the rest run in parallel workers. A slow rank that is only a busy
-#: neighbour is exactly what these tests must never see.
+#: neighbour is exactly what these tests must never see. A module or test there that measures
+#: nothing says so with ``parallel_ok`` (its own ``serial`` marker still wins).
 SERIAL_DIRS = {"e2e", "processor", "producer", "cli"}
 
 
@@ -22,7 +23,8 @@ def pytest_collection_modifyitems(config, items):
             top = Path(str(item.fspath)).relative_to(tests).parts[0]
         except ValueError:
             continue
-        if top in SERIAL_DIRS:
+        own = {m.name for m in item.iter_markers()}
+        if top in SERIAL_DIRS and ("parallel_ok" not in own or "serial" in own):
             item.add_marker(pytest.mark.serial)
 
 

@@ -114,7 +114,7 @@ class AnalysisService:
             if p is None:
                 continue
             alert = Alert(p, doc["run_id"], doc["attempt_id"], inc, self.store_path)
-            if inc["window"]["end_step"] >= last_step - self.active_steps or inc["class"] == "hang":
+            if inc["window"]["end_step"] >= last_step - self.active_steps or inc["class"] in ("hang", "fail_stop"):
                 active.append(alert)
             known = state.get(inc["id"], {})
             for sink in self.sinks:

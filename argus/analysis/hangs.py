@@ -11,9 +11,13 @@ counts, not from timing:
   backward, in a data loader, in an endless loop);
 * a rank that **died** (its process gone) leaves the others waiting;
 * a rank of the job that **no host reported** (its host or processor is gone) likewise;
+* a rank whose process is **frozen** — stopped (``T``: SIGSTOP, a debugger) or in
+  uninterruptible sleep (``D``: stuck in the kernel on storage or a driver) — while the others
+  sleep in the collective holds it up even where its counts match theirs (its transport
+  threads are frozen with it);
 * when every member of the group is inside the same collective with the same count, no rank
-  is missing: the collective itself does not complete (a dead link, a peer NIC) — reported as
-  such, with no rank blamed.
+  is missing or frozen: the collective itself does not complete (a dead link, a peer NIC) —
+  reported as such, with no rank blamed.
 
 The incident carries each culprit's activity, how long it has been at it, its main-thread
 stack (py-spy, taken while it was stuck) and the stack of one waiting rank.
@@ -26,7 +30,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State
+from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State, grade
+
+#: process states of a rank that cannot be taking part in anything (``/proc/PID/stat``)
+FROZEN = {"T": "stopped (T: SIGSTOP or a debugger)", "t": "stopped by a tracer (t)",
+          "D": "in uninterruptible sleep (D: stuck in the kernel — storage or a driver)"}
 from argus.store import Attempt
 from argus.topology import Topology
 
@@ -94,7 +102,9 @@ def hang_incident(attempt: Attempt, topology: Topology) -> Incident | None:
     rows = state.rows
     world = topology.world_size
     if _resumed(attempt, state):
-        return None  # the job went on after the snapshot: a long stall (L2 names it), not a hang
+        # the job went on after the snapshot: a long stall (L2 names it), not a hang — unless the
+        # snapshot caught the rank that held everyone up frozen, which no timing can tell
+        return _frozen_stall(attempt, topology, state)
     behind, waited = _behind(state)
     # a rank behind on a group waits for nobody there, whatever its in-flight flag says
     waiting = sorted(r for r, row in rows.items() if row["waiting"] and r not in behind)
@@ -112,7 +122,11 @@ def hang_incident(attempt: Attempt, topology: Topology) -> Incident | None:
         elif missing:
             culprits = missing
         else:
-            link = True
+            frozen = sorted(r for r, row in rows.items() if str(row.get("proc_state") or "") in FROZEN)
+            if frozen and len(frozen) < len(rows):
+                culprits = frozen
+            else:
+                link = True
     focus = [r for r in (culprits or waiting) if r in rows]
     step = int(min(rows[r]["step"] for r in focus)) if focus else -1
     ops = sorted({op for op, _ in waited.values() if op}) or sorted({rows[r]["op"] for r in waiting if rows[r]["op"]})
@@ -127,7 +141,8 @@ def hang_incident(attempt: Attempt, topology: Topology) -> Incident | None:
             evidence.append({"level": "L2", "kind": "never_joined" if r not in dead else "rank_died", "rank": r,
                              "host": row["host"], "step": row["step"], "activity": row["activity"],
                              "for_s": round(_for_s(row), 1), "op": row["op"], "issued": row["issued"],
-                             "completed": row["completed"]})
+                             "completed": row["completed"],
+                             **({"proc_state": row["proc_state"]} if row.get("proc_state") else {})})
             if row["stack"]:
                 evidence.append({"level": "L5", "kind": "stack", "rank": r, "frames": _leaf(row["stack"])})
     if missing:
@@ -153,6 +168,9 @@ def hang_incident(attempt: Attempt, topology: Topology) -> Incident | None:
         first = rows.get(culprits[0]) if culprits else None
         doing = f" ({first['activity'] or 'outside any phase'} for {_for_s(first):.0f} s" + (
             f", {_leaf(first['stack']).split(';')[-1]}" if first and first["stack"] else "") + ")" if first else ""
+        state_of = str(first.get("proc_state") or "") if first else ""
+        if state_of in FROZEN:
+            doing += f"; its process is {FROZEN[state_of]}"
         summary = (f"job stalled at step {step} for {state.stalled_s:.0f} s: {len(waiting)} rank"
                    f"{'s' * (len(waiting) > 1)} wait in {what}; rank{'s' * (len(culprits) > 1)} "
                    f"{', '.join(map(str, culprits[:8]))} never joined{doing}")
@@ -160,6 +178,41 @@ def hang_incident(attempt: Attempt, topology: Topology) -> Incident | None:
     return Incident(IncidentClass.HANG, culprits, hosts, gpus, step, step, phase or "", [], State.CONFIRMED,
                     Severity.CRITICAL, 100.0, world * state.stalled_s / 3600.0, Action.CHECKPOINT_AND_RESTART,
                     evidence, [step], summary)
+
+
+def _frozen_stall(attempt: Attempt, topology: Topology, state: HangState) -> Incident | None:
+    """A stall that ended, during which some ranks' processes were frozen (``FROZEN``) while the
+    others waited in a collective. A rank stopped inside its collective looks exactly like its
+    peers in every timing (the collective returns on all of them at once when it resumes); only
+    its process state, read during the stall, names it."""
+    rows = state.rows
+    frozen = sorted(r for r, row in rows.items() if str(row.get("proc_state") or "") in FROZEN)
+    waiting = sorted(r for r, row in rows.items() if row["waiting"] and r not in frozen)
+    if not frozen or not waiting or len(frozen) == len(rows):
+        return None
+    span = attempt.sql("SELECT min(start_ns) AS a, max(end_ns) AS b FROM steps WHERE end_ns >= 0").to_pylist()[0]
+    run_s = (span["b"] - span["a"]) / 1e9 if span["a"] is not None and span["b"] is not None else 0.0
+    pct = 100.0 * state.stalled_s / max(run_s - state.stalled_s, 1e-9) if run_s > state.stalled_s else 100.0
+    row = rows[frozen[0]]
+    step = int(row["step"])
+    evidence: list[dict[str, Any]] = [{
+        "level": "L1", "kind": "no_progress", "stalled_s": round(state.stalled_s, 1),
+        "threshold_s": round(state.threshold_s, 1), "ranks_reported": len(rows), "world": topology.world_size}]
+    evidence.append({"level": "L2", "kind": "blocked_in_collectives", "ranks": waiting[:64], "collectives": [
+        {"op": rows[r]["op"], "started": rows[r]["issued"]} for r in waiting[:1]]})
+    for r in frozen[:8]:
+        evidence.append({"level": "L2", "kind": "never_joined", "rank": r, "host": rows[r]["host"],
+                         "step": rows[r]["step"], "activity": rows[r]["activity"], "for_s": round(_for_s(rows[r]), 1),
+                         "op": rows[r]["op"], "issued": rows[r]["issued"], "completed": rows[r]["completed"],
+                         "proc_state": rows[r]["proc_state"]})
+    hosts = sorted({str(topology.hosts[r]) if r < len(topology.hosts) else rows[r]["host"] for r in frozen})
+    summary = (f"rank{'s' * (len(frozen) > 1)} {', '.join(map(str, frozen[:8]))} on {', '.join(hosts)}: "
+               f"{'its process was' if len(frozen) == 1 else 'their processes were'} {FROZEN[str(row['proc_state'])]} "
+               f"for at least {state.stalled_s:.0f} s while {len(waiting)} rank{'s' * (len(waiting) > 1)} waited in "
+               f"{rows[waiting[0]]['op'] or 'a collective'}; the job then went on")
+    return Incident(IncidentClass.HOST_STALL, frozen, hosts, [str(topology.gpu_uuids[r]) for r in frozen], step, step,
+                    str(row["activity"] or ""), [], State.CONFIRMED, grade(pct), pct, None,
+                    Action.RAISE_TRACE_FIDELITY, evidence, [step], summary)
 
 
 def _resumed(attempt: Attempt, state: HangState) -> bool:

@@ -14,15 +14,15 @@ __all__ = ["main", "build_parser"]
 
 def _commands() -> list[tuple[str, Callable[[argparse._SubParsersAction], None]]]:
     # Imported lazily so `argus --help` stays fast.
-    from argus.cli import (analyze, bench, dashboards, demo, diagnose, export, healthcheck, info, ingest, processor,
-                           report, run, serve, simulate, sync, verify)
+    from argus.cli import (analyze, bench, dashboards, demo, diagnose, drill, export, healthcheck, info, ingest,
+                           processor, report, run, serve, simulate, sync, verify)
 
     return [("demo", demo.register), ("run", run.register), ("simulate", simulate.register_simulate),
             ("scenarios", simulate.register_scenarios), ("info", info.register), ("diagnose", diagnose.register),
             ("report", report.register), ("serve", serve.register), ("analyze", analyze.register),
             ("processor", processor.register), ("sync", sync.register), ("dashboards", dashboards.register),
             ("bench", bench.register), ("ingest", ingest.register), ("export", export.register),
-            ("healthcheck", healthcheck.register), ("verify", verify.register)]
+            ("healthcheck", healthcheck.register), ("verify", verify.register), ("drill", drill.register)]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -147,7 +147,7 @@ def snapshot_rows(rows: list[tuple[RankView, InflightState]], host: str, detecte
     cols: dict[str, list] = {c: [] for c in (
         "detected_ns", "stalled_s", "threshold_s", "rank", "host", "alive", "step", "steps_done", "activity",
         "activity_since_ns", "waiting", "group_key", "group_kind", "group_size", "group_first_rank", "op", "issued",
-        "completed", "pending_since_ns", "groups", "stack")}
+        "completed", "pending_since_ns", "groups", "stack", "proc_state")}
     waiting = {v.rank: any(g.pending > 0 for g in s.groups) for v, s in rows}
     # stacks: every rank that is not waiting (the likely culprits), then one that is
     order = [v for v, _ in rows if not waiting[v.rank]] + [v for v, _ in rows if waiting[v.rank]][:1]
@@ -185,4 +185,17 @@ def snapshot_rows(rows: list[tuple[RankView, InflightState]], host: str, detecte
              "first_rank": x.first_rank, "issued": x.issued, "completed": x.completed,
              "op": v.name(x.op) if x.op >= 0 else ""} for x in s.groups]))
         cols["stack"].append(stacks.get(v.rank, ""))
+        cols["proc_state"].append(proc_state(v.pid) if v.pid and v.alive else "")
     return cols
+
+
+def proc_state(pid: int) -> str:
+    """The process state letter of ``pid`` (``/proc/PID/stat``), "" when it cannot be read. A
+    stopped (T) or uninterruptibly sleeping (D) rank inside a collective is frozen, not
+    waiting: its peers wait for it, whatever its in-flight counts say."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+        return text[text.rindex(")") + 2:].split(" ", 1)[0][:1]
+    except (OSError, ValueError, IndexError):
+        return ""

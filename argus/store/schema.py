@@ -227,6 +227,8 @@ TABLES: dict[str, TableSpec] = {
                 ("groups", _STR, "JSON list of every group it used: key, kind, size, first_rank, issued, completed, "
                  "op"),
                 ("stack", _STR, "folded Python stack of its main thread (py-spy), root first; empty if not taken"),
+                ("proc_state", _STR, "the rank's process state from /proc (`R` running, `S` sleeping, `D` in "
+                 "uninterruptible sleep, `T` stopped, `Z` zombie); empty when unknown"),
             ),
             step_column="step",
         ),
@@ -276,7 +278,7 @@ TABLES: dict[str, TableSpec] = {
 
 
 #: Columns a writer may leave out (it does not measure them), with the value that means "unknown".
-DEFAULTS: dict[tuple[str, str], object] = {("phases", "wait_ns"): -1}
+DEFAULTS: dict[tuple[str, str], object] = {("phases", "wait_ns"): -1, ("hangs", "proc_state"): ""}
 
 
 def conform(table: str, data: pa.Table | Mapping[str, object], *, dictionaries: bool = False) -> pa.Table:

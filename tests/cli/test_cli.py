@@ -8,6 +8,9 @@ from argus.cli.main import main
 from argus.sim import SCENARIOS
 from tests.analysis.schema import validate
 
+#: the simulator and the CLI's output: nothing here is timed, but for the two real jobs marked serial
+pytestmark = pytest.mark.parallel_ok
+
 NAMES = ["healthy", "compute_straggler", "link_degradation", "pipeline_bubble", "jit_stall",
          "masked_compute_straggler", "hang", "thermal_throttle", "group_link_degradation", "link_flap", "gc_pause"]
 
@@ -94,6 +97,7 @@ def test_info_scenarios_and_analyze_speak_json(tmp_path, capsys):
     assert cycle["analysed"] and cycle["incidents"] >= 1 and cycle["new_incidents"] and cycle["errors"] == []
 
 
+@pytest.mark.serial
 def test_demo_trains_a_real_job_and_names_the_slow_rank(tmp_path):
     pytest.importorskip("torch")
     out = subprocess.run([sys.executable, "-m", "argus", "demo", "--steps", "24"], capture_output=True, text=True,
@@ -133,6 +137,7 @@ def test_bench_simulate_prints_json_lines():
     assert rows[1]["store_mb"] > 0
 
 
+@pytest.mark.serial
 def test_bench_overhead_compares_modes_side_by_side():
     pytest.importorskip("torch")
     out = argus("bench", "overhead", "--model", "tiny", "--steps", "12", "--repeats", "1",

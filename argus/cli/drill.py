@@ -1,0 +1,82 @@
+"""``argus drill KIND [-- CMD...]``: a fault drill — prove the chain from fault to page.
+
+Launches CMD (default: the bundled gloo transformer on 4 processes) under ``argus run``, waits
+until it trains, injects the fault into one rank (or this host's processor), then times each
+stage: the job's reaction, the incident (right class? right culprit?), the action proposed,
+the alert (with ``--alertmanager``/``--webhook``). Prints a pass/fail table; exit code 0 only
+when the drill passed. Only processes of the job launched here are touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+from pathlib import Path
+
+from argus.cli.progress import stderr_console, stdout_console
+from argus.text import term
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from argus.drill import DrillKind
+
+    p = sub.add_parser("drill", help="inject a real fault into a job and check Argus catches, names and pages it",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("kind", choices=[k.value for k in DrillKind],
+                   help="kill-rank (SIGKILL), stall-rank (SIGSTOP for --duration s), slow-rank (stopped 60%% of "
+                        "every 100 ms from then on), hang (stopped for good), processor (SIGKILL this host's "
+                        "processor)")
+    p.add_argument("--rank", type=int, default=1, help="rank to drill (default 1)")
+    p.add_argument("--store", help="store directory (default ./argus-drills)")
+    p.add_argument("--ranks", type=int, default=4, help="bundled job: processes (default 4)")
+    p.add_argument("--steps", type=int, default=40, help="bundled job: steps (default 40)")
+    p.add_argument("--after-steps", type=int, default=5, help="inject once this many steps are done (default 5)")
+    p.add_argument("--duration", type=float, default=15.0, help="stall-rank: seconds the rank is frozen (default 15)")
+    p.add_argument("--hang-min-s", type=float, default=10.0,
+                   help="the processor's live hang threshold for the drill's run (default 10)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds a stage may take (default 300)")
+    p.add_argument("--alertmanager", metavar="URL", help="check the alert reaches this Alertmanager")
+    p.add_argument("--webhook", metavar="URL", help="check the alert reaches this webhook")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("command", nargs="*", help="-- the job to drill (default: the bundled one); after '--'")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from argus.drill import EXPECT, Drill, DrillKind, bundled_job, run_drill
+    from argus.errors import ConfigError
+
+    cmd = list(args.command)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    kind = DrillKind(args.kind)
+    if kind != DrillKind.PROCESSOR and not 0 <= args.rank < (args.ranks if not cmd else 1 << 20):
+        raise ConfigError(f"--rank {args.rank} is not a rank of a {args.ranks}-process job")
+    err = stderr_console()
+    drill = Drill(kind, Path(args.store or "argus-drills"), cmd or bundled_job(args.ranks, args.steps), rank=args.rank,
+                  host=f"{socket.gethostname()}-drill-{os.getpid()}", after_steps=args.after_steps,
+                  duration_s=args.duration, hang_min_s=args.hang_min_s, timeout_s=args.timeout,
+                  alertmanager=args.alertmanager, webhook=args.webhook,
+                  on_event=lambda line: err.print(f"[dim]drill: {term(line)}[/dim]"))
+    res = run_drill(drill)
+    if args.json:
+        print(json.dumps(res.to_json(), indent=2))
+    else:
+        from rich.table import Table
+
+        table = Table(title=f"drill {kind} ({EXPECT[kind].what}) — run {res.run_id} in {res.store}",
+                      title_justify="left")
+        for col in ("stage", "result", "after the fault", "detail"):
+            table.add_column(col)
+        style = {"pass": "green", "fail": "bold red", "skipped": "dim"}
+        for s in res.stages:
+            table.add_row(s.name, f"[{style[s.result]}]{s.result}[/]", "—" if s.delay_s is None else f"{s.delay_s:.1f} s",
+                          term(s.detail))
+        out = stdout_console()
+        out.print(table)
+        out.print("[green]drill passed[/green]" if res.passed else "[bold red]drill FAILED[/bold red]")
+    return 0 if res.passed else 1
