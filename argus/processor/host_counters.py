@@ -25,7 +25,7 @@ metric                     source
 =========================  =================================================================
 
 The samples are the host's, stored as ``hw`` rows of its lowest connected rank of each job
-(``argus/analysis/signals.py`` reads them per host). A file that is absent is skipped, said
+(``argus/analysis/signals.py`` reads them per host), from that rank's latest known step on. A file that is absent is skipped, said
 once in the log; without ``/proc/pressure`` (kernels before 4.20, or PSI off) those metrics are
 simply not sampled.
 """
@@ -51,6 +51,8 @@ IB_ERROR_COUNTERS = ("symbol_error", "link_downed", "link_error_recovery", "port
                      "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
                      "excessive_buffer_overrun_errors")
 _PSI = (("cpu", "cpu"), ("io", "io"), ("memory", "mem"))
+#: a sample belongs to a job whose latest step started at most this long before it
+SAME_CLOCK_NS = 3600 * 10**9
 HOST_METRICS = frozenset({"psi_cpu_some", "psi_io_some", "psi_io_full", "psi_mem_some", "psi_mem_full", "cpu_iowait_pct",
                           "cpu_softirq_pct", "cpu_steal_pct", "ib_link_errors", "ib_link_downed", "nic_port_up"})
 
@@ -67,7 +69,7 @@ class HostCountersSampler(Sampler):
         self._missing: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.rounds = self.dropped = 0
+        self.rounds = self.dropped = self.skipped = 0
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="argus-host-counters", daemon=True)
@@ -205,8 +207,20 @@ class HostCountersSampler(Sampler):
         for h in ranks:  # one rank per job carries the host's rows
             if h.attempt_key not in first or h.rank < first[h.attempt_key].rank:
                 first[h.attempt_key] = h
-        return [hw_output(h, ts, metrics) for h in first.values()]
+        # … within an hour after its latest known step's start: a sample is the host's *now*,
+        # which belongs to the step the job is in. Before its first step, or for a job whose
+        # clock is not this host's wall clock (a replay or a simulator feeding the processor:
+        # stamped at their offset it landed decades ahead, and a TSDB then refused everything
+        # older), it would reopen written windows or mean nothing.
+        out = []
+        for h in first.values():
+            starts = h.info.step_starts
+            if starts and 0 <= ts - starts[-1] <= SAME_CLOCK_NS:
+                out.append(hw_output(h, ts, metrics))
+            else:
+                self.skipped += 1
+        return out
 
     def status(self) -> dict[str, Any]:
-        return {"interval_s": self.interval_s, "rounds": self.rounds, "dropped": self.dropped,
+        return {"interval_s": self.interval_s, "rounds": self.rounds, "dropped": self.dropped, "skipped": self.skipped,
                 "missing": sorted(self._missing)[:16]}

@@ -14,8 +14,9 @@ GROUP = 8039201830801555756
 
 
 def _snapshot(tmp_path, states: dict[int, tuple[int, int, str, str]], alive: set[int] | None = None,
-              resumed: bool = False):
-    """A 4-rank dp job's hang snapshot: rank → (issued, completed, activity, stack)."""
+              resumed: bool = False, proc_state: dict[int, str] | None = None, klass: str = "hang"):
+    """A 4-rank dp job's hang snapshot: rank → (issued, completed, activity, stack); every
+    process sleeping (S) but those ``proc_state`` says otherwise of."""
     store = Store.create(tmp_path / "s")
     attempt = store.create_attempt(RunIdentity("job"), Topology.uniform(parse_layout("dp=4"), gpus_per_host=4),
                                    source="test")
@@ -35,12 +36,13 @@ def _snapshot(tmp_path, states: dict[int, tuple[int, int, str, str]], alive: set
                "activity_since_ns": now - 31 * 10**9, "waiting": issued > completed, "group_key": GROUP,
                "group_kind": "dp", "group_size": 4, "group_first_rank": 0, "op": "dp-allreduce", "issued": issued,
                "completed": completed, "pending_since_ns": 0, "stack": stack,
+               "proc_state": (proc_state or {}).get(rank, "S"),
                "groups": json.dumps([{"key": GROUP, "kind": "dp", "size": 4, "first_rank": 0, "issued": issued,
                                       "completed": completed, "op": "dp-allreduce"}])}
         for c in cols:
             cols[c].append(row[c])
     w.write("hangs", cols, window=0)
-    return [i for i in diagnose(attempt, DiagnoseConfig(store_incidents=False)).incidents if i.klass == "hang"]
+    return [i for i in diagnose(attempt, DiagnoseConfig(store_incidents=False)).incidents if i.klass == klass]
 
 
 def test_the_rank_behind_on_issued_collectives_is_the_culprit_even_with_a_pending_count(tmp_path):
@@ -69,3 +71,22 @@ def test_a_stall_the_job_recovered_from_is_no_hang(tmp_path):
     # which L2 finds as a host stall with its cause, not a hang to restart for
     waiting = (25, 23, "backward-compute", "")
     assert _snapshot(tmp_path, {0: waiting, 1: waiting, 2: (23, 22, "compile", ""), 3: waiting}, resumed=True) == []
+
+
+def test_a_frozen_rank_inside_the_collective_is_the_culprit_not_the_network(tmp_path):
+    """Rank 1 stopped (SIGSTOP) inside its all-reduce: its counts match everyone's, as a dead link
+    would leave them; its process state does not."""
+    (inc,) = _snapshot(tmp_path, {r: (25, 24, "dp-allreduce", "") for r in range(4)}, proc_state={1: "T"})
+    assert inc.culprit_ranks == [1] and "its process is stopped" in inc.summary
+    assert not any(p in inc.summary for p in ("a link", "network"))
+
+
+def test_a_rank_frozen_for_a_while_is_a_host_stall_once_the_job_goes_on(tmp_path):
+    """The same freeze, resumed before the job died: no hang, and no rank to blame from the
+    timings either — the snapshot's process state names it, a host stall. A stall with every
+    process sleeping (a recompilation on one rank) stays the timings' to judge."""
+    same = {r: (25, 24, "dp-allreduce", "") for r in range(4)}
+    assert _snapshot(tmp_path / "a", same, resumed=True) == []
+    (inc,) = _snapshot(tmp_path / "b", same, resumed=True, proc_state={1: "D"}, klass="host_stall")
+    assert inc.culprit_ranks == [1] and inc.state == "confirmed"
+    assert "uninterruptible sleep" in inc.summary and "the job then went on" in inc.summary

@@ -90,3 +90,26 @@ def test_this_machines_own_files_read_without_error():
     assert set(got) <= HOST_METRICS
     if Path("/proc/stat").exists():
         assert 0.0 <= got["cpu_iowait_pct"] <= 100.0
+
+
+def test_samples_go_to_the_jobs_lowest_rank_only_when_its_clock_is_this_hosts():
+    """A job fed by a simulator or a replay runs on a clock of its own: the host's *now* stamped
+    into it landed decades ahead once shifted to the job's time, and a TSDB then refused every
+    older sample of the run (the Prometheus test's second simulated job lost a third of its
+    windows). Only a rank whose latest step started within the hour before the sample gets it."""
+    import time
+
+    from argus.processor.assembler import RankInfo
+    from argus.processor.samplers import RankHandle
+
+    now = time.time_ns()
+    live = [RankHandle(1, RankInfo(rank=r), ("job", "0")) for r in (3, 2)]
+    fed = RankHandle(2, RankInfo(rank=0), ("replay", "0"))
+    for h in live:
+        h.info.step_starts.append(now - 2 * 10**9)
+    fed.info.step_starts.append(5 * 10**9)  # a clock starting at 5 s
+    s = HostCountersSampler()
+    out = s.receive(("host", now, [("psi_cpu_some", 12.0)]), [*live, fed])
+    assert [(h.rank, list(recs["value"])) for h, _, recs in out] == [(2, [12.0])] and s.skipped == 1
+    (_, _, recs), = out
+    assert live[1].info.names[recs["metric"][0]] == "psi_cpu_some"
