@@ -128,7 +128,7 @@ def run_socket(mode: str, events: int | None = 5_000_000, rate_per_min_per_rank:
     tmp = Path(tempfile.mkdtemp(prefix="argus-pb-"))
     sock = tmp / "p.sock"
     args = [sys.executable, "-m", "argus", "processor", "--store", str(tmp / "store"), "--socket", str(sock),
-            "--host", "bench", "--window-steps", str(window_steps), "--no-fsync"]
+            "--host", "bench", "--window-steps", str(window_steps), "--no-fsync", "--no-host-counters"]
     args += ["--evidence-interval", str(evidence_interval_s)] if evidence else ["--no-evidence"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

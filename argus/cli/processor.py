@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--suspect-stack-hz", type=float, default=10.0,
                    help="stack samples per second for a rank under suspicion: stalled, or a slow last step (default 10)")
     p.add_argument("--no-stacks", action="store_true", help="do not sample the ranks' stacks with py-spy")
+    p.add_argument("--no-host-counters", action="store_true",
+                   help="do not sample this host's pressure and port counters (for jobs that do not run on this "
+                        "host: a simulator or a replay feeding the processor)")
     p.add_argument("--hw-interval", type=float, default=5.0,
                    help="seconds between NVML GPU telemetry samples (default 5; off without NVML)")
     p.add_argument("--remote-write", action="append", default=[], metavar="URL",
@@ -94,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
                              evidence=not args.no_evidence, evidence_max_bytes=int(args.evidence_max_mb * (1 << 20)),
                              evidence_max_age_s=args.evidence_max_age_h * 3600,
                              evidence_interval_s=args.evidence_interval, durable=not args.no_fsync,
-                             stacks=not args.no_stacks, stack_hz=args.stack_hz, suspect_stack_hz=args.suspect_stack_hz,
+                             stacks=not args.no_stacks, host_counters=not args.no_host_counters, stack_hz=args.stack_hz, suspect_stack_hz=args.suspect_stack_hz,
                              hw_interval_s=args.hw_interval, remote_write=remote,
                              hang=HangConfig(min_s=args.hang_min_s, step_factor=args.hang_step_factor),
                              max_pending_frame_bytes=int(args.max_pending_frame_mb * (1 << 20)),

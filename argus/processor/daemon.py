@@ -82,6 +82,7 @@ class ProcessorConfig:
     py_spy: str | None = None  # py-spy executable (default: $ARGUS_PY_SPY, next to Python, PATH)
     hw_interval_s: float = 5.0  # NVML telemetry and host counters period (NVML: off without it)
     host_root: str = "/"  # where the host counters' /proc and /sys are (host_counters.py; tests: a fake tree)
+    host_counters: bool = True  # off for jobs that are not this host's (a simulator or a replay feeding it)
     remote_write: list[Any] = field(default_factory=list)  # argus.tsdb.RemoteWriteConfig per TSDB
     remote_write_flush_s: float = 10.0  # at shutdown, time the sinks get to send what is queued
     hang: HangConfig = field(default_factory=HangConfig)  # live hang detection (processor/hangs.py)
@@ -182,8 +183,9 @@ class Processor:
         self._last_window_wall = 0.0
         self._liveness: Any = None
         self._listener: socket.socket | None = None
-        samplers = [HardwareSampler(interval_s=config.hw_interval_s),
-                    HostCountersSampler(interval_s=config.hw_interval_s, root=config.host_root)]
+        samplers: list[Any] = [HardwareSampler(interval_s=config.hw_interval_s)]
+        if config.host_counters:
+            samplers.append(HostCountersSampler(interval_s=config.hw_interval_s, root=config.host_root))
         if config.stacks:
             samplers.insert(0, StackSampler(hz=config.stack_hz, suspect_hz=config.suspect_stack_hz,
                                             py_spy=config.py_spy))

@@ -38,7 +38,7 @@ def _load(prometheus, tmp_path_factory, scenario: str, ranks: int):  # noqa: F81
     _, ctx, _, _ = prepare(config, scenario)
     sock = Path(tempfile.mkdtemp(prefix="argus-dash-")) / "p.sock"
     proc = subprocess.Popen([sys.executable, "-m", "argus", "processor", "--store", str(root / "P"), "--socket",
-                             str(sock), "--host", "proc-0", "--no-fsync", "--no-stacks", "--no-evidence",
+                             str(sock), "--host", "proc-0", "--no-fsync", "--no-stacks", "--no-host-counters", "--no-evidence",
                              "--remote-write", prometheus.write_url, "--remote-write-job", JOB],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: sock.exists() or proc.poll() is not None, 30, "the processor socket")

@@ -202,7 +202,7 @@ def test_processor_mirrors_its_store_and_evidence_to_the_bucket(s3, tmp_path):
     sock = Path(tempfile.mkdtemp(prefix="argus-mir-")) / "p.sock"
     env = {**os.environ}
     proc = subprocess.Popen([sys.executable, "-m", "argus", "processor", "--store", str(tmp_path / "P"), "--socket",
-                             str(sock), "--host", "proc-0", "--no-fsync", "--no-stacks", "--evidence-interval", "0",
+                             str(sock), "--host", "proc-0", "--no-fsync", "--no-stacks", "--no-host-counters", "--evidence-interval", "0",
                              "--mirror", f"s3://mirrored/p?endpoint={s3}", "--mirror-interval", "0.5"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     for _ in range(300):

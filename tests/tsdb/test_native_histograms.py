@@ -92,7 +92,7 @@ def test_prometheus_answers_like_the_stored_sketch(prometheus_nh: Server, tmp_pa
     _, ctx, _, _ = prepare(config, "healthy")
     sock = Path(tempfile.mkdtemp(prefix="argus-nh-")) / "p.sock"
     proc = subprocess.Popen([sys.executable, "-m", "argus", "processor", "--store", str(tmp_path / "P"), "--socket",
-                             str(sock), "--host", "proc-0", "--no-fsync", "--no-stacks", "--no-evidence",
+                             str(sock), "--host", "proc-0", "--no-fsync", "--no-stacks", "--no-host-counters", "--no-evidence",
                              "--remote-write", prometheus_nh.write_url, "--remote-write-native-histograms"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: sock.exists() or proc.poll() is not None, 30, "the processor socket")

@@ -29,7 +29,7 @@ SCENARIOS = {"compute_straggler": 16, "link_degradation": 32}  # 16 ranks are tw
 def _start_processor(store: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     sock = Path(tempfile.mkdtemp(prefix="argus-tsdb-")) / "p.sock"  # unix socket paths cap at 108 bytes
     proc = subprocess.Popen([sys.executable, "-m", "argus", "processor", "--store", str(store), "--socket", str(sock),
-                             "--host", "proc-0", "--no-fsync", "--no-stacks", "--no-evidence", *extra],
+                             "--host", "proc-0", "--no-fsync", "--no-stacks", "--no-host-counters", "--no-evidence", *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: sock.exists() or proc.poll() is not None, 30, "the processor socket")
     assert proc.poll() is None, proc.stderr.read()
