@@ -210,7 +210,8 @@ def _frozen_stall(attempt: Attempt, topology: Topology, state: HangState) -> Inc
                f"{'its process was' if len(frozen) == 1 else 'their processes were'} {FROZEN[str(row['proc_state'])]} "
                f"for at least {state.stalled_s:.0f} s while {len(waiting)} rank{'s' * (len(waiting) > 1)} waited in "
                f"{rows[waiting[0]]['op'] or 'a collective'}; the job then went on")
-    return Incident(IncidentClass.HOST_STALL, frozen, hosts, [str(topology.gpu_uuids[r]) for r in frozen], step, step,
+    gpus = [str(topology.gpu_uuids[r]) for r in frozen if r < len(topology.gpu_uuids)]  # as for hosts: rows may
+    return Incident(IncidentClass.HOST_STALL, frozen, hosts, gpus, step, step,  # precede the topology
                     str(row["activity"] or ""), [], State.CONFIRMED, grade(pct), pct, None,
                     Action.RAISE_TRACE_FIDELITY, evidence, [step], summary)
 
