@@ -31,7 +31,7 @@ from argus.analysis.collectives import p2p_transfers
 from argus.analysis.links import detect_link_shifts
 from argus.analysis.l3_kernels import L3Config, collective_calls, detect_kernels, kernel_time_per_rank
 from argus.analysis.observations import Depth, Observation, observe
-from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents
+from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents, reinstate_victims
 from argus.analysis.job_log import with_job_log
 from argus.analysis.signals import HwSignals, load_hw_signals
 from argus.errors import ConfigError, StoreError
@@ -284,6 +284,7 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     t = time.perf_counter()
     deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen, frames, timings,
            l1.baseline_s)
+    incidents = reinstate_victims(incidents)  # a culprit the replay dismissed explains no victim
     incidents = with_job_log(attempt, topology, incidents, step_of_ts)  # argus run's logs table
     apply_verifications(incidents, load_verifications(getattr(attempt, "path", None)))  # argus verify's outcomes
     facts = _job_facts(attempt, l1)

@@ -106,6 +106,10 @@ class Incident:
     steps: list[int] = field(default_factory=list)  # the steps actually affected (intermittent faults)
     summary: str = ""
     decision: dict[str, Any] | None = None  # target, remedy and price (``decision.py``), set by the diagnosis
+    #: incidents this one's culprits were taken to explain (a link whose slow transfers are their
+    #: victims' waits): held back, and put back by ``reinstate_victims`` if a later level finds
+    #: these culprits cost the job nothing. Never serialised.
+    victims: list["Incident"] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # a misspelt class, state, severity or action fails here, where it is made

@@ -50,7 +50,7 @@ from argus.analysis.signals import PRESSURE_PCT, HwSignals, stack_cause
 from argus.store import Attempt
 from argus.topology import Topology
 
-__all__ = ["WindowAnalysis", "RootCauseConfig", "build_incidents"]
+__all__ = ["WindowAnalysis", "RootCauseConfig", "build_incidents", "reinstate_victims"]
 
 
 @dataclass
@@ -876,20 +876,43 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     members |= {r for sh in shifts if set(sh.hosts) & set(hosts) for r in sh.ranks}
     masking += [inc for inc in compute if inc not in masking and inc.severity != "info"
                 and set(inc.culprit_ranks) & members and inc.start_step <= steps[-1] and inc.end_step >= steps[0]]
+    link = Incident(IncidentClass.LINK_DEGRADATION, ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
+                    next(iter(collectives), "collectives"), kernels, State.CONFIRMED if confirmed else State.SUSPECTED,
+                    grade(pct), pct, gpuh, Action.CORDON_NODE if confirmed else Action.VERIFY,
+                    evidence, steps, summary)
     if masking:
         # culprit over victim: the compute culprit explains the waits, so the slow-looking
         # transfers are its victims' evidence, in its incident — never an incident of their own
+        # (unless the replay later finds the culprit costs nothing: ``reinstate_victims``)
         culprit = masking[0]
         culprit.evidence.append({
             "level": "L2", "kind": "victim_transfers", "hosts": hosts, "ranks": ranks[:64], "steps": steps[:32],
             "collectives": [c for c, _ in collectives.most_common(3)] or kernels[:3],
             "note": "transfers on these hosts look slow while their ranks compute slowly: the others wait for "
                     "them there; no link is blamed"})
+        culprit.victims.append(link)
         return []
-    return [Incident(IncidentClass.LINK_DEGRADATION, ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
-                     next(iter(collectives), "collectives"), kernels, State.CONFIRMED if confirmed else State.SUSPECTED,
-                     grade(pct), pct, gpuh, Action.CORDON_NODE if confirmed else Action.VERIFY,
-                     evidence, steps, summary)]
+    return [link]
+
+
+def reinstate_victims(incidents: list[Incident]) -> list[Incident]:
+    """Incidents held back as a compute culprit's victims, put back where that culprit no longer
+    explains anything: L4's replay found removing its excess gains the job nothing (graded
+    ``info``). Masking is decided before the replay; without this a throttled link vanished
+    behind a pipeline "culprit" the replay then dismissed, and the job's 30% loss had no incident."""
+    out = list(incidents)
+    for inc in incidents:
+        if not inc.victims or inc.severity != Severity.INFO:
+            continue
+        for victim in inc.victims:
+            victim.evidence.append({
+                "level": "L4", "kind": "culprit_dismissed", "incident": inc.id, "ranks": inc.culprit_ranks[:16],
+                "note": f"taken at first for the waits of rank(s) {_rank_list(inc.culprit_ranks)} ({inc.klass}); "
+                        "replayed without their excess the job gains nothing, so the slow transfers stand on their own"})
+            out.append(victim)
+        inc.evidence = [e for e in inc.evidence if e.get("kind") != "victim_transfers"]
+        inc.victims = []
+    return out
 
 
 #: A link the hardware reports down is measured by transfer comparisons only when they stood

@@ -105,3 +105,44 @@ def test_a_slow_group_seen_by_the_phases_alone_is_suspected_until_a_second_chann
         (inc,) = [i for i in d.incidents if i.severity != "info"]
         assert inc.klass == "link_degradation" and inc.culprit_ranks == truth["faults"][0]["culprit_ranks"]
         assert (inc.state, inc.action) == (state, action)
+
+
+def test_a_link_held_back_behind_a_culprit_the_replay_dismisses_is_put_back(diagnosed):
+    """Culprit over victim is decided before L4: a rank of the slow pipeline line computing
+    1.5× its peer takes the line's slow transfers as its victims' waits, and no link incident
+    is made. If the replay then finds its removal gains nothing (graded info), the link must
+    come back — else a throttled link's cost has no incident at all (CI: a 20 Mbit/s host
+    link, 0 incidents)."""
+    from dataclasses import replace
+
+    from argus.analysis.l2_stragglers import Finding
+    from argus.analysis.links import LinkFinding
+    from argus.analysis.rootcause import build_incidents, reinstate_victims
+    from argus.topology import GroupKind
+
+    attempt, _, d = diagnosed("healthy", ranks=4, steps=20, layout="pp=2,dp=2", gpus_per_host=1,
+                              checkpoint_every=0)
+    topology = attempt.topology()
+    ranks = sorted(int(r) for r in attempt.layout.groups(GroupKind.PP)[1])
+    hosts = sorted({str(topology.hosts[r]) for r in ranks})
+    windows = []
+    for w in d.windows:
+        steps = [s for s in range(max(w.lo, 4), w.hi + 1)]
+        links = [LinkFinding("pp-send/recv", GroupKind.PP, s, ranks, hosts, 9.0, 8e6, per_step=2.0, pair_only=True)
+                 for s in steps]
+        busy = Finding("busy", ranks[1], "forward-compute", "compute", -1, steps, 1.5, 10.0, 0.05, "dp", True,
+                       [0.05] * len(steps))
+        windows.append(replace(w, l3=None, l2=replace(w.l2, links=list(w.l2.links) + links,
+                                                       findings=list(w.l2.findings) + ([busy] if steps else []))))
+    step_time = {int(s): float(t) for s, t in zip(d.l1.steps, d.l1.step_time_s)}
+    incidents = build_incidents(attempt, topology, d.l1, windows, d.hw, step_time)
+    (culprit,) = [i for i in incidents if i.klass in ("compute_straggler", "pipeline_imbalance")]
+    assert culprit.culprit_ranks == [ranks[1]] and culprit.severity != "info"
+    assert not [i for i in incidents if i.klass == "link_degradation"]
+    assert reinstate_victims(incidents) == incidents  # the culprit still explains the waits
+
+    culprit.severity = "info"  # what L4 does when the replay without its excess gains nothing
+    (link,) = [i for i in reinstate_victims(incidents) if i.klass == "link_degradation"]
+    assert link.culprit_ranks == ranks
+    assert any(e["kind"] == "culprit_dismissed" for e in link.evidence)
+    assert not any(e["kind"] == "victim_transfers" for e in culprit.evidence) and not culprit.victims
