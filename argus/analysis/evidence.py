@@ -58,6 +58,7 @@ class EvidenceKind(StrEnum):
     GPU_IDLE = "gpu_idle"
     AGREEMENT = "agreement"
     DISAGREEMENT = "disagreement"
+    CULPRIT_DISMISSED = "culprit_dismissed"  # a link put back: the culprit it was blamed on costs nothing
     # L5
     STACKS = "stacks"
     STACK = "stack"

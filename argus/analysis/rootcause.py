@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from argus.analysis.evidence import EvidenceKind
 from argus.analysis.frames import load_phases
 from argus.analysis.hangs import hang_incident
 from argus.analysis.host_phases import host_phase_cause
@@ -906,7 +907,7 @@ def reinstate_victims(incidents: list[Incident]) -> list[Incident]:
             continue
         for victim in inc.victims:
             victim.evidence.append({
-                "level": "L4", "kind": "culprit_dismissed", "incident": inc.id, "ranks": inc.culprit_ranks[:16],
+                "level": "L4", "kind": EvidenceKind.CULPRIT_DISMISSED, "incident": inc.id, "ranks": inc.culprit_ranks[:16],
                 "note": f"taken at first for the waits of rank(s) {_rank_list(inc.culprit_ranks)} ({inc.klass}); "
                         "replayed without their excess the job gains nothing, so the slow transfers stand on their own"})
             out.append(victim)

@@ -81,8 +81,10 @@ class Sampler:
         self.queue: queue.Queue | None = None  # set by Samplers
 
     def put(self, payload: Any) -> bool:
-        """From a sampler thread: hand an observation to the loop; False when it was dropped."""
-        assert self.queue is not None
+        """From a sampler thread: hand an observation to the loop; False when it was dropped
+        (the queue full, or no loop attached yet: a sampler thread must never die of it)."""
+        if self.queue is None:
+            return False
         try:
             self.queue.put_nowait((self, payload))
             return True
