@@ -29,11 +29,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("kind", choices=[k.value for k in DrillKind],
                    help="kill-rank (SIGKILL), stall-rank (SIGSTOP for --duration s), slow-rank (stopped 60%% of "
                         "every 100 ms from then on), hang (stopped for good), processor (SIGKILL this host's "
-                        "processor)")
+                        "processor), link (throttle host RANK's link mid-job: a pipeline job on network "
+                        "namespaces, one rank a host; needs root)")
     p.add_argument("--rank", type=int, default=1, help="rank to drill (default 1)")
     p.add_argument("--store", help="store directory (default ./argus-drills)")
     p.add_argument("--ranks", type=int, default=4, help="bundled job: processes (default 4)")
     p.add_argument("--steps", type=int, default=40, help="bundled job: steps (default 40)")
+    p.add_argument("--hosts", type=int, default=6, help="link: namespace hosts, one rank each (default 6)")
+    p.add_argument("--layout", help="link: the job's layout (default pp=2,dp=HOSTS/2)")
+    p.add_argument("--rate", default="20mbit", help="link: the throttled host's rate (tc tbf, default 20mbit)")
     p.add_argument("--after-steps", type=int, default=5, help="inject once this many steps are done (default 5)")
     p.add_argument("--duration", type=float, default=15.0, help="stall-rank: seconds the rank is frozen (default 15)")
     p.add_argument("--hang-min-s", type=float, default=10.0,
@@ -47,17 +51,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from argus.drill import EXPECT, Drill, DrillKind, bundled_job, run_drill
+    from argus.drill import EXPECT, Drill, DrillKind, bundled_job, bundled_link_job, run_drill
     from argus.errors import ConfigError
 
     cmd = list(args.command)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     kind = DrillKind(args.kind)
-    if kind != DrillKind.PROCESSOR and not 0 <= args.rank < (args.ranks if not cmd else 1 << 20):
-        raise ConfigError(f"--rank {args.rank} is not a rank of a {args.ranks}-process job")
+    link = kind == DrillKind.LINK
+    size = args.hosts if link else args.ranks
+    if kind != DrillKind.PROCESSOR and not 0 <= args.rank < (size if not cmd or link else 1 << 20):
+        raise ConfigError(f"--rank {args.rank} is not a rank of a {size}-{'host' if link else 'process'} job")
+    if link and (args.hosts < 2 or (args.layout is None and args.hosts % 2)):
+        raise ConfigError(f"--hosts {args.hosts}: the link drill's pipeline needs an even number of hosts "
+                          "(or a --layout of that many ranks)")
+    default = bundled_link_job(args.hosts, args.steps) if link else bundled_job(args.ranks, args.steps)
     err = stderr_console()
-    drill = Drill(kind, Path(args.store or "argus-drills"), cmd or bundled_job(args.ranks, args.steps), rank=args.rank,
+    drill = Drill(kind, Path(args.store or "argus-drills"), cmd or default, rank=args.rank,
+                  hosts=args.hosts, layout=args.layout or f"pp=2,dp={args.hosts // 2}", rate=args.rate,
                   host=f"{socket.gethostname()}-drill-{os.getpid()}", after_steps=args.after_steps,
                   duration_s=args.duration, hang_min_s=args.hang_min_s, timeout_s=args.timeout,
                   alertmanager=args.alertmanager, webhook=args.webhook,

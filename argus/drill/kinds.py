@@ -14,6 +14,7 @@ class DrillKind(StrEnum):
     SLOW_RANK = "slow-rank"  # one rank stopped most of every 100 ms from then on (a CPU limit)
     HANG = "hang"  # one rank stopped for good: the others block in their next collective
     PROCESSOR = "processor"  # SIGKILL this host's processor
+    LINK = "link"  # throttle one host's network link (tc tbf) mid-job: a multi-host job on namespaces
 
 
 @dataclass(frozen=True)
@@ -34,4 +35,6 @@ EXPECT: dict[DrillKind, Expectation] = {
     DrillKind.PROCESSOR: Expectation((), False,
                                      "a host whose processor dies is reported by argus run (and paged, with "
                                      "the absence rules), never silently lost"),
+    DrillKind.LINK: Expectation(("link_degradation",), True,
+                                "a host whose link slows mid-job is named by its transfers, not its peers or stage"),
 }

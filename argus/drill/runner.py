@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from typing import Any, Callable
 from argus.drill.kinds import EXPECT, DrillKind
 from argus.errors import ArgusError
 
-__all__ = ["Drill", "DrillResult", "Stage", "run_drill", "bundled_job"]
+__all__ = ["Drill", "DrillResult", "Stage", "run_drill", "bundled_job", "bundled_link_job"]
 
 
 @dataclass
@@ -64,12 +65,28 @@ class Drill:
     alertmanager: str | None = None  # check the P0–P2 alert reached it
     webhook: str | None = None
     on_event: Callable[[str], None] = lambda line: None
+    hosts: int = 6  # link: namespace hosts, one rank each (the command runs once per rank, torchrun-free)
+    layout: str = "pp=2,dp=3"  # link: the job's layout
+    rate: str = "20mbit"  # link: the throttled host's rate, both directions
 
 
 def bundled_job(ranks: int = 4, steps: int = 40) -> list[str]:
     """The demo's gloo transformer, untouched by any fault of its own."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
             "-m", "argus.workloads.train_transformer", "--steps", str(steps), "--microbatches", "2", "--fault", "none"]
+
+
+def bundled_link_job(hosts: int = 6, steps: int = 30) -> list[str]:
+    """The demo's transformer as a two-stage pipeline, one rank a host (the link drill runs it
+    once per namespace host with the rank's environment). With more hosts than vCPUs every rank
+    runs on one vCPU: ranks floating over vCPUs of different speed are devices of different
+    speed, which a drill must not mistake for its fault (``tests/e2e/jobs.same_hardware``)."""
+    pin = []
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if cpus and len(cpus) < hosts and shutil.which("taskset"):
+        pin = ["taskset", "-c", str(cpus[-1])]
+    return [*pin, sys.executable, "-m", "argus.workloads.train_transformer", "--mode", "pipeline", "--steps", str(steps),
+            "--microbatches", "2", "--d-model", "64", "--layers", "1", "--vocab", "256", "--fault", "none"]
 
 
 def _status(store: Path, host: str) -> dict[str, Any]:
@@ -130,6 +147,9 @@ def run_drill(d: Drill) -> DrillResult:
     Store.create(d.store)  # so that a wrong --store fails here, and the drill's log can live in it
     log_path = d.store / "drills" / f"{run_id}.log"
     log_path.parent.mkdir(exist_ok=True)
+    if d.kind == DrillKind.LINK:
+        _link_drill(d, res, log_path)
+        return res
     cmd = [sys.executable, "-m", "argus", "run", "--store", str(d.store), "--host", d.host, "--run-id", run_id,
            "--hang-min-s", str(d.hang_min_s), "--", *d.command]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
@@ -202,6 +222,69 @@ def _drive(d: Drill, res: DrillResult, job: subprocess.Popen, log_path: Path) ->
     else:
         _judge(d, res, t0)
     _alert(d, res)
+
+
+def _link_drill(d: Drill, res: DrillResult, log_path: Path) -> None:
+    """A multi-host job on network namespaces (one ``argus run`` a host into one store, as on a
+    cluster with a shared filesystem); once it trains, one host's link is throttled with ``tc
+    tbf`` in both directions until the job ends. Needs root, ``ip`` and ``tc``."""
+    from argus.workloads.netns import JobTimeout, NamespaceCluster, available, cleanup_stale, launch_job
+
+    why = available()
+    if why is not None:
+        raise ArgusError(f"the link drill needs network namespaces here: {why}")
+    if not 0 <= d.rank < d.hosts:
+        raise ArgusError(f"--rank {d.rank} is not a host of the {d.hosts}-host job (one rank a host)")
+    cleanup_stale()
+    args = ["argus", "run", "--store", str(d.store), "--run-id", res.run_id, "--layout", d.layout,
+            "--hang-min-s", str(d.hang_min_s), "--", *d.command]
+    env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    done: list[subprocess.CompletedProcess] = []
+    failed: list[BaseException] = []
+
+    def job() -> None:
+        try:
+            done.extend(launch_job(cluster, "-m", args, env=env,
+                                   timeout=d.timeout_s))
+        except JobTimeout as exc:
+            done.extend(exc.results)
+            failed.append(exc)
+        except BaseException as exc:  # noqa: BLE001 - reported as the job's stage
+            failed.append(exc)
+
+    t_start = time.monotonic()
+    with NamespaceCluster(d.hosts) as cluster:
+        thread = threading.Thread(target=job, name="argus-drill-link-job", daemon=True)
+        d.on_event(f"job started on {d.hosts} namespace hosts under argus run (run {res.run_id}); "
+                   f"waiting for {d.after_steps} steps")
+        thread.start()
+        trained = _wait(lambda: not thread.is_alive() or _steps_done(d.store, res.run_id) >= d.after_steps,
+                        d.timeout_s)
+        if not trained or not thread.is_alive():
+            thread.join(d.timeout_s)
+            _write_log(log_path, done)
+            raise ArgusError(f"the job {'ended' if trained else 'did not reach step ' + str(d.after_steps)} before "
+                             f"the drill could start ({failed[0] if failed else 'see its log'}: {log_path})")
+        host = cluster.host_name(d.rank)
+        cluster.throttle(d.rank, rate=d.rate, burst="32kbit", latency="400ms")
+        res.injected_ns = time.time_ns()
+        t0 = time.monotonic()
+        d.on_event(f"throttled {host}'s link to {d.rate} after {t0 - t_start:.1f} s")
+        thread.join(d.timeout_s + 30)
+    _write_log(log_path, done)
+    codes = [r.returncode for r in done]
+    ok = bool(codes) and all(c == 0 for c in codes) and not failed
+    res.stages.append(Stage("job ended", "pass" if ok else "fail", time.monotonic() - t0,
+                            f"{len(codes)} hosts' argus run exited {sorted(set(codes))}"
+                            + (f": {failed[0]}"[:160] if failed else "")))
+    _judge(d, res, t0)
+    _alert(d, res)
+
+
+def _write_log(path: Path, done: list[subprocess.CompletedProcess]) -> None:
+    with open(path, "w") as out:
+        for rank, r in enumerate(done):
+            out.write(f"== host {rank}: exit {r.returncode}\n{r.stdout}{r.stderr}\n")
 
 
 def _hang_recorded(store: Path, run_id: str) -> bool:

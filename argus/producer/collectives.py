@@ -82,7 +82,12 @@ class CollectiveTracker:
         self.patches: list[tuple[Any, str, Any]] = []
         self.groups: dict[tuple[int, int], _Group] = {}
         self.names: dict[str, int] = {}
-        self.pending: dict[int, tuple] = {}  # id(work) → launch record (completion seen on the CPU)
+        #: id(work) → (launch record, the work): completion seen on the CPU. The work is held until
+        #: then, or its id could be reused: DDP's hook keeps only the future, so a bucket's Work
+        #: object dies at once, the next bucket's Work can take its address, and the first
+        #: completion would finish the second's launch while the second's found nothing — one
+        #: of a step's two bucket all-reduces lost in 8 of 120 rank-steps of a real DDP job
+        self.pending: dict[int, tuple[tuple, Any]] = {}
         self.gpu_names: dict[int, int] = {}  # id(work) → name id, for works timed on the GPU
         self.local = threading.local()
         self.buckets_launched = 0  # DDP gradient buckets handed to all-reduce so far …
@@ -295,7 +300,7 @@ class CollectiveTracker:
         key = id(work)
         if len(self.pending) >= _MAX_PENDING:
             self.pending.pop(next(iter(self.pending)))
-        self.pending[key] = launch
+        self.pending[key] = (launch, work)
         try:
             fut = work.get_future()
         except Exception:  # noqa: BLE001 - gloo p2p works have no future: wait() reports them
@@ -378,8 +383,9 @@ class CollectiveTracker:
         """``waited``: the training thread returns from ``wait()`` on it now, so the end is
         when that thread ran again, and its run-queue delay since the launch is recorded as
         the phase's ``wait_ns`` (on a busy host a receive's end is late by that much)."""
-        launch = self.pending.pop(key, None)
-        if launch is not None:
+        entry = self.pending.pop(key, None)
+        if entry is not None:
+            launch = entry[0]
             t1 = now_ns()
             rq = self.rt.sched.runq_ns() - launch[6] if waited and launch[6] >= 0 else -1
             self._finish_launch(launch, t1, max(rq, -1))
@@ -403,8 +409,8 @@ class CollectiveTracker:
             rt = tracker.rt
             if not rt.active or tracker.is_compiling():
                 return original(work, *args, **kwargs)
-            launch = tracker.pending.get(id(work))
-            name_id = launch[4] if launch is not None else tracker.gpu_names.get(id(work))
+            entry = tracker.pending.get(id(work))
+            name_id = entry[0][4] if entry is not None else tracker.gpu_names.get(id(work))
             main = rt.on_main_thread()
             m0 = rt.mark() if main and rt.cuda is None else None  # CPU: time blocked here is waiting
             if main and name_id is not None:

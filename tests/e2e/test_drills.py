@@ -67,3 +67,20 @@ def test_a_frozen_rank_is_named_by_its_process_state_not_called_the_network(tmp_
     expected = "host_stall" if kind == "stall-rank" else "hang"
     assert stages["incident"]["detail"].startswith(expected) and "culprits [1]" in stages["incident"]["detail"]
     assert stages["alert"]["result"] == "skipped"
+
+
+def _netns_why() -> str | None:
+    from argus.workloads.netns import available
+
+    return available()
+
+
+@pytest.mark.skipif(_netns_why() is not None, reason=str(_netns_why()))
+def test_a_link_throttled_mid_job_is_named_on_its_host(tmp_path):
+    """Six namespace hosts, each its own argus run into one store; host 4's link slowed to
+    20 Mbit/s once the job trains: the drill's table names a link on host 4's rank alone."""
+    code, res = _drill(tmp_path, "link", "--rank", "4", "--steps", "24", "--after-steps", "6")
+    stages = {s["name"]: s for s in res["stages"]}
+    assert code == 0 and res["passed"], res
+    assert stages["incident"]["detail"].startswith("link_degradation") and "culprits [4]" in stages["incident"]["detail"]
+    assert stages["job ended"]["result"] == "pass"
