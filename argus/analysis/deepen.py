@@ -108,6 +108,7 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
                 inc.evidence.append({**wi.to_json(), "kind": "what_if_skipped", "note": (
                     f"the replay misses the recorded steps by {error:.0f}% (more than {MAX_REPLAY_ERROR_PCT:.0f}%): "
                     "it does not model this job; the impact is L1's")})
+                _spread_stall(inc, step_time, topology.world_size)
                 wi = None
         if wi is not None and _replay_blind(inc, wi, baseline_s, incidents):
             # L1 measured the job slower in these steps, the replay without the culprits' excess
@@ -119,14 +120,7 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
                 "healthy level, and no other incident explains them: the replayed phases do not hold the "
                 "excess (device time behind host-timed annotations, asynchronous launches); the impact is L1's")})
             inc.evidence.append(wi.critical_json())
-            if inc.klass == IncidentClass.HOST_STALL and inc.gpu_hours_lost and len(inc.steps) > 1:
-                # L1's extra time, spread over the steps from the first stall to the last (the
-                # convention the what-if follows for an intermittent stall)
-                extra = float(inc.gpu_hours_lost) * 3600.0 / max(topology.world_size, 1)
-                span = [step_time[s_] for s_ in range(inc.start_step, inc.end_step + 1)
-                        if np.isfinite(step_time.get(s_, np.nan))]
-                if span:
-                    inc.slowdown_pct = 100.0 * extra / max(sum(span) - extra, 1e-12)
+            _spread_stall(inc, step_time, topology.world_size)
             wi = None
         if wi is not None:
             previous = {"slowdown_pct": inc.slowdown_pct, "gpu_hours_lost": inc.gpu_hours_lost}
@@ -193,3 +187,15 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
                 inc.state = State.CONFIRMED
     if timings is not None:
         timings.update(l4=time.perf_counter() - t_all - clock["l5"], l5=clock["l5"])
+
+
+def _spread_stall(inc: Incident, step_time: dict[int, float], world: int) -> None:
+    """An intermittent host stall whose impact stays L1's: its extra time spread over the steps
+    from the first stall to the last, the convention the what-if follows (over the stalled steps
+    alone, 400 ms pauses in every third 70 ms step read +795%)."""
+    if inc.klass != IncidentClass.HOST_STALL or not inc.gpu_hours_lost or len(inc.steps) <= 1:
+        return
+    extra = float(inc.gpu_hours_lost) * 3600.0 / max(world, 1)
+    span = [step_time[s_] for s_ in range(inc.start_step, inc.end_step + 1) if np.isfinite(step_time.get(s_, np.nan))]
+    if span:
+        inc.slowdown_pct = 100.0 * extra / max(sum(span) - extra, 1e-12)

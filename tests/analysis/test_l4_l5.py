@@ -186,3 +186,19 @@ def test_the_interleaved_schedules_wrap_around_transfers_are_paired_and_replayed
                           ).to_pylist()[0]["t"]
         r = replay_step(attempt, step, [29], hosts, rec)
         assert r is not None and r.asis_s - r.fixed_s > 0.05  # most of the 150 ms pause is on the critical path
+
+
+def test_an_intermittent_stall_whose_replay_is_skipped_is_charged_over_its_span():
+    """400 ms pauses in every third 70 ms step: L1's impact over the stalled steps alone read
+    +795% when the replay missed the recorded steps; over the span, as the what-if states it."""
+    from argus.analysis.deepen import _spread_stall
+    from argus.analysis.incident import Incident
+
+    world, steps = 4, [6, 9, 12]
+    step_time = {s: (0.47 if s in steps else 0.07) for s in range(20)}
+    extra = 0.4 * len(steps)
+    inc = Incident("host_stall", [2], ["h"], [], 6, 12, "backward-compute", [], "confirmed", "critical", 795.0,
+                   world * extra / 3600.0, "observe", [], steps, "a stall")
+    _spread_stall(inc, step_time, world)
+    span = sum(step_time[s] for s in range(6, 13))
+    assert abs(inc.slowdown_pct - 100 * extra / (span - extra)) < 1e-6 and inc.slowdown_pct < 300
