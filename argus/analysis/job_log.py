@@ -21,7 +21,7 @@ __all__ = ["with_job_log", "load_log_events"]
 
 _FAIL_STOP = ("exception", "cuda_error", "oom", "xid", "killed", "worker_failed")
 _RELEVANT = {
-    IncidentClass.LINK_DEGRADATION: ("nccl_warn", "nccl_error", "watchdog_timeout", "peer_lost"),
+    IncidentClass.LINK_DEGRADATION: ("nccl_warn", "nccl_error", "watchdog_timeout", "peer_lost", "nic_down"),
     IncidentClass.HANG: ("watchdog_timeout", "peer_lost", "nccl_error", "nccl_warn", *_FAIL_STOP),
     IncidentClass.HOST_STALL: ("dataloader", "oom"),
     IncidentClass.COMPUTE_STRAGGLER: ("xid", "cuda_error"),

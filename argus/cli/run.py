@@ -58,6 +58,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="leave the command's stdout/stderr as they are (default: passed through unchanged while "
                         "known lines — NCCL warnings, timeouts, CUDA errors, OOM, exceptions, killed ranks — are "
                         "kept as events in the store's logs table)")
+    p.add_argument("--kernel-log", default="/dev/kmsg", metavar="PATH",
+                   help="the host's kernel log, read while the job runs for GPU Xids, the OOM killer and NIC links "
+                        "going down (default /dev/kmsg; a text file such as /var/log/kern.log works; 'off': not read)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the command to run")
     p.set_defaults(func=run)
 
@@ -260,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             from argus.joblog import JobLog
 
-            joblog = JobLog(args.store, args.host)
+            joblog = JobLog(args.store, args.host, kernel_log=None if args.kernel_log == "off" else args.kernel_log)
         except Exception as exc:  # noqa: BLE001 - the command runs as it would without us
             print(f"argus run: job log channel off ({exc})", file=sys.stderr)
     try:

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
+from argus.joblog.kernel import KernelLog
 from argus.joblog.scanner import LogEvent, LogScanner
 from argus.joblog.signatures import LogKind
 from argus.joblog.tee import Tee, job_streams
@@ -42,9 +43,11 @@ def events_table(events: list[LogEvent], other: dict[tuple[int, str], int], host
 class JobLog:
     """Streams for the job (``popen_kwargs``), the tee threads, and the flushes into the store."""
 
-    def __init__(self, store: str, host: str, flush_s: float = 5.0):
+    def __init__(self, store: str, host: str, flush_s: float = 5.0, kernel_log: str | None = None):
+        """``kernel_log``: the host's kernel log to read alongside (``kernel.KMSG``; None: not read)."""
         self.store, self.host, self.flush_s = store, host, flush_s
         self.scanner = LogScanner(pid_rank=self._pid_rank)
+        self.kernel = KernelLog(kernel_log) if kernel_log else None
         self._streams = job_streams()
         self._tees: list[Tee] = []
         self._pids: dict[int, int] = {}
@@ -68,6 +71,8 @@ class JobLog:
             self._tees.append(Tee(name, r, fd, self.scanner).start())
         self._flusher = threading.Thread(target=self._flush_loop, name="argus-joblog-flush", daemon=True)
         self._flusher.start()
+        if self.kernel is not None:
+            self.kernel.start()
 
     def _resolve_pids(self, events: list[LogEvent], wait_s: float) -> list[LogEvent]:
         """Ranks for lines that named only their pid; the processor writes its status every few
@@ -88,6 +93,8 @@ class JobLog:
         for t in self._tees:
             t.join(drain_s)
         self.scanner.close()
+        if self.kernel is not None:
+            self.kernel.stop()
         self._stop.set()
         if self._flusher is not None:
             self._flusher.join(5.0)
@@ -134,6 +141,8 @@ class JobLog:
         import time
 
         events, other = self.scanner.take()
+        if self.kernel is not None:
+            events = sorted(events + self.kernel.take(), key=lambda e: e.ts_ns)
         held_events, held_other = self._held
         events = held_events + events
         for k, n in other.items():

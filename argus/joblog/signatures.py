@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["LogKind", "Signature", "SIGNATURES", "FAIL_STOP_KINDS"]
+__all__ = ["LogKind", "Signature", "SIGNATURES", "KERNEL_SIGNATURES", "FAIL_STOP_KINDS"]
 
 
 class LogKind(StrEnum):
@@ -26,6 +26,7 @@ class LogKind(StrEnum):
     KILLED = "killed"  # a rank ended by a signal (the launcher's report)
     WORKER_FAILED = "worker_failed"  # a rank exited with an error code (the launcher's report)
     STOPPED = "stopped"  # a rank the launcher stopped (SIGTERM/SIGINT) after another failed: a victim
+    NIC_DOWN = "nic_down"  # the kernel says a network port lost its link (the host's kernel log)
     OTHER = "other"  # lines no signature matched: kept only as counts
 
 
@@ -53,6 +54,17 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(LogKind.XID, "error", re.compile(r"NVRM: Xid \([^)]*\): \d+")),
     Signature(LogKind.DATALOADER, "warning", re.compile(
         r"DataLoader worker \(pid\(?s?\)?[ \d,]*\) (?:is killed|exited unexpectedly)|DataLoader timed out")),
+)
+
+#: The host's kernel log (``kernel.py``), read while the job runs: what the driver or the OS did to
+#: a rank's device or process. A ``pid`` group names the process (its rank, where it is one).
+KERNEL_SIGNATURES: tuple[Signature, ...] = (
+    Signature(LogKind.XID, "error", re.compile(r"NVRM: Xid \([^)]*\): \d+(?:, pid=(?P<pid>\d+))?")),
+    Signature(LogKind.OOM, "error", re.compile(
+        r"Out of memory: Killed process (?P<pid>\d+)|oom-kill:.*?\bpid=(?P<pid2>\d+)|Memory cgroup out of memory: "
+        r"Killed process (?P<pid3>\d+)")),
+    Signature(LogKind.NIC_DOWN, "warning", re.compile(
+        r"\b[Ll]ink (?:is )?[Dd]own\b|\bNIC Link is Down\b|port \d+ (?:state|link) (?:changed to )?DOWN")),
 )
 
 #: Kinds that mean a rank stopped: the diagnosis makes a fail-stop of them

@@ -1,6 +1,7 @@
 """A 4-rank gloo job whose ranks fail in the ways a job's log shows (for test_job_log.py):
 rank 1 prints an NCCL warning (as NCCL writes them: ``host:pid:tid [dev] NCCL WARN``), rank 2
-raises, rank 3 is killed by SIGKILL; every rank prints its steps."""
+raises, rank 3 is killed by SIGKILL — as the kernel's OOM killer does, which says so in the kernel
+log: with ``$KERNEL_LOG`` set, rank 3 first writes that line there; every rank prints its steps."""
 
 import os
 import signal
@@ -23,4 +24,8 @@ for step in range(6):
     if step == 4 and rank == 2:
         raise ValueError("loss is nan")
     if step == 4 and rank == 3:
+        if os.environ.get("KERNEL_LOG"):
+            with open(os.environ["KERNEL_LOG"], "a") as kmsg:
+                kmsg.write(f"3,2071,88312345,-;Out of memory: Killed process {os.getpid()} (python) "
+                           f"total-vm:9876543kB, anon-rss:8765432kB, file-rss:0kB, shmem-rss:0kB, UID:0\n")
         os.kill(os.getpid(), signal.SIGKILL)

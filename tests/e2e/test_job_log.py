@@ -21,14 +21,16 @@ JOB = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_p
        str(Path(__file__).with_name("log_job.py"))]
 
 
-def _run(cmd: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, timeout=300, env=env(OMP_NUM_THREADS="1"))
+def _run(cmd: list[str], **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, timeout=300, env=env(OMP_NUM_THREADS="1", **extra))
 
 
 def test_the_jobs_own_words_are_stored_with_their_ranks_and_shown_with_the_fail_stop(tmp_path):
-    store = tmp_path / "store"
+    store, kernel = tmp_path / "store", tmp_path / "kern.log"
+    kernel.write_text("4,100,1000,-;an older line: Out of memory: Killed process 1 (init)\n")  # before the run
     t0 = time.time_ns()
-    traced = _run([sys.executable, "-m", "argus", "run", "--store", str(store), "--no-stacks", "--", *JOB])
+    traced = _run([sys.executable, "-m", "argus", "run", "--store", str(store), "--no-stacks",
+                   "--kernel-log", str(kernel), "--", *JOB], KERNEL_LOG=str(kernel))
     t1 = time.time_ns()
     plain = _run(JOB)
     assert traced.returncode == plain.returncode == 1
@@ -48,6 +50,9 @@ def test_the_jobs_own_words_are_stored_with_their_ranks_and_shown_with_the_fail_
     (exc,) = [r for r in rows if r["kind"] == "exception"]
     assert exc["text"].startswith("ValueError: loss is nan at <module> (") and "log_job.py" in exc["text"]
     assert sum(r["lines"] for r in attempt.read("logs").to_pylist() if r["kind"] == "other") > 0  # counted only
+    # the kernel's word for rank 3's SIGKILL, read from the kernel log from the run's start on
+    (oom,) = [r for r in rows if r["stream"] == "kernel"]
+    assert (oom["kind"], oom["rank"]) == ("oom", 3) and "Out of memory: Killed process" in oom["text"]
 
     report = tmp_path / "report.html"
     done = subprocess.run([sys.executable, "-m", "argus", "report", str(store), "--out", str(report)],
@@ -60,4 +65,4 @@ def test_the_jobs_own_words_are_stored_with_their_ranks_and_shown_with_the_fail_
     section = fail_stops[0]
     assert "ranks 2, 3 failed" in section  # not rank 0, whose read failed when they went: a victim
     assert "The job&#x27;s log" in section or "The job's log" in section
-    assert "loss is nan" in section and "SIGKILL" in section
+    assert "loss is nan" in section and "SIGKILL" in section and "Out of memory: Killed process" in section
