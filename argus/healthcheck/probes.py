@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-__all__ = ["gemm_gflops", "copy_gbs", "train_tokens_per_s", "device_of"]
+__all__ = ["gemm_gflops", "copy_gbs", "p2p_gbs", "train_tokens_per_s", "device_of"]
 
 
 def device_of(torch: Any) -> Any:
@@ -54,6 +54,30 @@ def copy_gbs(torch: Any, nbytes: int, seconds: float) -> float:
     dst = torch.empty_like(src)
     count, dt = _timed(lambda: dst.copy_(src), seconds, _sync(torch, device))
     return 2.0 * src.numel() * 4 * count / dt / 1e9
+
+
+def p2p_gbs(torch: Any, nbytes: int, seconds: float) -> dict[tuple[int, int], float]:
+    """Copy bandwidth from each local GPU to each other one, ``(src, dst) → GB/s``: NVLink (or
+    PCIe through the host where peers cannot reach each other) — a pair far below the others is
+    a link down or a GPU behind a slower switch. Both ends are synchronised before the clock is
+    read; each pair is timed alone."""
+    n = int(torch.cuda.device_count())
+    out: dict[tuple[int, int], float] = {}
+    for i in range(n):
+        src = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", i))
+        for j in range(n):
+            if i == j:
+                continue
+            dst = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", j))
+
+            def sync(i: int = i, j: int = j) -> None:
+                torch.cuda.synchronize(i)
+                torch.cuda.synchronize(j)
+
+            count, dt = _timed(lambda dst=dst: dst.copy_(src, non_blocking=True), seconds, sync)
+            out[(i, j)] = nbytes * count / dt / 1e9
+            del dst
+    return out
 
 
 def train_tokens_per_s(torch: Any, seconds: float, d_model: int = 128, seq: int = 128, batch: int = 8) -> float:

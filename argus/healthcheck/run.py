@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
@@ -9,9 +10,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from argus.healthcheck.burn import BurnMonitor
 from argus.healthcheck.collectives import default_sizes, measure, net_measurements, to_measurements
 from argus.healthcheck.model import HealthReport, Level, Measurement
-from argus.healthcheck.probes import copy_gbs, gemm_gflops, train_tokens_per_s
+from argus.healthcheck.probes import copy_gbs, gemm_gflops, p2p_gbs, train_tokens_per_s
 
 __all__ = ["CheckConfig", "launched", "run_checks", "versions"]
 
@@ -23,6 +25,7 @@ class CheckConfig:
     nproc: int | None = None  # ranks for the net level (default: the GPUs, or 2 on a CPU)
     seconds: float | None = None  # per probe (default: 0.5 quick, 3 full)
     sizes: list[int] = field(default_factory=list)  # net message sizes (default: 8 B … 4 MiB / 1 GiB)
+    nvml: Any = None  # the pynvml module for the burn's sensors (None: import it; tests pass a stand-in)
 
     @property
     def probe_s(self) -> float:
@@ -86,10 +89,17 @@ def run_checks(config: CheckConfig, progress: Callable[[str], None] | None = Non
     if Level.GPU in config.levels:
         n = (8192 if config.full else 4096) if cuda else (1024 if config.full else 512)
         dtypes = [("fp32", torch.float32), ("bf16", torch.bfloat16)] + ([("fp16", torch.float16)] if cuda else [])
-        for label, dtype in dtypes:
-            say(f"gpu: {label} matrix products ({n}×{n})")
-            ms.append(Measurement(Level.GPU, f"gemm_{label}_gflops", "device", gemm_gflops(torch, n, dtype, s),
-                                  "GFLOP/s", 0))
+        burn = BurnMonitor(nvml=config.nvml) if cuda else None
+        with burn if burn is not None else contextlib.nullcontext():
+            for label, dtype in dtypes:
+                say(f"gpu: {label} matrix products ({n}×{n})")
+                ms.append(Measurement(Level.GPU, f"gemm_{label}_gflops", "device", gemm_gflops(torch, n, dtype, s),
+                                      "GFLOP/s", 0))
+        if burn is not None:
+            ms.extend(burn.measurements())
+            if burn.off:
+                report.skipped.append(("gpu: clocks, temperature, power and throttle reasons under load",
+                                       f"skipped: {burn.off}"))
         nbytes = (1 << 30 if config.full else 256 << 20) if cuda else (512 << 20 if config.full else 64 << 20)
         say(f"gpu: memory copies ({nbytes >> 20} MiB)")
         ms.append(Measurement(Level.GPU, "copy_gbs", "device", copy_gbs(torch, nbytes, s), "GB/s", nbytes))
@@ -111,7 +121,13 @@ def run_checks(config: CheckConfig, progress: Callable[[str], None] | None = Non
                 count, dt = _timed(fn, s, _sync(torch, dev.device))
                 ms.append(Measurement(Level.NODE, f"{label}_gbs", f"gpu:{torch.cuda.current_device()}",
                                       nbytes * count / dt / 1e9, "GB/s", nbytes))
-            report.skipped.append(("node: P2P matrix", "not measured yet"))
+            if torch.cuda.device_count() < 2:
+                report.skipped.append(("node: P2P matrix", "skipped: one GPU on this node"))
+            else:
+                say(f"node: P2P copies between {torch.cuda.device_count()} GPUs")
+                p2p_bytes = 256 << 20
+                for (i, j), gbs in sorted(p2p_gbs(torch, p2p_bytes, s / 4).items()):
+                    ms.append(Measurement(Level.NODE, "p2p_gbs", f"gpu:{i}->gpu:{j}", gbs, "GB/s", p2p_bytes))
     if Level.NET in config.levels:
         nproc = config.nproc or (torch.cuda.device_count() if cuda and torch.cuda.device_count() > 1 else 2)
         sizes = config.sizes or default_sizes(config.full)
