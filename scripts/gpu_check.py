@@ -446,6 +446,47 @@ def judge_bench(rows: list[dict]) -> list[str]:
     return misses
 
 
+# -- the healthcheck's GPU levels --------------------------------------------------------------
+def check_healthcheck(devices: int) -> dict:
+    """``argus healthcheck --level gpu,node``: the GPUs' sensors under the burn and the P2P matrix,
+    which no stand-in can prove."""
+    cmd = [sys.executable, "-m", "argus", "healthcheck", "--level", "gpu,node", "--json", "--seconds", "0.5",
+           "--baseline-dir", tempfile.mkdtemp(prefix="argus-gpucheck-")]
+    doc: dict = {"check": "healthcheck-gpu-node", "command": " ".join(cmd[1:])}
+    try:
+        done = subprocess.run(cmd, env=_env(), cwd=str(ROOT), capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired:
+        doc.update({"ok": False, "error": "timed out after 300 s"})
+        return doc
+    try:
+        report = json.loads(done.stdout)
+    except ValueError:
+        doc.update({"ok": False, "error": f"no JSON (exit {done.returncode})", "stderr": done.stderr[-3000:]})
+        return doc
+    misses = judge_health(report, devices)
+    doc.update({"ok": not misses, "misses": misses, "rc": done.returncode,
+                "measurements": report.get("measurements", []), "skipped": report.get("skipped", [])})
+    return doc
+
+
+def judge_health(report: dict, devices: int) -> list[str]:
+    """What the healthcheck's document lacks on a GPU node (empty: it measured everything)."""
+    ms = report.get("measurements") or []
+    misses = []
+    per_gpu = {m["subject"] for m in ms if str(m.get("metric", "")).startswith("burn_")}
+    if len(per_gpu) < devices:
+        misses.append(f"sensors under the burn for {len(per_gpu)} of {devices} GPUs "
+                      f"({'; '.join(s['reason'] for s in report.get('skipped', []) if 'clock' in s['check']) or '-'})")
+    if not any(m.get("metric") == "burn_clock_share" for m in ms):
+        misses.append("no clock share under the burn (NVML max clock)")
+    pairs = {m["subject"] for m in ms if m.get("metric") == "p2p_gbs" and m.get("value", 0) > 0}
+    if devices >= 2 and len(pairs) != devices * (devices - 1):
+        misses.append(f"P2P bandwidth for {len(pairs)} of {devices * (devices - 1)} GPU pairs")
+    if not any(m.get("metric") == "gemm_bf16_gflops" and m.get("value", 0) > 0 for m in ms):
+        misses.append("no bf16 matrix-product rate")
+    return misses
+
+
 def run_checks(checks: list, only: str | None = None) -> tuple[list[dict], int]:
     """Run each ``(name, fn)``; a check that raises, returns no document, or a document without
     a true ``ok`` fails — it never passes by omission."""
@@ -475,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bench-batch", type=int, default=4)
     ap.add_argument("--skip-bench", action="store_true")
     ap.add_argument("--only", choices=["timer-mapping", "collective", "flight-recorder", "cupti",
-                                       "bench-gpu-overhead"])
+                                       "healthcheck-gpu-node", "bench-gpu-overhead"])
     ap.add_argument("--capture", choices=["argus", "profiler"], help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -501,6 +542,7 @@ def main(argv: list[str] | None = None) -> int:
           "device": torch.cuda.get_device_name(0), "devices": torch.cuda.device_count(), "nccl": nccl_version})
     checks = [("timer-mapping", lambda: check_timer_mapping(torch)), ("collective", lambda: check_collective(torch)),
               ("flight-recorder", lambda: check_flight_recorder(torch)), ("cupti", check_cupti)]
+    checks.append(("healthcheck-gpu-node", lambda: check_healthcheck(torch.cuda.device_count())))
     if not args.skip_bench:
         checks.append(("bench-gpu-overhead", lambda: check_bench(args.bench_steps, args.bench_batch)))
     _, failed = run_checks(checks, args.only)

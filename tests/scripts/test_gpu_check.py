@@ -61,3 +61,21 @@ def test_the_bench_passes_only_with_its_figures_within_the_thresholds(gpu_check)
     assert any("3.1%" in m for m in gpu_check.judge_bench(slow))
     blind = [good[1], dict(good[2], matched_share=[0.0, 0.0, 0.0])]  # CUPTI saw nothing: exit 0 is not a pass
     assert any("matched" in m for m in gpu_check.judge_bench(blind))
+
+
+def test_the_healthcheck_passes_only_with_every_gpus_sensors_and_every_pair(gpu_check):
+    def m(metric, subject, value=1.0):
+        return {"metric": metric, "subject": subject, "value": value}
+
+    full = {"measurements": [m("gemm_bf16_gflops", "device", 9e5)]
+            + [m(k, f"gpu:GPU-{g}") for g in range(2) for k in ("burn_clock_share", "burn_power_w")]
+            + [m("p2p_gbs", f"gpu:{i}->gpu:{j}", 300.0) for i in range(2) for j in range(2) if i != j]}
+    assert gpu_check.judge_health(full, 2) == []
+    no_nvml = {"measurements": full["measurements"][:1] + full["measurements"][-2:],
+               "skipped": [{"check": "gpu: clocks, temperature, power and throttle reasons under load",
+                            "reason": "skipped: NVML unavailable"}]}
+    misses = gpu_check.judge_health(no_nvml, 2)
+    assert any("0 of 2 GPUs" in x and "NVML unavailable" in x for x in misses)
+    one_pair = {"measurements": full["measurements"][:-1]}
+    assert gpu_check.judge_health(one_pair, 2) == ["P2P bandwidth for 1 of 2 GPU pairs"]
+    assert gpu_check.judge_health({}, 1)  # an empty document never passes
