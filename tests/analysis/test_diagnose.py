@@ -313,3 +313,17 @@ def test_one_window_against_one_peer_is_shown_not_claimed(diagnosed, seed):
     (inc,) = _claims(d)
     assert inc.klass == "compute_straggler" and inc.culprit_ranks == truth["faults"][0]["culprit_ranks"]
     assert inc.severity == "warning" and inc.state == "confirmed"
+
+
+def test_pauses_in_a_window_whose_kernels_could_not_be_measured_are_the_hosts(diagnosed):
+    """dp=16, 150 ms GC pauses on one rank in steps 2, 3, 4, 9, 16, 17, 18 (held-out 70007). Steps
+    2–4 share a window with the warm-up, where L3 cannot judge kernels: the long work there read
+    as a persistent compute straggler, and hid the same rank's recurring stall. Its kernels are
+    normal wherever they were measured: one host stall, all seven steps."""
+    _, truth, d = diagnosed("gc_pause", seed=70007, ranks=16, layout="tp=1,pp=1,ep=1,dp=16",
+                            params={"pause_ms": 150.0}, moe_alpha=15.0, seqlen_sigma=0.08, jitter=0.01,
+                            dataloader_spike_prob=0.03, megatron_groups=True)
+    (inc,) = _claims(d)
+    fault = truth["faults"][0]
+    assert inc.klass == "host_stall" and inc.culprit_ranks == fault["culprit_ranks"]
+    assert set(inc.steps) == set(fault["steps"]) and "garbage collection" in inc.summary
