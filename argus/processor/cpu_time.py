@@ -14,6 +14,13 @@ Clocks: the producer stamps records with ``time.monotonic_ns()`` plus an offset 
 start, which its ``HELLO`` carries (``clock_offset_ns``); the sampler reads the same monotonic
 clock, so the two timelines agree exactly on one host. Cost: one ``pread`` per rank per sample
 (about 2 µs), only for ranks whose kernel channel is ``cpu_ops``.
+
+**Only while ops are captured.** The ops of one step in N are captured, and only they need the
+timeline; a thread waking at 200 Hz all along was half of the processor's CPU on a 2-rank job
+(py-spy). Each rank says in its in-flight block whether a capture runs now or is due within
+``inflight.OP_CAPTURE_LEAD_S`` (``op_capture``); a rank is sampled at ``interval_s`` while it says
+so and for ``HOLD_S`` after, and the thread sleeps ``IDLE_INTERVAL_S`` between looks otherwise.
+A rank that says nothing (an older producer) is sampled all along, as before.
 """
 
 from __future__ import annotations
@@ -26,17 +33,23 @@ from typing import Callable
 
 import numpy as np
 
+from argus.wire.inflight import CAPTURE_SOON, CAPTURE_UNSAID
+
 __all__ = ["CpuTimeSampler"]
 
 log = logging.getLogger("argus.processor")
 
 HISTORY_S = 120.0  # kernel records of a step arrive after the step: keep this much timeline
+IDLE_INTERVAL_S = 0.1  # between looks at the ranks' announcements while none captures
+HOLD_S = 0.1  # keep sampling a rank this long after its capture ended (its last ops, the boundary)
 
 
 class _Timeline:
-    def __init__(self, fd: int, offset_ns: int, size: int):
+    def __init__(self, fd: int, offset_ns: int, size: int, capture: Callable[[], int] | None = None):
         self.fd = fd
         self.offset_ns = offset_ns
+        self.capture = capture  # the rank's op_capture announcement (None: sample all along)
+        self.hot_until = 0.0  # monotonic seconds
         self.t = np.zeros(size, np.int64)  # the producer's clock
         self.cpu = np.zeros(size, np.int64)
         self.n = 0  # samples taken (ring index = n % size)
@@ -66,13 +79,14 @@ class CpuTimeSampler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def add(self, token: int, pid: int, tid: int, offset_ns: int) -> bool:
+    def add(self, token: int, pid: int, tid: int, offset_ns: int, capture: Callable[[], int] | None = None) -> bool:
+        """Sample thread ``tid`` of ``pid``; ``capture`` reads its op_capture announcement."""
         try:
             fd = os.open(f"/proc/{int(pid)}/task/{int(tid)}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
         except (OSError, ValueError):
             return False
         with self._lock:
-            self._lines[token] = _Timeline(fd, int(offset_ns), self._size)
+            self._lines[token] = _Timeline(fd, int(offset_ns), self._size, capture)
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="argus-cpu-time", daemon=True)
             self._thread.start()
@@ -92,15 +106,33 @@ class CpuTimeSampler:
             self._lines.clear()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            with self._lock:
-                lines = list(self._lines.values())
-            for line in lines:
+        wait = self.interval_s
+        while not self._stop.wait(wait):
+            wait = self.sample_once()
+
+    def sample_once(self, now: float | None = None) -> float:
+        """One look: sample every rank that captures (or says nothing); the wait until the next."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            lines = list(self._lines.values())
+        hot = False
+        for line in lines:
+            if line.capture is not None:
                 try:
-                    raw = os.pread(line.fd, 96, 0)
-                    line.add(self.clock() + line.offset_ns, int(raw.split()[0]))
-                except (OSError, ValueError, IndexError):
-                    continue
+                    state = int(line.capture())
+                except Exception:  # noqa: BLE001 - the ring went away with its rank: sample as before
+                    state = CAPTURE_UNSAID
+                if state == CAPTURE_SOON:
+                    line.hot_until = now + HOLD_S
+                elif state != CAPTURE_UNSAID and now >= line.hot_until:
+                    continue  # idle, and past the hold after its capture
+            hot = True
+            try:
+                raw = os.pread(line.fd, 96, 0)
+                line.add(self.clock() + line.offset_ns, int(raw.split()[0]))
+            except (OSError, ValueError, IndexError):
+                continue
+        return self.interval_s if hot else IDLE_INTERVAL_S
 
     def cpu_durations(self, token: int, start_ns: np.ndarray, dur_ns: np.ndarray) -> np.ndarray | None:
         """The CPU time the thread got during each ``[start, start + dur]`` (None: no timeline);

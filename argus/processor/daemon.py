@@ -662,7 +662,9 @@ class Processor:
         if hello.ring:
             self._open_ring(conn, hello.ring, conn.pid)
         if hello.kernels == "cpu_ops" and conn.pid is not None and hello.tid is not None:
-            conn.cpu_timed = self._cpu_time.add(conn.token, conn.pid, hello.tid, hello.clock_offset_ns)
+            ring = conn.ring
+            conn.cpu_timed = self._cpu_time.add(conn.token, conn.pid, hello.tid, hello.clock_offset_ns,
+                                                ring.inflight.op_capture if ring is not None else None)
         self._samplers.rank_joined(conn.token, conn.info, key, hello.to_doc())
         self.stats["ranks_seen"] += 1
         if hello.pid is not None:  # argus run's job log names a line's rank by its pid (NCCL's prefix)

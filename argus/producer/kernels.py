@@ -34,6 +34,7 @@ import numpy as np
 
 from argus.producer.recorder import KIND, Recorder, now_ns
 from argus.wire import DTYPES, Msg
+from argus.wire.inflight import CAPTURE_IDLE, CAPTURE_SOON, OP_CAPTURE_LEAD_S
 
 __all__ = ["KernelSource", "CpuOpSource", "select_source", "working_ops"]
 
@@ -106,6 +107,9 @@ class CpuOpSource(KernelSource):
         self._pid = os.getpid()
         self._patched: tuple[Any, Any] | None = None
         self.cpu_ns = 0  # training-thread CPU spent reading the samples (the observer's own cost is not in it)
+        self._last_step_t: float | None = None
+        self._clock = time.monotonic
+        self._said = -1  # the op_capture state last written to the in-flight block
 
     def start(self) -> None:
         from torch.autograd import profiler
@@ -121,6 +125,7 @@ class CpuOpSource(KernelSource):
         profiler.profile._prepare_trace = _prepare_trace
         self._patched = (profiler.profile, original)
         os.register_at_fork(before=self._before_fork)
+        self._announce(0)  # idle until the first capture comes near
 
     def _before_fork(self) -> None:
         if os.getpid() == self._pid:
@@ -131,6 +136,25 @@ class CpuOpSource(KernelSource):
         self.end_sample()
         if step % self.every == 0 and step > 0:  # step 0 is warm-up (and model building)
             self._begin(step)
+        self._announce(step)
+
+    def _announce(self, step: int) -> None:
+        """Tell the processor (the in-flight block) whether a capture runs now or starts within
+        ``OP_CAPTURE_LEAD_S``: its CPU-time sampler, which times the captured ops, then samples
+        this thread at its fast rate, and idles otherwise (at 200 Hz always, it was half of the
+        processor's CPU on a 2-rank job). Steps ahead are judged by the last step's duration."""
+        now = self._clock()
+        last, self._last_step_t = self._last_step_t, now
+        step_s = now - last if last is not None else 0.0
+        due = (step // self.every + 1) * self.every - step  # steps until the next capture after this step's
+        soon = self.capturing or due <= 1 or (last is not None and due * step_s <= OP_CAPTURE_LEAD_S)
+        state = CAPTURE_SOON if soon else CAPTURE_IDLE
+        if state != self._said:
+            try:
+                self.recorder.ring.inflight.op_capture(state)
+                self._said = state
+            except Exception:  # noqa: BLE001 - a ring without the block (tests): nothing to tell
+                pass
 
     def _begin(self, step: int) -> None:
         import torch

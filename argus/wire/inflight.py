@@ -17,7 +17,9 @@ Layout (4096 bytes, little-endian)::
     36  4  n_groups u32 — group slots in use
     40  8  activity_since_ns i64
     48  8  argus_cpu_ns i64 — CPU time of the producer's own threads in this process so far
-    56  8  reserved
+    56  8  op_capture i64 — the CPU-op channel's state, for the processor's CPU-time sampler:
+           0 not said (an older producer: sample always), 1 idle, 2 a capture is under way or
+           due within ``OP_CAPTURE_LEAD_S`` (sample now)
     64     MAX_GROUPS slots of 64 bytes:
             0 u64 key — hash of the group's sorted global ranks (the same on every member)
             8 u64 issued — collectives this rank started on the group
@@ -43,11 +45,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 __all__ = ["BLOCK_BYTES", "MAX_GROUPS", "InflightWriter", "InflightReader", "InflightState", "GroupState",
-           "group_key"]
+           "group_key", "CAPTURE_UNSAID", "CAPTURE_IDLE", "CAPTURE_SOON", "OP_CAPTURE_LEAD_S"]
 
 BLOCK_BYTES = 4096
 MAX_GROUPS = 56
-_TOP = struct.Struct("<QqqqiIqq8x")
+_TOP = struct.Struct("<QqqqiIqqq")
+#: op_capture values (offset 56)
+CAPTURE_UNSAID, CAPTURE_IDLE, CAPTURE_SOON = 0, 1, 2
+#: announce a CPU-op capture this long before it starts: the processor's sampler polls the
+#: announcements at ``cpu_time.IDLE_INTERVAL_S`` and must be sampling when the capture begins
+OP_CAPTURE_LEAD_S = 0.3
 _SLOT = struct.Struct("<QQQqqiiiB11x")
 _U64 = struct.Struct("<Q")
 _I64 = struct.Struct("<q")
@@ -81,7 +88,7 @@ class InflightWriter:
         self._issued: list[int] = []
         self._completed: list[int] = []
         self._slot_lock = threading.Lock()
-        _TOP.pack_into(mm, offset, 0, 0, -1, 0, -1, 0, 0, 0)
+        _TOP.pack_into(mm, offset, 0, 0, -1, 0, -1, 0, 0, 0, CAPTURE_UNSAID)
 
     def _begin(self) -> None:
         self._seq += 1
@@ -125,6 +132,15 @@ class InflightWriter:
     def _own_cpu(self, cpu_ns: int) -> None:
         self._begin()
         _I64.pack_into(self._mm, self._off + 48, cpu_ns)
+        self._end()
+
+    def op_capture(self, state: int) -> None:
+        """The CPU-op channel's state (``CAPTURE_IDLE`` / ``CAPTURE_SOON``), said at step boundaries."""
+        self._run(self._op_capture, state)
+
+    def _op_capture(self, state: int) -> None:
+        self._begin()
+        _I64.pack_into(self._mm, self._off + 56, state)
         self._end()
 
     def slot(self, key: int, kind_code: int, size: int, first_rank: int) -> int:
@@ -210,6 +226,7 @@ class InflightState:
     argus_cpu_ns: int = 0
     groups: tuple[GroupState, ...] = field(default_factory=tuple)
     torn: bool = False  # the writer died in the middle of an update: fields may disagree
+    op_capture: int = CAPTURE_UNSAID
 
 
 class InflightReader:
@@ -228,10 +245,14 @@ class InflightReader:
             if s1 == s2 and not s1 & 1:
                 torn = False
                 break
-        _, step, done, progress, act, n, since, own_cpu = _TOP.unpack_from(raw, 0)
+        _, step, done, progress, act, n, since, own_cpu, capture = _TOP.unpack_from(raw, 0)
         groups = []
         for i in range(min(n, MAX_GROUPS)):
             key, issued, completed, last, oldest, op, size, first, kind = _SLOT.unpack_from(raw, _SLOT0 + i * _SLOT.size)
             if key:
                 groups.append(GroupState(key, kind, size, first, issued, completed, last, oldest, op))
-        return InflightState(step, done, progress, act, since, own_cpu, tuple(groups), torn)
+        return InflightState(step, done, progress, act, since, own_cpu, tuple(groups), torn, capture)
+
+    def op_capture(self) -> int:
+        """The CPU-op channel's state alone (one 8-byte read: the sampler asks it at 200 Hz)."""
+        return _I64.unpack_from(self._mm, self._off + 56)[0]
