@@ -110,6 +110,16 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
                     "it does not model this job; the impact is L1's")})
                 _spread_stall(inc, step_time, topology.world_size)
                 wi = None
+        observed = _no_progress_s(inc)
+        if wi is not None and observed is not None and wi.extra_s < 0.5 * observed:
+            # the processor watched every other rank wait, blocked, for this long: a replay of the
+            # incident's own steps that gives back less holds only part of it (a rank frozen in its
+            # optimizer, after the step's last collective: its peers wait in the next step's)
+            inc.evidence.append({**wi.to_json(), "kind": "what_if_skipped", "note": (
+                f"the processor saw the job make no progress for {observed:.0f} s; replayed, the incident's "
+                f"steps give back {wi.extra_s:.2f} s (the wait fell in another step): the impact is the one "
+                "observed")})
+            wi = None
         if wi is not None and _replay_blind(inc, wi, baseline_s, incidents):
             # L1 measured the job slower in these steps, the replay without the culprits' excess
             # leaves them as slow, and nothing else explains it: the replay cannot see where their
@@ -199,3 +209,12 @@ def _spread_stall(inc: Incident, step_time: dict[int, float], world: int) -> Non
     span = [step_time[s_] for s_ in range(inc.start_step, inc.end_step + 1) if np.isfinite(step_time.get(s_, np.nan))]
     if span:
         inc.slowdown_pct = 100.0 * extra / max(sum(span) - extra, 1e-12)
+
+
+def _no_progress_s(inc: Incident) -> float | None:
+    """Seconds the processor saw the job make no progress in this incident (its hang snapshot's
+    ``no_progress`` evidence: a frozen rank's stall), else None."""
+    for e in inc.evidence:
+        if e.get("kind") == "no_progress" and isinstance(e.get("stalled_s"), (int, float)):
+            return float(e["stalled_s"])
+    return None

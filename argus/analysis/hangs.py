@@ -26,6 +26,7 @@ stack (py-spy, taken while it was stuck) and the stack of one waiting rank.
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -35,8 +36,10 @@ from argus.analysis.incident import Action, Incident, IncidentClass, Severity, S
 #: process states of a rank that cannot be taking part in anything (``/proc/PID/stat``)
 FROZEN = {"T": "stopped (T: SIGSTOP or a debugger)", "t": "stopped by a tracer (t)",
           "D": "in uninterruptible sleep (D: stuck in the kernel — storage or a driver)"}
-from argus.store import Attempt
+from argus.store import FLIGHT_RECORDER_DIR, Attempt
 from argus.topology import Topology
+
+log = logging.getLogger("argus.analysis")
 
 __all__ = ["HangState", "hang_incident", "load_hang_state"]
 
@@ -175,9 +178,38 @@ def hang_incident(attempt: Attempt, topology: Topology) -> Incident | None:
                    f"{'s' * (len(waiting) > 1)} wait in {what}; rank{'s' * (len(culprits) > 1)} "
                    f"{', '.join(map(str, culprits[:8]))} never joined{doing}")
         phase = first["activity"] if first else ""
+    fr = _flight_recorder(attempt, step)
+    if fr is not None:
+        evidence += [e for e in fr.evidence if e.get("level") == "flight_recorder"]
+        if link and fr.culprit_ranks:
+            # the counts could not tell (every member issued as many), the rings' sequence numbers can
+            culprits, link = list(fr.culprit_ranks), False
+            hosts, gpus = sorted({host(r) for r in culprits}), [str(topology.gpu_uuids[r]) for r in culprits]
+            summary = f"job stalled at step {step} for {state.stalled_s:.0f} s: the Flight Recorder: {fr.summary}"
+        elif sorted(fr.culprit_ranks) == culprits:
+            summary += "; the ranks' Flight Recorder rings, dumped live, agree"
+        else:
+            summary += f"; the ranks' Flight Recorder rings, dumped live: {fr.summary}"
     return Incident(IncidentClass.HANG, culprits, hosts, gpus, step, step, phase or "", [], State.CONFIRMED,
                     Severity.CRITICAL, 100.0, world * state.stalled_s / 3600.0, Action.CHECKPOINT_AND_RESTART,
                     evidence, [step], summary)
+
+
+def _flight_recorder(attempt: Attempt, step: int) -> Incident | None:
+    """The hang as the ranks' Flight Recorder rings tell it, where they were dumped live at the
+    processor's request (``store.FLIGHT_RECORDER_DIR``; gloo records only with
+    ``TORCH_FR_BUFFER_SIZE``, NCCL by default): the stuck collective whose members are behind."""
+    directory = getattr(attempt, "path", None)
+    if directory is None or not (directory / FLIGHT_RECORDER_DIR).is_dir():
+        return None
+    from argus.flight_recorder import FlightRecorderError, hang_incidents, read_dumps
+
+    try:
+        found = hang_incidents(read_dumps([directory / FLIGHT_RECORDER_DIR], prefix="rank"), step=step)
+    except (FlightRecorderError, OSError, ValueError) as exc:
+        log.info("flight recorder dumps of %s not read: %s", directory, exc)
+        return None
+    return max(found, key=lambda i: len(i.evidence), default=None)
 
 
 def _frozen_stall(attempt: Attempt, topology: Topology, state: HangState) -> Incident | None:

@@ -45,7 +45,7 @@ from argus.processor.limits import (ACCEPT_BACKOFF_S, ATTEMPT_IDLE_S, ATTEMPT_RE
                                     DropReason, HelloRefused, default_max_connections, drop_reason)
 from argus.processor.samplers import Output, Samplers
 from argus.processor.stacks import StackSampler, find_py_spy, parse_dump, run_dump
-from argus.store import WindowData, WindowWriter
+from argus.store import FLIGHT_RECORDER_DIR, WindowData, WindowWriter
 from argus.store import Attempt, Store
 from argus.store.files import write_bytes_atomic
 from argus.topology import RunIdentity, Topology, parse_layout
@@ -621,6 +621,21 @@ class Processor:
                 self.stats["hang_snapshots"] = self.stats.get("hang_snapshots", 0) + 1
             except Exception as exc:  # noqa: BLE001 - keep serving
                 log.exception("cannot write the hang snapshot of %s/%s: %s", key[0], key[1], exc)
+            self._ask_flight_recorder(key, st)
+
+    def _ask_flight_recorder(self, key: tuple[str, str], st: Any) -> None:
+        """A hang: ask the job's ranks here for their Flight Recorder rings (PyTorch's record of
+        every recent collective: who entered which, in sequence), written into the attempt for
+        the diagnosis (``analysis/hangs.py``) — the evidence NCCL writes only on its timeout,
+        gloo never, taken while the job is stuck."""
+        doc = {"flight_recorder": {"dir": str(st.attempt.path / FLIGHT_RECORDER_DIR)}}
+        for conn in list(self._conns.values()):
+            if conn.attempt_key == key and conn.info is not None:
+                try:
+                    self._send(conn, encode_json(Msg.CONTROL, doc))
+                    self.stats["flight_recorder_asked"] = self.stats.get("flight_recorder_asked", 0) + 1
+                except Exception:  # noqa: BLE001 - a closed connection: that rank cannot answer
+                    pass
 
     def _check_names(self, conn: _Conn, msg: Msg, records: np.ndarray) -> None:
         """Validate the client's name ids and map them to name-table indices (in place)."""

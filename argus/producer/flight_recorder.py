@@ -38,7 +38,7 @@ import threading
 import time
 from typing import Any, Callable, MutableMapping
 
-__all__ = ["FlightRecorderTimes", "enable_timing", "fr_key", "nccl_dump", "ENV_TIMING"]
+__all__ = ["FlightRecorderTimes", "enable_timing", "fr_key", "nccl_dump", "ENV_TIMING", "write_live_dump"]
 
 log = logging.getLogger("argus.producer")
 
@@ -75,6 +75,40 @@ def nccl_dump() -> Callable[[], dict] | None:
     except (ImportError, AttributeError):
         return None
     return lambda: pickle.loads(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False))
+
+
+def _fr_trace_bytes() -> bytes | None:
+    """This process's Flight Recorder ring as torch's own pickle (every backend that records:
+    NCCL by default, gloo with ``TORCH_FR_BUFFER_SIZE``), or None where torch has no such call."""
+    try:
+        from torch._C import _distributed_c10d as c10d
+    except ImportError:
+        return None
+    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+        dump = getattr(c10d, name, None)
+        if dump is not None:
+            return bytes(dump(True, True, False))  # collectives, stack traces, not only active ones
+    return None
+
+
+def write_live_dump(directory: str, rank: int, dump: Callable[[], bytes | None] = _fr_trace_bytes) -> bool:
+    """At a hang the processor saw: this rank's Flight Recorder ring into ``directory/rank<N>``
+    (temp + rename: a reader never sees half a file). On the transport thread, which a hung
+    training thread does not hold up; never raises."""
+    try:
+        data = dump()
+        if not data:
+            return False
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"rank{int(rank)}")
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+        return True
+    except Exception as exc:  # noqa: BLE001 - a dump that fails costs the evidence, never the job
+        log.warning("argus: Flight Recorder dump not written (%s)", exc)
+        return False
 
 
 def _ring_capacity() -> int:

@@ -390,6 +390,11 @@ class Runtime:
             log.warning("argus: the processor stopped tracing this process: %s", doc["stop"])
             self.active = False
             return
+        fr = doc.get("flight_recorder")
+        if isinstance(fr, dict) and isinstance(fr.get("dir"), str):
+            from argus.producer.flight_recorder import write_live_dump
+
+            write_live_dump(fr["dir"], self.identity.rank)  # the processor saw this job hang
         hz = (doc.get("stacks") or {}).get("inprocess_hz")
         if hz:
             if self.stacks is None:

@@ -1,10 +1,10 @@
 """The embedded run store: Parquet tables per run attempt, a reader API and DuckDB views."""
 
-from argus.store.attempt import Attempt, AttemptWriter, Damage, JoinedAttempt
+from argus.store.attempt import FLIGHT_RECORDER_DIR, Attempt, AttemptWriter, Damage, JoinedAttempt
 from argus.store.commit import STALE_LEFTOVER_S, WindowUnit
 from argus.store.root import MANIFEST, Store
 from argus.store.schema import SCHEMA_VERSION, TABLES, TableSpec, conform
 from argus.store.window import WindowData, WindowStats, WindowWriter
 
-__all__ = ["Attempt", "AttemptWriter", "Damage", "JoinedAttempt", "MANIFEST", "STALE_LEFTOVER_S", "WindowUnit", "SCHEMA_VERSION", "Store", "TABLES", "TableSpec", "WindowData",
+__all__ = ["FLIGHT_RECORDER_DIR", "Attempt", "AttemptWriter", "Damage", "JoinedAttempt", "MANIFEST", "STALE_LEFTOVER_S", "WindowUnit", "SCHEMA_VERSION", "Store", "TABLES", "TableSpec", "WindowData",
            "WindowStats", "WindowWriter", "conform"]

@@ -43,6 +43,9 @@ from argus.topology import Layout, RunIdentity, Topology, parse_layout
 __all__ = ["Attempt", "AttemptWriter", "ATTEMPT_META", "Damage"]
 
 ATTEMPT_META = "attempt.json"
+#: In an attempt: the Flight Recorder dumps its ranks wrote when their host's processor saw the
+#: job hang (``rank<N>``, torch's pickle; read by ``analysis/hangs.py``)
+FLIGHT_RECORDER_DIR = "flight_recorder"
 log = logging.getLogger("argus.store")
 #: Tables whose rows belong to one rank of the layout: a row with a rank outside it (an old
 #: import's -1, a foreign file) is left out by :meth:`Attempt.read`, since analysis indexes

@@ -327,3 +327,23 @@ def test_pauses_in_a_window_whose_kernels_could_not_be_measured_are_the_hosts(di
     fault = truth["faults"][0]
     assert inc.klass == "host_stall" and inc.culprit_ranks == fault["culprit_ranks"]
     assert set(inc.steps) == set(fault["steps"]) and "garbage collection" in inc.summary
+
+
+def test_a_rank_frozen_after_its_last_collective_keeps_the_stall_the_processor_watched(tmp_path):
+    """CI's stall-rank drill (a real 4-rank gloo job under ``argus drill``; the store is kept in
+    tests/data): rank 1 SIGSTOPped for 15 s inside its optimizer, after the step's last all-reduce,
+    so its peers waited in the *next* step's. The replay of step 12 alone gave back 0.007 s and
+    graded the freeze the processor had watched for 15 s as info. An observed stall is not
+    lowered by a replay that holds only part of it."""
+    import shutil
+    from pathlib import Path
+
+    from argus.analysis import DiagnoseConfig, diagnose
+    from argus.store import Store
+
+    shutil.copytree(Path(__file__).parents[1] / "data" / "stores" / "frozen-in-optimizer", tmp_path / "s")
+    d = diagnose(Store.open(tmp_path / "s").attempt(), DiagnoseConfig(store_incidents=False))
+    (inc,) = _claims(d)
+    assert (inc.klass, inc.culprit_ranks, inc.severity) == ("host_stall", [1], "critical")
+    assert "its process was stopped" in inc.summary
+    assert any(e["kind"] == "what_if_skipped" and "no progress for 1" in e["note"] for e in inc.evidence)

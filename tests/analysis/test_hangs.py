@@ -14,7 +14,7 @@ GROUP = 8039201830801555756
 
 
 def _snapshot(tmp_path, states: dict[int, tuple[int, int, str, str]], alive: set[int] | None = None,
-              resumed: bool = False, proc_state: dict[int, str] | None = None, klass: str = "hang"):
+              resumed: bool = False, proc_state: dict[int, str] | None = None, klass: str = "hang", before=None):
     """A 4-rank dp job's hang snapshot: rank → (issued, completed, activity, stack); every
     process sleeping (S) but those ``proc_state`` says otherwise of."""
     store = Store.create(tmp_path / "s")
@@ -42,6 +42,8 @@ def _snapshot(tmp_path, states: dict[int, tuple[int, int, str, str]], alive: set
         for c in cols:
             cols[c].append(row[c])
     w.write("hangs", cols, window=0)
+    if before is not None:
+        before(attempt)
     return [i for i in diagnose(attempt, DiagnoseConfig(store_incidents=False)).incidents if i.klass == klass]
 
 
@@ -90,3 +92,48 @@ def test_a_rank_frozen_for_a_while_is_a_host_stall_once_the_job_goes_on(tmp_path
     (inc,) = _snapshot(tmp_path / "b", same, resumed=True, proc_state={1: "D"}, klass="host_stall")
     assert inc.culprit_ranks == [1] and inc.state == "confirmed"
     assert "uninterruptible sleep" in inc.summary and "the job then went on" in inc.summary
+
+
+def _live_dumps(behind: int | None):
+    """What the ranks write when their processor asks at the hang (``write_live_dump``): NCCL-format
+    rings, 25 dp all-reduces issued by every rank but ``behind`` (24 there)."""
+    import pickle
+
+    from argus.producer.flight_recorder import write_live_dump
+    from argus.store import FLIGHT_RECORDER_DIR
+    from tests.flight_recorder.test_stuck import _nccl
+
+    def write(attempt):
+        for r in range(4):
+            ring = [(s, "nccl:all_reduce", [1024], "Float", "completed") for s in range(1, 25)]
+            ring += [] if r == behind else [(25, "nccl:all_reduce", [1024], "Float", "started")]
+            data = pickle.dumps(_nccl(r, ring))
+            assert write_live_dump(str(attempt.path / FLIGHT_RECORDER_DIR), r, dump=lambda data=data: data)
+    return write
+
+
+def test_the_flight_recorder_rings_dumped_live_name_the_rank_the_counts_could_not(tmp_path):
+    """Every member's counts say it is inside the same all-reduce (a collective C++ started on
+    rank 3's behalf), so the counts blame the collective; the rings the ranks dumped at the
+    processor's request say rank 3 never entered sequence 25."""
+    (inc,) = _snapshot(tmp_path, {r: (25, 24, "dp-allreduce", "") for r in range(4)}, before=_live_dumps(3))
+    assert inc.culprit_ranks == [3] and "the Flight Recorder" in inc.summary
+    assert any(e["kind"] == "stuck_collective" and e["level"] == "flight_recorder" for e in inc.evidence)
+
+
+def test_the_flight_recorder_agreeing_with_the_counts_is_said(tmp_path):
+    waiting = (25, 23, "backward-compute", "")
+    (inc,) = _snapshot(tmp_path, {0: waiting, 1: waiting, 2: (23, 22, "", ""), 3: waiting}, before=_live_dumps(2))
+    assert inc.culprit_ranks == [2] and "Flight Recorder rings, dumped live, agree" in inc.summary
+
+
+def test_a_live_dump_is_written_whole_or_not_at_all(tmp_path):
+    from argus.producer.flight_recorder import write_live_dump
+
+    def broken():
+        raise RuntimeError("no process group")
+
+    assert not write_live_dump(str(tmp_path / "fr"), 1, dump=broken) and not (tmp_path / "fr").exists()
+    assert not write_live_dump(str(tmp_path / "fr"), 1, dump=lambda: None)
+    assert write_live_dump(str(tmp_path / "fr"), 1, dump=lambda: b"ring")
+    assert [p.name for p in (tmp_path / "fr").iterdir()] == ["rank1"] and (tmp_path / "fr" / "rank1").read_bytes() == b"ring"

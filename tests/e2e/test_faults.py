@@ -115,7 +115,10 @@ def test_a_hang_is_named_live_on_the_rank_the_others_wait_for(tmp_path):
     out.mkdir()
     cmd = [*argus_run(store, "--hang-min-s", "10"),
            *job("ddp", out, 4, "--fault", "hang", "--fault-rank", "1", "--fault-start", "5", "--pg-timeout", "45")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    # the job keeps gloo's Flight Recorder ring (NCCL keeps one by default): the processor asks the
+    # ranks for it at the hang, and the rings say who never entered the all-reduce
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env(TORCH_FR_BUFFER_SIZE="200"))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Webhook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -135,7 +138,11 @@ def test_a_hang_is_named_live_on_the_rank_the_others_wait_for(tmp_path):
             proc.kill()
         server.shutdown()
     assert still_stuck, "diagnosis came too late: the backend's timeout had already ended the job"
-    for inc in (live, only(diagnose(store))):
+    final = only(diagnose(store))
+    assert "Flight Recorder rings, dumped live, agree" in final["summary"], final["summary"]
+    stuck = [e for e in final["evidence"] if e["kind"] == "stuck_collective"]
+    assert stuck and stuck[0]["never_joined"] == [1] and sorted(stuck[0]["arrived"]) == [0, 2, 3], stuck
+    for inc in (live, final):
         assert inc["class"] == "hang" and inc["culprit_ranks"] == [1]
         ev = _evidence(inc)
         assert ev["blocked_in_collectives"]["ranks"] == [0, 2, 3]
