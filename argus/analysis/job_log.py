@@ -5,28 +5,41 @@
   the process said so itself), unless a ``hang`` already covers it, which then carries the line.
   Ranks the launcher stopped afterwards (SIGTERM) and ranks whose collective timed out waiting
   for it are its victims, never its culprits.
-* Other incidents carry the lines that bear on them: NCCL warnings and errors on a link
-  incident's hosts, DataLoader failures on a host-stall rank, timeouts on a hang.
+* Other incidents carry the lines that bear on them: NCCL warnings, errors and failed connections
+  on a link incident's hosts, DataLoader failures on a host-stall rank, timeouts on a hang.
+* An Xid NVML reported on a rank's GPU (the processor's ``xid`` rows of the ``hw`` table) is the
+  same event as a kernel-log Xid: where both saw it (same code, the same rank or, the line's pid
+  unknown, its host, within ``XID_SAME_NS``) it counts once, and the line gets NVML's rank.
 """
 
 from __future__ import annotations
 
+import bisect
+import re
 from typing import Any, Callable
+
+import pyarrow.compute as pc
 
 from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State
 from argus.store import Attempt
 from argus.topology import Topology
 
-__all__ = ["with_job_log", "load_log_events"]
+__all__ = ["with_job_log", "correlate", "job_events", "load_log_events", "load_nvml_xids", "merge_xids",
+           "XID_SAME_NS"]
 
 _FAIL_STOP = ("exception", "cuda_error", "oom", "xid", "killed", "worker_failed")
 _RELEVANT = {
-    IncidentClass.LINK_DEGRADATION: ("nccl_warn", "nccl_error", "watchdog_timeout", "peer_lost", "nic_down"),
-    IncidentClass.HANG: ("watchdog_timeout", "peer_lost", "nccl_error", "nccl_warn", *_FAIL_STOP),
+    IncidentClass.LINK_DEGRADATION: ("nccl_warn", "nccl_connect", "nccl_error", "watchdog_timeout", "peer_lost",
+                                     "nic_down"),
+    IncidentClass.HANG: ("watchdog_timeout", "peer_lost", "nccl_error", "nccl_connect", "nccl_warn", *_FAIL_STOP),
     IncidentClass.HOST_STALL: ("dataloader", "oom"),
     IncidentClass.COMPUTE_STRAGGLER: ("xid", "cuda_error"),
 }
 MAX_SHOWN = 5
+#: An NVML Xid and an Xid line this close in time are one event: NVML is polled every 5 s, the kernel
+#: log every second, and both clocks are the host's
+XID_SAME_NS = 30 * 10**9
+_XID_CODE = re.compile(r"\bXid \([^)]*\): (\d+)")
 
 
 def load_log_events(attempt: Attempt) -> list[dict[str, Any]]:
@@ -37,6 +50,61 @@ def load_log_events(attempt: Attempt) -> list[dict[str, Any]]:
     return sorted((r for r in rows if r["kind"] != "other"), key=lambda r: r["ts_ns"])
 
 
+def load_nvml_xids(attempt: Attempt, topology: Topology) -> list[dict[str, Any]]:
+    """NVML's Xid critical-error events (the ``hw`` table's ``xid`` rows) as job-log events of the
+    rank using the GPU, stream ``nvml``; the scan reads only those rows."""
+    if not attempt.files("hw"):
+        return []
+    t = attempt.read("hw", columns=["rank", "gpu_uuid", "ts_ns", "value"], filter=pc.field("metric") == "xid")
+    out = []
+    n = len(topology.hosts)
+    for r, uuid, ts, v in zip(*(t.column(c).to_pylist() for c in ("rank", "gpu_uuid", "ts_ns", "value"))):
+        if r is None or ts is None or v is None:
+            continue
+        r, code = int(r), int(v)
+        gpu = uuid or (str(topology.gpu_uuids[r]) if 0 <= r < n else "?")
+        out.append({"rank": r, "ts_ns": int(ts), "host": str(topology.hosts[r]) if 0 <= r < n else "",
+                    "stream": "nvml", "kind": "xid", "severity": "error",
+                    "text": f"Xid {code} on GPU {gpu} (NVML critical-error event)", "xid": code})
+    return sorted(out, key=lambda e: e["ts_ns"])
+
+
+def merge_xids(events: list[dict[str, Any]], nvml: list[dict[str, Any]],
+               same_ns: int = XID_SAME_NS) -> list[dict[str, Any]]:
+    """``events`` (the logs table's) with NVML's Xids added, each Xid counted once: an NVML Xid
+    that a line already says (same code, same rank — or the line's rank unknown and its host the
+    GPU's — within ``same_ns``) is that line, which then takes NVML's rank. Each line stands for
+    one NVML event at most. Cost: a sort and a bisection per NVML event."""
+    lines = sorted((e for e in events if e["kind"] == "xid"), key=lambda e: e["ts_ns"])
+    times = [int(e["ts_ns"]) for e in lines]
+    used: set[int] = set()
+    extra = []
+    for x in nvml:
+        lo = bisect.bisect_left(times, x["ts_ns"] - same_ns)
+        hi = bisect.bisect_right(times, x["ts_ns"] + same_ns)
+        match = None
+        for i in sorted(range(lo, hi), key=lambda i: abs(times[i] - x["ts_ns"])):
+            e = lines[i]
+            m = _XID_CODE.search(str(e.get("text") or ""))
+            if i in used or (m is not None and int(m.group(1)) != x["xid"]):
+                continue
+            if e["rank"] == x["rank"] or (e["rank"] < 0 and e.get("host") == x["host"]):
+                match = i
+                break
+        if match is None:
+            extra.append(x)
+            continue
+        used.add(match)
+        if lines[match]["rank"] < 0:
+            lines[match]["rank"] = x["rank"]  # the driver's line named the bus; NVML names the GPU's rank
+    return sorted([*events, *extra], key=lambda e: e["ts_ns"]) if extra else events
+
+
+def job_events(attempt: Attempt, topology: Topology) -> list[dict[str, Any]]:
+    """The job log's events and NVML's Xids, each once, in time order."""
+    return merge_xids(load_log_events(attempt), load_nvml_xids(attempt, topology))
+
+
 def _shown(e: dict[str, Any], step: int) -> dict[str, Any]:
     return {"rank": e["rank"], "host": e["host"], "kind": e["kind"], "text": e["text"], "ts_ns": e["ts_ns"],
             **({"step": step} if step >= 0 else {})}
@@ -44,7 +112,13 @@ def _shown(e: dict[str, Any], step: int) -> dict[str, Any]:
 
 def with_job_log(attempt: Attempt, topology: Topology, incidents: list[Incident],
                  step_of_ts: Callable[[int, int], int]) -> list[Incident]:
-    events = load_log_events(attempt)
+    return correlate(job_events(attempt, topology), topology, incidents, step_of_ts)
+
+
+def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[Incident],
+              step_of_ts: Callable[[int, int], int]) -> list[Incident]:
+    """``incidents`` with the ``events`` (time order) that bear on them, and a ``fail_stop`` where
+    a rank failed and no hang covers it."""
     if not events:
         return incidents
 
@@ -58,8 +132,12 @@ def with_job_log(attempt: Attempt, topology: Topology, incidents: list[Incident]
         mine = [e for e in events if e["kind"] in kinds and (e["rank"] in inc.culprit_ranks or e["host"] in inc.hosts
                                                              or inc.klass == IncidentClass.HANG)]
         if mine:
+            # the kinds that say most first (a hang's watchdog line before a warning printed hours
+            # earlier), shown in time order
+            shown = sorted(sorted(mine, key=lambda e: (kinds.index(e["kind"]), e["ts_ns"]))[:MAX_SHOWN],
+                           key=lambda e: e["ts_ns"])
             inc.evidence = [*inc.evidence, {"level": "log", "kind": "log_lines", "events": [
-                _shown(e, step(e)) for e in mine[:MAX_SHOWN]], "total": len(mine)}]
+                _shown(e, step(e)) for e in shown], "total": len(mine)}]
     failed = [e for e in events if e["kind"] in _FAIL_STOP and e["rank"] >= 0]
     if not failed:
         return incidents

@@ -66,9 +66,19 @@ class Entry:
         """The innermost frame outside torch (frames run innermost first): the job's line that
         issued it."""
         for f in self.frames:
-            if f"{os.sep}torch{os.sep}" not in f.filename:
+            if not _in_torch(f):
                 return str(f)
         return str(self.frames[0]) if self.frames else ""
+
+    def stack(self, limit: int = 16) -> tuple[str, ...]:
+        """The job's frames that issued it, innermost first, at most ``limit`` (torch's own
+        frames left out; all of them where there is nothing else)."""
+        outside = [f for f in self.frames if not _in_torch(f)]
+        return tuple(str(f) for f in (outside or list(self.frames))[:limit])
+
+
+def _in_torch(f: Frame) -> bool:
+    return f"{os.sep}torch{os.sep}" in f.filename
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,12 @@ from dataclasses import dataclass, field
 from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State
 from argus.flight_recorder.dumps import DumpSet, Entry
 
-__all__ = ["StuckCollective", "stuck_collectives", "hang_incidents"]
+__all__ = ["StuckCollective", "stuck_collectives", "hang_incidents", "MAX_STACK_FRAMES", "MAX_STACKS"]
 
 DEFAULT_GROUP_DESCS = ("default_pg", "WORLD")
+MAX_STACK_FRAMES = 16  # frames kept of a stack (the job's, innermost first)
+MAX_STACKS = 8  # distinct stacks kept per role (waiting, never joined) of a stuck collective
+MAX_STACK_RANKS = 32  # ranks listed with a stack (all of them are counted)
 
 
 @dataclass
@@ -46,6 +49,9 @@ class StuckCollective:
     #: stuck collective — members that never came, if they are members
     strangers: list[int] = field(default_factory=list)
     consequence: bool = False  # every rank it waits for waits in another stuck collective
+    #: where the ranks that never joined last issued a collective (any group: where they went), then
+    #: where the waiting ranks issued this one — each distinct stack once, with its ranks (``_stacks``)
+    stacks: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"group": self.group, "group_desc": self.group_desc, "seq": self.seq, "op": self.op,
@@ -54,7 +60,8 @@ class StuckCollective:
                 "no_dump": self.no_dump, "waiting_at": self.waiting_at, "members_listed": self.listed,
                 **({"unlisted_idle_ranks": self.strangers} if self.strangers else {}),
                 "last_of_never_joined": {str(r): v for r, v in self.last_of_behind.items()},
-                **({"mismatch": {str(r): _show(s) for r, s in self.mismatch.items()}} if self.mismatch else {})}
+                **({"mismatch": {str(r): _show(s) for r, s in self.mismatch.items()}} if self.mismatch else {}),
+                **({"stacks": self.stacks} if self.stacks else {})}
 
 
 def _dims(sizes: tuple) -> str:
@@ -155,7 +162,35 @@ def _stuck_in(ds: DumpSet, g: str, desc: str, members: list[int]) -> StuckCollec
             last[r] = {"seq": enq[r], "op": "", "where": ""}
     return StuckCollective(g, desc, seq, first.op if first else "", first.input_sizes if first else (),
                            first.input_dtypes if first else (), members, arrived, behind, no_dump,
-                           first.where() if first else "", last, mismatch)
+                           first.where() if first else "", last, mismatch,
+                           stacks=_stacks(ds, [(r, by_rank[r].get(seq)) for r in arrived], behind))
+
+
+def _in(e: Entry) -> str:
+    return f"{e.op.split(':')[-1] or 'collective'} #{e.seq} of {e.group_desc or 'group ' + e.group}"
+
+
+def _stacks(ds: DumpSet, waiting: list[tuple[int, Entry | None]], behind: list[int]) -> list[dict]:
+    """Each distinct stack once with the ranks that share it: the never-joined ranks' latest
+    collective on any group (the highest ``record_id``: the recorder numbers a process's entries in
+    order), then the waiting ranks' entry of the stuck one. Bounded: ``MAX_STACKS`` per role (the
+    most shared first), ``MAX_STACK_FRAMES`` frames, ``MAX_STACK_RANKS`` ranks named."""
+    latest: list[tuple[int, Entry | None]] = []
+    for r in behind:
+        d = ds.dumps.get(r)
+        latest.append((r, max(d.entries, key=lambda e: e.record_id) if d is not None and d.entries else None))
+    out: list[dict] = []
+    for role, pairs in (("never_joined", latest), ("waiting", waiting)):
+        by_stack: dict[tuple, list[int]] = {}
+        for r, e in pairs:
+            if e is not None and e.frames:
+                key = (_in(e), e.state if role == "never_joined" else "", e.stack(MAX_STACK_FRAMES))
+                by_stack.setdefault(key, []).append(r)
+        for (where, state, frames), ranks in sorted(by_stack.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))[
+                :MAX_STACKS]:
+            out.append({"role": role, "ranks": ranks[:MAX_STACK_RANKS], "n_ranks": len(ranks), "in": where,
+                        **({"state": state} if state else {}), "frames": list(frames)})
+    return out
 
 
 def _name(s: StuckCollective) -> str:

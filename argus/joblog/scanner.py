@@ -33,7 +33,8 @@ MAX_TEXT = 500
 
 _PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
 _PG_RANK = re.compile(r"\bRank (\d+)\b")
-_NCCL_PID = re.compile(r"^[\w.\-]+:(\d+):\d+ \[\d+\] NCCL")
+# NCCL's prefix: ``host:pid:tid [dev] NCCL INFO``; a WARN names its source line too (``[dev] misc/socket.cc:484 NCCL WARN``)
+_NCCL_PID = re.compile(r"^[\w.\-]+:(\d+):\d+ \[\d+\] (?:[\w./\-]+:\d+ )?NCCL")
 _REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
 _REPORT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
 _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+), in (.+)$')

@@ -15,6 +15,7 @@ __all__ = ["LogKind", "Signature", "SIGNATURES", "KERNEL_SIGNATURES", "FAIL_STOP
 
 class LogKind(StrEnum):
     NCCL_WARN = "nccl_warn"
+    NCCL_CONNECT = "nccl_connect"  # NCCL (WARN or INFO) could not connect to a peer: refused, timed out, failed
     NCCL_ERROR = "nccl_error"
     PEER_LOST = "peer_lost"  # a collective failed because a peer went away: a victim's error
     WATCHDOG_TIMEOUT = "watchdog_timeout"
@@ -37,8 +38,17 @@ class Signature:
     pattern: re.Pattern
 
 
-#: First match wins. Lines are matched after the rank prefix is taken off.
+#: First match wins. Lines are matched after the rank prefix is taken off. A line is up to 64 KiB:
+#: a pattern with a wildcard between two words starts with ``^(?>.*?first word)`` (atomic), so a
+#: line of nothing but the first word costs one pass instead of one per occurrence.
 SIGNATURES: tuple[Signature, ...] = (
+    # before NCCL WARN: "NCCL WARN NET/Socket : Connect to 10.0.0.2<43411> failed : Connection refused" says
+    # more than a warning; NCCL INFO's "Call to connect returned Connection refused, retrying" too
+    Signature(LogKind.NCCL_CONNECT, "warning", re.compile(
+        # atomic: the first NCCL word only, so a 64 KiB line of them costs one pass, not one per word
+        r"^(?>.*?(?:\bNCCL (?:WARN|INFO)\b|\bNET/(?:Socket|IB)\b|\bsocket(?:Start|Finalize|Poll)?Connect\b)).*?"
+        r"(?:\b[Cc]onnect(?:ion)? to .{1,160}? failed\b|\bCall to connect returned\b|"
+        r"\b[Cc]onnect(?:ion)? (?:refused|timed out)\b)")),
     Signature(LogKind.NCCL_WARN, "warning", re.compile(r"\bNCCL WARN\b")),
     Signature(LogKind.PEER_LOST, "warning", re.compile(
         r"Connection (?:reset|closed) by peer|pair closure|Broken pipe|ncclRemoteError|"
@@ -47,21 +57,22 @@ SIGNATURES: tuple[Signature, ...] = (
         r"\bNCCL (?:error|Error)\b|nccl(?:SystemError|InternalError|UnhandledCudaError|InvalidUsage)")),
     Signature(LogKind.WATCHDOG_TIMEOUT, "error", re.compile(
         r"Watchdog caught collective operation timeout|collective operation timeout|"
-        r"Timed out waiting \d+ ?ms for|Application timeout caused pair closure|ProcessGroupGloo.*[Tt]imed out")),
+        r"Timed out waiting \d+ ?ms for|Application timeout caused pair closure|^(?>.*?ProcessGroupGloo).*[Tt]imed out")),
     Signature(LogKind.OOM, "error", re.compile(r"CUDA out of memory|OutOfMemoryError|\bCannot allocate memory\b")),
     Signature(LogKind.CUDA_ERROR, "error", re.compile(
         r"CUDA error:|cudaError\w+|an illegal memory access was encountered|device-side assert triggered")),
-    Signature(LogKind.XID, "error", re.compile(r"NVRM: Xid \([^)]*\): \d+")),
+    Signature(LogKind.XID, "error", re.compile(r"NVRM: Xid \([^)]{0,64}\): \d+")),
     Signature(LogKind.DATALOADER, "warning", re.compile(
-        r"DataLoader worker \(pid\(?s?\)?[ \d,]*\) (?:is killed|exited unexpectedly)|DataLoader timed out")),
+        r"DataLoader worker \(pid\(?s?\)?[ \d,]*\) (?:is killed|exited unexpectedly)|DataLoader timed out|"
+        r"Unexpected (?:bus error|segmentation fault|floating-point exception) encountered in worker")),
 )
 
 #: The host's kernel log (``kernel.py``), read while the job runs: what the driver or the OS did to
 #: a rank's device or process. A ``pid`` group names the process (its rank, where it is one).
 KERNEL_SIGNATURES: tuple[Signature, ...] = (
-    Signature(LogKind.XID, "error", re.compile(r"NVRM: Xid \([^)]*\): \d+(?:, pid=(?P<pid>\d+))?")),
+    Signature(LogKind.XID, "error", re.compile(r"NVRM: Xid \([^)]{0,64}\): \d+(?:, pid=(?P<pid>\d+))?")),
     Signature(LogKind.OOM, "error", re.compile(
-        r"Out of memory: Killed process (?P<pid>\d+)|oom-kill:.*?\bpid=(?P<pid2>\d+)|Memory cgroup out of memory: "
+        r"Out of memory: Killed process (?P<pid>\d+)|^(?>.*?oom-kill:).*?\bpid=(?P<pid2>\d+)|Memory cgroup out of memory: "
         r"Killed process (?P<pid3>\d+)")),
     Signature(LogKind.NIC_DOWN, "warning", re.compile(
         r"\b[Ll]ink (?:is )?[Dd]own\b|\bNIC Link is Down\b|port \d+ (?:state|link) (?:changed to )?DOWN")),

@@ -24,6 +24,10 @@ metric                NVML call (unit)
                       (``nvmlDeviceGetNvLinkState``)
 ====================  ==================================================================
 
+Per NVLink ``L`` as well: ``nvlink_errors:L`` (that link's increase) and ``nvlink_down:L`` (1
+while it is down), written only in rounds where they are not zero: 18 links of 8 GPUs would
+otherwise be 288 rows a round to say nothing.
+
 An idle GPU lowers its PCIe link generation to save power, which would read as a degraded
 link (``argus/analysis/signals.py`` compares the minimum generation with the maximum), so the
 current generation and width are only recorded when the idle bit is clear. XIDs come from an
@@ -95,7 +99,7 @@ class HardwareSampler(Sampler):
         self._off_reason = ""
         self._nvlinks: dict[int, list[int]] = {}  # GPU index → its links (found on the first round)
         self._nvlink_up: dict[int, set[int]] = {}  # … the links seen active
-        self._nvlink_errors: dict[int, int] = {}  # … the error counters' last sum
+        self._nvlink_errors: dict[tuple[int, int], int] = {}  # (GPU index, link) → its error counters' last sum
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -234,28 +238,34 @@ class HardwareSampler(Sampler):
         links = self._nvlinks[index]
         if not links:
             return []
-        active, total, counted = set(), 0, False
+        active: set[int] = set()
+        grew: dict[int, int] = {}  # link → its errors since the last round (links read before only)
         for link in links:
             try:
                 if int(nvml.nvmlDeviceGetNvLinkState(handle, link)) == 1:  # NVML_FEATURE_ENABLED
                     active.add(link)
             except Exception:  # noqa: BLE001 - a link that stops answering is not active
                 pass
+            total, read = 0, False
             for counter in _NVLINK_COUNTERS:
                 try:
                     total += int(nvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter))
-                    counted = True
+                    read = True
                 except Exception:  # noqa: BLE001 - a counter this GPU does not keep
                     continue
+            if read:
+                prev = self._nvlink_errors.get((index, link))
+                self._nvlink_errors[(index, link)] = total
+                if prev is not None:
+                    grew[link] = total - prev if total >= prev else total  # a reset counts from 0
         seen = self._nvlink_up.setdefault(index, set())
         seen |= active
-        out = [("nvlink_down", float(len(seen - active)))]
-        if counted:
-            prev = self._nvlink_errors.get(index)
-            self._nvlink_errors[index] = total
-            if prev is not None:
-                out.append(("nvlink_errors", float(total - prev if total >= prev else total)))
-        return out
+        down = sorted(seen - active)
+        out = [("nvlink_down", float(len(down)))]
+        if grew:
+            out.append(("nvlink_errors", float(sum(grew.values()))))
+        out += [(f"nvlink_errors:{link}", float(n)) for link, n in sorted(grew.items()) if n]
+        return out + [(f"nvlink_down:{link}", 1.0) for link in down]
 
     def _call(self, index: int, metric: str, fn: str, *args: Any) -> Any:
         if (index, metric) in self._unsupported:

@@ -19,10 +19,22 @@ metric                     source
                            error recovery, receive errors, remote physical errors, transmit
                            discards, local link integrity, buffer overruns), all ports
 ``ib_link_downed``         the increments of ``link_downed`` alone
+``roce_retransmits``       ``/sys/class/infiniband/*/ports/*/hw_counters`` (RoCE NICs, where
+                           the driver keeps them): increments of the retransmission and
+                           loss counters (``ROCE_RETRANSMIT_COUNTERS``: ACK timeouts, RNR NAK
+                           retries exhausted, sequence errors, out-of-sequence packets, slow
+                           restarts, adaptive retransmissions), all ports
 ``nic_port_up``            1, or 0 while a port that was up earlier in this run is not:
                            InfiniBand ``state`` ACTIVE, Ethernet ``operstate`` up (physical
                            interfaces only; a port never up here is not this job's)
 =========================  =================================================================
+
+Per port, the same as ``<metric>:<device>/<port>`` (``ib_link_errors:mlx5_0/1``,
+``ib_link_downed:mlx5_0/1``, ``roce_retransmits:mlx5_0/1``; ``nic_port_up:mlx5_0/1`` and
+``nic_port_up:eth0`` at 0 for a port that went down): the ``hw`` table's long format carries the
+port in the metric name, and ``port_metric`` splits it back. Per-port rows are written only in
+rounds where they are not zero, so a host with many ports costs rows only when one misbehaves;
+the host-wide rows (what ``argus/analysis/signals.py`` reads) are written every round.
 
 The samples are the host's, stored as ``hw`` rows of its lowest connected rank of each job
 (``argus/analysis/signals.py`` reads them per host), from that rank's latest known step on. A file that is absent is skipped, said
@@ -43,18 +55,30 @@ import numpy as np
 
 from argus.processor.samplers import Output, RankHandle, Sampler, hw_output
 
-__all__ = ["HostCountersSampler", "IB_ERROR_COUNTERS", "HOST_METRICS"]
+__all__ = ["HostCountersSampler", "IB_ERROR_COUNTERS", "ROCE_RETRANSMIT_COUNTERS", "HOST_METRICS", "port_metric"]
 
 log = logging.getLogger("argus.processor")
 
 IB_ERROR_COUNTERS = ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors",
                      "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
                      "excessive_buffer_overrun_errors")
+#: ``ports/*/hw_counters`` of RoCE NICs (mlx5 names; a driver without one simply lacks the file)
+ROCE_RETRANSMIT_COUNTERS = ("local_ack_timeout_err", "rnr_nak_retry_err", "packet_seq_err", "out_of_sequence",
+                            "implied_nak_seq_err", "roce_slow_restart", "roce_adp_retrans", "roce_adp_retrans_to")
 _PSI = (("cpu", "cpu"), ("io", "io"), ("memory", "mem"))
 #: a sample belongs to a job whose latest step started at most this long before it
 SAME_CLOCK_NS = 3600 * 10**9
 HOST_METRICS = frozenset({"psi_cpu_some", "psi_io_some", "psi_io_full", "psi_mem_some", "psi_mem_full", "cpu_iowait_pct",
-                          "cpu_softirq_pct", "cpu_steal_pct", "ib_link_errors", "ib_link_downed", "nic_port_up"})
+                          "cpu_softirq_pct", "cpu_steal_pct", "ib_link_errors", "ib_link_downed", "roce_retransmits",
+                          "nic_port_up"})
+#: host-wide metrics also written per port, as ``<metric>:<port>``
+PORT_METRICS = ("ib_link_errors", "ib_link_downed", "roce_retransmits", "nic_port_up")
+
+
+def port_metric(name: str) -> tuple[str, str | None]:
+    """``"ib_link_errors:mlx5_0/1"`` → ``("ib_link_errors", "mlx5_0/1")``; a host-wide name → ``(name, None)``."""
+    metric, sep, port = name.partition(":")
+    return (metric, port) if sep else (name, None)
 
 
 class HostCountersSampler(Sampler):
@@ -160,45 +184,67 @@ class HostCountersSampler(Sampler):
         return [("cpu_iowait_pct", 100 * d[4] / total), ("cpu_softirq_pct", 100 * d[6] / total),
                 ("cpu_steal_pct", 100 * d[7] / total)]
 
+    def _counter(self, key: str, raw: str | None, now: float) -> float | None:
+        """The increase of one port counter file's value since the last round (None: unread or first)."""
+        if raw is None:
+            return None
+        try:
+            return self._delta(key, float(raw.strip()), now)
+        except ValueError:
+            return None
+
     def _ports(self, now: float) -> list[tuple[str, float]]:
         up: dict[str, bool] = {}
-        errors = downed = 0.0
-        compared = 0  # counters read before: their increments are this interval's
+        per_port: list[tuple[str, float]] = []
+        errors = downed = retrans = 0.0
+        compared = roce_compared = 0  # counters read before: their increments are this interval's
         ib = self.root / "sys/class/infiniband"
         for port in sorted(ib.glob("*/ports/*")) if ib.is_dir() else []:
             name = f"{port.parent.parent.name}/{port.name}"
-            state = self._read(str(port.relative_to(self.root) / "state"))
+            rel = port.relative_to(self.root)
+            state = self._read(str(rel / "state"))
             if state is not None:
-                up[f"ib:{name}"] = "ACTIVE" in state.upper()
+                up[name] = "ACTIVE" in state.upper()
+            port_errors = port_downed = port_retrans = 0.0
             for counter in IB_ERROR_COUNTERS:
-                raw = self._read(str(port.relative_to(self.root) / "counters" / counter))
-                if raw is None:
-                    continue
-                try:
-                    grew = self._delta(f"ib:{name}:{counter}", float(raw.strip()), now)
-                except ValueError:
-                    continue
+                grew = self._counter(f"ib:{name}:{counter}", self._read(str(rel / "counters" / counter)), now)
                 if grew is None:
                     continue
                 compared += 1
-                if grew:
-                    errors += grew
-                    downed += grew if counter == "link_downed" else 0.0
+                port_errors += grew
+                port_downed += grew if counter == "link_downed" else 0.0
+            hw = port / "hw_counters"  # RoCE NICs only; which counters depends on the driver: no log line
+            for counter in ROCE_RETRANSMIT_COUNTERS if hw.is_dir() else ():
+                try:
+                    raw = (hw / counter).read_text()
+                except OSError:
+                    continue
+                grew = self._counter(f"roce:{name}:{counter}", raw, now)
+                if grew is not None:
+                    roce_compared += 1
+                    port_retrans += grew
+            errors, downed, retrans = errors + port_errors, downed + port_downed, retrans + port_retrans
+            per_port += [(f"{m}:{name}", v) for m, v in (("ib_link_errors", port_errors),
+                                                         ("ib_link_downed", port_downed),
+                                                         ("roce_retransmits", port_retrans)) if v]
         net = self.root / "sys/class/net"
         for nic in sorted(net.iterdir()) if net.is_dir() else []:
             if not (nic / "device").exists():  # lo, bridges, veths, tunnels: no physical port
                 continue
             state = self._read(str(nic.relative_to(self.root) / "operstate"))
             if state is not None:
-                up[f"net:{nic.name}"] = state.strip().lower() == "up"
+                up[nic.name] = state.strip().lower() == "up"
         out: list[tuple[str, float]] = []
         if compared:
             out += [("ib_link_errors", errors), ("ib_link_downed", downed)]
+        if roce_compared:
+            out.append(("roce_retransmits", retrans))
         self._was_up |= {k for k, v in up.items() if v}
         judged = {k: v for k, v in up.items() if k in self._was_up}
         if judged:
             out.append(("nic_port_up", 1.0 if all(judged.values()) else 0.0))
-        return out
+            per_port += [(f"nic_port_up:{k}", 0.0) for k, v in judged.items() if not v]
+        return out + per_port
 
     # -- to rows (main thread) -------------------------------------------------------------------
     def receive(self, payload: Any, ranks: Iterable[RankHandle]) -> list[Output]:

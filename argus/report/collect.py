@@ -22,11 +22,13 @@ import pyarrow.compute as pc
 
 from argus.compress import log_grid, mixture_cdf
 from argus.errors import LayoutError
-from argus.report.model import EvidenceFile, IncidentView, KernelCdfs, PhaseHeatmap, ReportData, StepSeries
+from argus.report.model import (EvidenceFile, IncidentView, JobLogView, KernelCdfs, PhaseHeatmap, ReportData,
+                                StepSeries)
 from argus.report.sources import evidence_files, fingerprint, stored_incidents, window_steps
 from argus.store import Attempt
 
-__all__ = ["Gatherer", "gather", "incidents_of", "MAX_POINTS", "SAMPLED_PEERS", "QUANTILE_PEERS", "CDF_PEERS"]
+__all__ = ["Gatherer", "gather", "incidents_of", "MAX_POINTS", "SAMPLED_PEERS", "QUANTILE_PEERS", "CDF_PEERS",
+           "MAX_LOG_PER_KIND", "MAX_LOG_KINDS"]
 
 MAX_POINTS = 1200  # step-time points drawn
 SAMPLED_PEERS = 32  # peer rows in a heatmap
@@ -36,6 +38,8 @@ MAX_CULPRIT_ROWS = 16
 MAX_PHASES = 24
 MAX_CDF_KERNELS = 3
 MAX_FILES = 20
+MAX_LOG_PER_KIND = 20  # job-log events shown per kind (the first ones: the onset)
+MAX_LOG_KINDS = 32  # kinds shown (the signature table has 14; a foreign store may hold anything)
 
 
 def incidents_of(attempt: Attempt, diagnosis: Any | None) -> list[tuple[dict[str, Any], str]]:
@@ -140,6 +144,25 @@ class Gatherer:
         if self._files is None or refresh:
             self._files = evidence_files(self.attempt, self.windows())
         return self._files
+
+    def job_log(self, per_kind: int = MAX_LOG_PER_KIND) -> JobLogView | None:
+        """The ``logs`` table by kind: two grouped scans of a table of at most tens of thousands
+        of rows (the scanner keeps 10,000 events per ``argus run``). None without one."""
+        if not self.attempt.files("logs"):
+            return None
+        counts = self.sql("SELECT kind, count(*) AS n, sum(lines) AS lines, min(ts_ns) AS first FROM logs "
+                          "GROUP BY kind ORDER BY first, kind")
+        kinds = [str(k) for k in counts.column("kind").to_pylist()]
+        n = counts.column("n").to_pylist()
+        lines = counts.column("lines").to_pylist()
+        other = sum(int(x or 0) for k, x in zip(kinds, lines) if k == "other")
+        shown = {k: int(c) for k, c in zip(kinds, n) if k != "other"}
+        keep = list(shown)[:MAX_LOG_KINDS]
+        rows = self.sql("SELECT rank, ts_ns, host, stream, kind, severity, text FROM (SELECT *, row_number() OVER "
+                        "(PARTITION BY kind ORDER BY ts_ns, rank) AS i FROM logs SEMI JOIN sel USING (kind)) "
+                        f"WHERE i <= {int(per_kind)} ORDER BY ts_ns, rank",
+                        sel=pa.table({"kind": pa.array(keep, pa.string())})).to_pylist() if keep else []
+        return JobLogView({k: shown[k] for k in keep}, rows, other)
 
     # -- one incident --------------------------------------------------------------------
     def incident(self, inc: dict[str, Any], source: str = "diagnosis") -> IncidentView:
@@ -288,7 +311,7 @@ class Gatherer:
             attempt_path=str(a.path), diagnosed=diagnosis is not None,
             diagnosis_s=(getattr(diagnosis, "timings_s", {}) or {}).get("total"), generated_ns=time.time_ns(),
             missing=list(getattr(diagnosis, "missing", None) or [d.reason for d in a.damage]),
-            nodes=_node_standings(a, set(self.hosts.astype(str).tolist())))
+            nodes=_node_standings(a, set(self.hosts.astype(str).tolist())), job_log=self.job_log())
 
 
 def _node_standings(attempt: Attempt, hosts: set[str]) -> list[dict[str, Any]]:

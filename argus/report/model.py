@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["StepSeries", "PhaseHeatmap", "KernelCdfs", "EvidenceFile", "IncidentView", "ReportData"]
+__all__ = ["StepSeries", "PhaseHeatmap", "KernelCdfs", "EvidenceFile", "IncidentView", "JobLogView", "ReportData"]
 
 
 @dataclass(slots=True)
@@ -96,6 +96,20 @@ class IncidentView:
 
 
 @dataclass(slots=True)
+class JobLogView:
+    """The job's own output as ``argus run`` kept it (the ``logs`` table), whatever the incidents:
+    every kind's event count, its first events (at most ``MAX_LOG_PER_KIND`` each, time order)
+    and the lines no signature matched, as a count."""
+
+    counts: dict[str, int]  # kind → events stored (``other`` excluded), kinds in order of first event
+    events: list[dict[str, Any]]  # rank, ts_ns, host, stream, kind, severity, text
+    other_lines: int = 0
+
+    def shown(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("kind") == kind]
+
+
+@dataclass(slots=True)
 class ReportData:
     run_id: str
     attempt_id: str
@@ -115,6 +129,8 @@ class ReportData:
     missing: list[str] = field(default_factory=list)  # what the store lacked (damaged files, gaps)
     #: the job's hosts as the store's kept health checks judge them (``NodeStanding.to_json``)
     nodes: list[dict[str, Any]] = field(default_factory=list)
+    #: the job's log (``argus run``'s ``logs`` table); None when the store has none
+    job_log: JobLogView | None = None
 
     @property
     def step_range(self) -> tuple[int, int] | None:

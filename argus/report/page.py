@@ -17,11 +17,12 @@ from argus import __version__
 from argus.report.charts import (L1_COLORS, cdf_chart, critical_path_chart, phase_heatmap_chart, pipeline_chart,
                                  step_time_chart, w1_matrix_chart, what_if_chart)
 from argus.analysis.remedies import in_the_job, named_cause
-from argus.report.model import EvidenceFile, IncidentView, ReportData
+from argus.joblog.signatures import FAIL_STOP_KINDS
+from argus.report.model import EvidenceFile, IncidentView, JobLogView, ReportData
 from argus.report.svg import esc, fmt
 
 __all__ = ["CSS", "render_report", "document", "summary_section", "step_section", "incidents_table", "verdict_banner",
-           "cost_per_hour",
+           "cost_per_hour", "job_log_section",
            "incident_section", "PERFETTO_URL", "REPORT_CSP"]
 
 PERFETTO_URL = "https://ui.perfetto.dev"
@@ -217,6 +218,44 @@ def nodes_section(data: ReportData) -> str:
             " a node that failed stays out until a later check of it passes.</p>")
 
 
+def _log_time(ts_ns: Any) -> str:
+    """UTC to the millisecond (the scanner's clock: when ``argus run`` read the line)."""
+    try:
+        ns = int(ts_ns)
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns // 10**9)) + f".{ns // 10**6 % 1000:03d}"
+    except (TypeError, ValueError, OverflowError, OSError):
+        return str(ts_ns)
+
+
+def job_log_section(log: JobLogView | None) -> str:
+    """Everything the job's output said that a signature knows, by kind — not only what an
+    incident took as evidence: an NCCL warning on a job that then ran on is still worth reading."""
+    if log is None:
+        return ""
+    other = (f'<p class="muted">{log.other_lines:,} other line(s) matched no signature: counted, not kept.</p>'
+             if log.other_lines else "")
+    if not log.counts:
+        return (f'<h2>Job log</h2><section class="card job-log"><p class="muted">No line of the job\'s output '
+                f"matched a known signature.</p>{other}</section>")
+    chips = " ".join(f'<span class="chip" style="background:{"#c62828" if k in FAIL_STOP_KINDS else "#546e7a"}">'
+                     f'{esc(k.replace("_", " "))} {n:,}</span>' for k, n in log.counts.items())
+    parts = []
+    for kind, n in log.counts.items():
+        rows = "".join(
+            f'<tr><td class="mono">{esc(_log_time(e.get("ts_ns")))}</td>'
+            f'<td>{esc(e.get("rank")) if isinstance(e.get("rank"), int) and e["rank"] >= 0 else "—"}</td>'
+            f'<td class="mono">{esc(e.get("host") or "")}</td><td>{esc(e.get("stream") or "")}</td>'
+            f'<td class="mono">{esc(str(e.get("text") or "")[:500])}</td></tr>' for e in log.shown(kind))
+        more = n - len(log.shown(kind))
+        stops = ' <span class="culprit">(a rank stopped)</span>' if kind in FAIL_STOP_KINDS else ""
+        parts.append(f'<h4>{esc(kind.replace("_", " "))} <span class="muted">({n:,})</span>{stops}</h4>'
+                     f'<div class="scroll"><table class="log-events" data-kind="{esc(kind)}"><tr><th>time (UTC)</th>'
+                     f"<th>rank</th><th>host</th><th>stream</th><th>line</th></tr>{rows}</table></div>"
+                     + (f'<p class="muted">… {more:,} more in the store\'s logs table</p>' if more > 0 else ""))
+    return (f'<h2>Job log</h2><section class="card job-log"><p>What the job\'s output said, by kind '
+            f'(<span class="mono">argus run</span>\'s logs table): {chips}</p>{other}{"".join(parts)}</section>')
+
+
 def incidents_table(data: ReportData, href: Callable[[IncidentView], str]) -> str:
     if not data.incidents:
         return ('<p class="healthy">No incident: every rank\'s work, collectives and kernels match its peers\'.</p>'
@@ -291,7 +330,7 @@ def _gpu_idle(evs: list[dict[str, Any]]) -> str:
 
 
 #: evidence fields drawn as charts elsewhere on the page, or too long for a cell
-_EVIDENCE_SKIP = ("level", "kind", "w1_ms", "top_frames", "stages", "by_rank", "checks")
+_EVIDENCE_SKIP = ("level", "kind", "w1_ms", "top_frames", "stages", "by_rank", "checks", "stacks")
 MAX_EVIDENCE_COLUMNS = 10
 
 
@@ -342,6 +381,33 @@ def _log_lines(e: dict[str, Any]) -> str:
                                                      if more > 0 else ""))
 
 
+def _collective_stacks(ev: dict[str, Any]) -> str:
+    """Where the ranks of a stuck collective (Flight Recorder) are: the never-joined ranks' last
+    collective and the waiting ranks' call, each distinct stack once with its ranks."""
+    rows = []
+    for st in [x for x in ev.get("stacks") or [] if isinstance(x, dict)][:16]:
+        frames = [str(f) for f in st.get("frames") or []][:16]
+        ranks = [r for r in st.get("ranks") or [] if isinstance(r, int)]
+        try:
+            n = int(st.get("n_ranks") or len(ranks))
+        except (TypeError, ValueError):
+            n = len(ranks)
+        role = "never joined" if st.get("role") == "never_joined" else "waiting"
+        state = f' <span class="muted">({esc(st.get("state"))})</span>' if st.get("state") else ""
+        rows.append(f'<tr><td>{esc(role)}</td><td>{_ranks(ranks, st.get("role") == "never_joined")}'
+                    + (f' <span class="muted">({n} ranks)</span>' if n > len(ranks) else "")
+                    + f'</td><td class="mono">{esc(st.get("in") or "")}{state}</td>'
+                    f'<td class="mono">{esc(frames[0] if frames else "—")}'
+                    f'<details><summary>stack ({len(frames)} frames, innermost first)</summary>'
+                    + "<br>".join(esc(f) for f in frames) + "</details></td></tr>")
+    if not rows:
+        return ""
+    return (f'<h4>Stacks in {esc(str(ev.get("op") or "").split(":")[-1] or "the collective")} '
+            f'#{esc(ev.get("seq"))} of {esc(ev.get("group_desc") or ev.get("group"))} (Flight Recorder)</h4>'
+            '<table class="fr-stacks"><tr><th></th><th>ranks</th><th>their collective</th><th>where (the job\'s '
+            f'frames)</th></tr>{"".join(rows)}</table>')
+
+
 def _trace_files(view: IncidentView, file_href: Callable[[EvidenceFile], str]) -> str:
     how = (f'Open <a href="{PERFETTO_URL}" rel="noopener noreferrer" target="_blank">ui.perfetto.dev</a> and drag a '
            "trace file onto the page (or use <i>Open trace file</i>); the trace is read in your browser, nothing "
@@ -385,6 +451,7 @@ def incident_section(view: IncidentView, file_href: Callable[[EvidenceFile], str
     parts += [_stacks(e) for e in evidence if e.get("kind") == "stacks"][:3]
     parts += [_what_if(e) for e in evidence if e.get("kind") == "what_if"][:1]
     parts += [_log_lines(e) for e in evidence if e.get("kind") == "log_lines"][:1]
+    parts += [_collective_stacks(e) for e in evidence if e.get("kind") == "stuck_collective"][:2]
     parts.append(_trace_files(view, file_href))
     parts.append(_evidence_table(evidence))
     return f'<section class="card incident" id="{esc(view.id)}">' + "".join(parts) + "</section>"
@@ -405,7 +472,8 @@ def render_report(data: ReportData, out_dir: Path | None = None) -> str:
             f"{verdict_banner(data)}<h1>{esc(data.run_id)} / {esc(data.attempt_id)}</h1>{summary_section(data)}"
             f"<h2>Step time</h2>{step_section(data)}"
             f"<h2>Incidents</h2>{incidents_table(data, lambda v: '#' + v.id)}"
-            + "".join(incident_section(v, file_href) for v in data.incidents) + nodes_section(data)
+            + "".join(incident_section(v, file_href) for v in data.incidents) + job_log_section(data.job_log)
+            + nodes_section(data)
             + f'<p class="muted">Generated {esc(when)} by argus {esc(__version__)}. Heatmaps show culprits, at most '
               "32 evenly sampled peers and peer quantiles; step time is the median rank's.</p></main>")
     return document(f"Argus report · {data.run_id}/{data.attempt_id}", body)

@@ -187,6 +187,8 @@ def test_watch_follows_a_restarted_job_and_a_hang_is_p0(tmp_path, hook):
 
 @pytest.mark.parametrize("incident,expected", [
     ({"class": "hang", "severity": "critical"}, "P0"),
+    ({"class": "fail_stop", "severity": "critical", "impact": {"slowdown_pct": 100.0}}, "P0"),  # the job's log
+    ({"class": "fail_stop", "severity": "info"}, "P0"),  # a stopped job pages whatever the grade says
     ({"class": "link_degradation", "severity": "warning", "impact": {"slowdown_pct": 3.0}}, "P1"),
     ({"class": "compute_straggler", "severity": "critical", "impact": {"slowdown_pct": 38.0}}, "P1"),
     ({"class": "host_stall", "severity": "warning", "impact": {"slowdown_pct": 4.0}}, "P2"),

@@ -1,6 +1,7 @@
 """argus run's job log channel on a real gloo job: one rank warns like NCCL, one raises, one is
 killed. The job's output passes through unchanged; the events are stored with their ranks and
-times; the diagnosis makes a fail-stop of them and the report shows the lines next to it."""
+times; the diagnosis makes a fail-stop of them and the report shows the lines next to it, and
+every event (the NCCL warning no incident took too) in its job log section."""
 
 from __future__ import annotations
 
@@ -66,3 +67,11 @@ def test_the_jobs_own_words_are_stored_with_their_ranks_and_shown_with_the_fail_
     assert "ranks 2, 3 failed" in section  # not rank 0, whose read failed when they went: a victim
     assert "The job&#x27;s log" in section or "The job's log" in section
     assert "loss is nan" in section and "SIGKILL" in section and "Out of memory: Killed process" in section
+    # rank 1's NCCL warning stopped nothing and no incident took it: the report's job log shows it
+    job_log = html[html.index('<section class="card job-log"'):]
+    job_log = job_log[:job_log.index("</section>")]
+    warn = re.search(r'data-kind="nccl_warn">(.*?)</table>', job_log, re.S)
+    assert warn, job_log[:2000]
+    assert "NCCL WARN NET/IB : Got completion from peer with error 12" in warn.group(1)
+    assert "<td>1</td>" in warn.group(1) and "<td>stderr</td>" in warn.group(1)  # rank 1's, from its stderr
+    assert 'data-kind="exception"' in job_log and 'data-kind="killed"' in job_log

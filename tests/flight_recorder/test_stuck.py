@@ -15,6 +15,7 @@ import pytest
 
 from argus.analysis.evidence import check_evidence
 from argus.flight_recorder import FlightRecorderError, hang_incidents, read_dumps, stuck_collectives
+from argus.flight_recorder.stuck import MAX_STACK_FRAMES
 
 pytest.importorskip("torch")
 
@@ -62,6 +63,13 @@ def test_the_rank_waiting_nowhere_is_the_culprit_and_the_others_collectives_its_
     assert "fr_job.py:" in inc.summary  # where rank 2 waits: the job's line, not torch's
     assert [e["group_desc"] for e in inc.evidence if e["kind"] == "stuck_collective"] == \
         ["TENSOR_MODEL_PARALLEL_GROUP", "default_pg"]
+    # the stacks torch recorded: where rank 2 waits, where rank 3 went — the job's frames, not torch's
+    tp = next(e for e in inc.evidence if e["kind"] == "stuck_collective")
+    stacks = {s["role"]: s for s in tp["stacks"]}
+    assert stacks["waiting"]["ranks"] == [2] and stacks["never_joined"]["ranks"] == [3]
+    for s in stacks.values():
+        assert s["frames"] and any("fr_job.py:" in f for f in s["frames"]), s
+        assert not any(f"{os.sep}torch{os.sep}" in f for f in s["frames"])
 
 
 def test_a_rank_that_never_used_a_gloo_group_is_only_suspected(dumps):
@@ -112,6 +120,64 @@ def test_members_that_disagree_on_the_collective_are_a_mismatch(tmp_path):
     (inc,) = hang_incidents(ds)
     assert inc.culprit_ranks == [2] and inc.state == "confirmed"
     assert "rank 2: all_gather [512] BFloat16" in inc.summary and "all_reduce [4096] BFloat16" in inc.summary
+
+
+def test_members_that_differ_only_in_dtype_are_a_mismatch_named_by_the_dtype(tmp_path):
+    """Same op, same sizes: rank 1 casts to float32 where the others all-reduce bfloat16 — the
+    collective cannot match, and the summary says which dtype each side issued."""
+    ok = [(1, "nccl:all_reduce", [1024], "Float", "completed"), (2, "nccl:all_reduce", [4096], "BFloat16", "started")]
+    odd = [ok[0], (2, "nccl:all_reduce", [4096], "Float", "started")]
+    ds = read_dumps([_write(tmp_path / "d", {0: _nccl(0, ok), 1: _nccl(1, odd), 2: _nccl(2, ok), 3: _nccl(3, ok)})])
+    (s,) = stuck_collectives(ds)
+    assert list(s.mismatch) == [1] and s.input_dtypes == ("BFloat16",) and s.input_sizes == ((4096,),)
+    (inc,) = hang_incidents(ds)
+    assert (inc.culprit_ranks, inc.state) == ([1], "confirmed")
+    assert "rank 1: all_reduce [4096] Float" in inc.summary and "(the others: all_reduce [4096] BFloat16)" in inc.summary
+    (ev,) = [e for e in inc.evidence if e["kind"] == "stuck_collective"]
+    assert ev["mismatch"] == {"1": "all_reduce [4096] Float"} and check_evidence(inc.evidence) == []
+
+
+TORCH_FILE = f"{os.sep}usr{os.sep}lib{os.sep}python3{os.sep}site-packages{os.sep}torch{os.sep}distributed{os.sep}c10d.py"
+
+
+def _frames(site: str, depth: int = 22) -> list[dict]:
+    """Innermost first: three of torch's frames, then ``depth`` of the job's, from ``site`` outwards."""
+    return ([{"name": f"torch_{i}", "filename": TORCH_FILE, "line": i} for i in range(3)]
+            + [{"name": f"{site}_{i}", "filename": f"/job/{site}.py", "line": 10 + i} for i in range(depth)])
+
+
+def test_the_stacks_of_the_waiting_and_the_never_joined_ranks_are_kept_bounded_and_the_jobs_own(tmp_path):
+    done = [(1, "nccl:all_reduce", [8], "Float", "completed")]
+    stuck = [*done, (2, "nccl:all_reduce", [8], "Float", "started")]
+    dumps = {r: _nccl(r, done if r == 3 else stuck) for r in range(4)}
+    for r in (0, 1, 2):  # ranks 0 and 1 wait from the same line, rank 2 from another
+        dumps[r]["entries"][1]["frames"] = _frames("train" if r < 2 else "eval")
+    # rank 3 went on to a tensor-parallel all-reduce of its own, where it waits (its latest record)
+    tp = {**dumps[3]["entries"][0], "record_id": 9, "process_group": ("1", "TP"), "pg_id": 1, "collective_seq_id": 7,
+          "state": "started", "frames": _frames("model", 2)}
+    dumps[3]["entries"].append(tp)
+    ds = read_dumps([_write(tmp_path / "d", dumps)])
+    (inc,) = hang_incidents(ds)
+    assert inc.culprit_ranks == [3] and inc.state == "confirmed"
+    (ev,) = [e for e in inc.evidence if e["kind"] == "stuck_collective"]
+    assert check_evidence(inc.evidence) == []
+    went, *waiting = ev["stacks"]
+    assert (went["role"], went["ranks"], went["in"], went["state"]) == ("never_joined", [3], "all_reduce #7 of TP",
+                                                                       "started")
+    assert went["frames"] == ["model_0 (/job/model.py:10)", "model_1 (/job/model.py:11)"]
+    assert [(w["role"], w["ranks"], w["n_ranks"], w["in"]) for w in waiting] == [
+        ("waiting", [0, 1], 2, "all_reduce #2 of default_pg"), ("waiting", [2], 1, "all_reduce #2 of default_pg")]
+    assert len(waiting[0]["frames"]) == MAX_STACK_FRAMES and waiting[0]["frames"][0] == "train_0 (/job/train.py:10)"
+    assert not any("torch" in f for w in ev["stacks"] for f in w["frames"])
+
+    from argus.report.model import IncidentView
+    from argus.report.page import incident_section
+
+    html = incident_section(IncidentView(inc.to_json()), lambda f: f.rel_path)
+    table = html[html.index('<table class="fr-stacks">'):]
+    table = table[:table.index("</table>")]
+    assert "all_reduce #7 of TP" in table and "model_0 (/job/model.py:10)" in table and "eval_0" in table
+    assert "c10d.py" not in table
 
 
 def test_listed_members_name_a_rank_that_never_came_and_one_with_no_dump(tmp_path):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from argus.joblog import LogKind, LogScanner
+from argus.joblog import FAIL_STOP_KINDS, LogKind, LogScanner
 from argus.joblog.scanner import MAX_LINE
 
 
@@ -71,3 +71,70 @@ def test_memory_is_bounded_by_line_length_and_event_count():
     s.feed("stderr", b"NCCL WARN no newline")
     s.close()  # the job's last words are scanned
     assert s.dropped == 3 and LogKind.NCCL_WARN == "nccl_warn"
+
+
+def test_nccl_connect_failures_warn_or_info_are_their_own_kind_with_the_ranks_pid():
+    s = LogScanner(pid_rank={4242: 5, 4343: 6}.get)
+    s.feed("stderr", b"node-3:4242:4290 [1] NCCL WARN NET/Socket : Connect to 10.0.0.2<43411> failed : "
+                     b"Connection refused\n"
+                     b"node-3:4343:4390 [2] NCCL INFO Call to connect returned Connection refused, retrying\n"
+                     b"node-3:4343:4390 [2] misc/socket.cc:484 NCCL WARN socketStartConnect: Connect to "
+                     b"172.16.0.4<35193> failed : Software caused connection abort\n"
+                     b"node-3:4343:4390 [2] NCCL INFO Call to connect returned Connection timed out, retrying\n"
+                     b"node-3:4242:4290 [1] NCCL WARN NET/IB : Got completion from peer with error 12\n"
+                     b"node-3:4242:4290 [1] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n"
+                     b"db.py: connect to postgres failed: connection refused\n")  # not NCCL's: not an event
+    got = _kinds(s)
+    assert [(r, k) for r, k, _ in got] == [(5, "nccl_connect"), (6, "nccl_connect"), (6, "nccl_connect"),
+                                           (6, "nccl_connect"), (5, "nccl_warn")]
+    assert "Connect to 10.0.0.2<43411> failed" in got[0][2]
+
+
+def test_cuda_errors_in_a_line_a_traceback_or_a_cpp_abort_are_cuda_errors():
+    s = LogScanner()
+    s.feed("stderr", b"[rank4]: Traceback (most recent call last):\n"
+                     b'[rank4]:   File "/job/train.py", line 90, in step\n'
+                     b"[rank4]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
+                     b"[rank5]:terminate called after throwing an instance of 'c10::Error'\n"
+                     b"[rank5]:  what():  CUDA error: device-side assert triggered\n"
+                     b"[rank6]:[E ProcessGroupNCCL.cpp:1536] [PG 0 Rank 6] Process group watchdog thread "
+                     b"terminated with exception: CUDA error: unspecified launch failure\n"
+                     b"[rank7]: cudaErrorLaunchFailure returned by cudaStreamSynchronize\n")
+    got = _kinds(s)
+    assert [(r, k) for r, k, _ in got] == [(4, "cuda_error"), (5, "cuda_error"), (6, "cuda_error"),
+                                           (7, "cuda_error")]
+    assert got[0][2] == ("RuntimeError: CUDA error: an illegal memory access was encountered at step "
+                         "(/job/train.py:90)")
+    assert LogKind.CUDA_ERROR in FAIL_STOP_KINDS
+
+
+def test_dataloader_workers_killed_gone_or_timed_out_are_dataloader_events():
+    s = LogScanner()
+    s.feed("stderr", b"[rank1]:ERROR: Unexpected bus error encountered in worker. This might be caused by "
+                     b"insufficient shared memory (shm).\n"
+                     b"[rank1]: Traceback (most recent call last):\n"
+                     b'[rank1]:   File "/job/train.py", line 12, in <module>\n'
+                     b"[rank1]: RuntimeError: DataLoader worker (pid 4242) is killed by signal: Bus error.\n"
+                     b"[rank2]: RuntimeError: DataLoader worker (pid(s) 4243, 4244) exited unexpectedly\n"
+                     b"[rank3]: RuntimeError: DataLoader timed out after 30 seconds\n"
+                     b"[rank3]: loading DataLoader workers: 8\n")  # not a failure
+    got = _kinds(s)
+    assert [(r, k) for r, k, _ in got] == [(1, "dataloader"), (1, "dataloader"), (2, "dataloader"),
+                                           (3, "dataloader")]
+    assert got[1][2].endswith("is killed by signal: Bus error. at <module> (/job/train.py:12)")
+    assert LogKind.DATALOADER not in FAIL_STOP_KINDS  # a warning: a host stall's evidence, not a stop by itself
+
+
+def test_a_long_line_of_signature_words_costs_one_pass():
+    """Patterns with a wildcard between two words are atomic on the first: before, a 64 KiB line of
+    ``NCCL INFO`` repeated took seconds to scan (every occurrence retried to the line's end), and the
+    tee thread reading the job's output would have stalled behind it."""
+    import time
+
+    s = LogScanner()
+    lines = [b"NCCL INFO " * 6500, b"ProcessGroupGloo " * 3800, b"NVRM: Xid (" * 5900, b"oom-kill: " * 6500]
+    t0 = time.process_time()
+    for line in lines:
+        s.feed("stdout", line[:MAX_LINE - 1] + b"\n")
+    assert time.process_time() - t0 < 2.0  # was ~10 s; now a few ms
+    assert s.take()[1] == {(-1, "stdout"): 4}

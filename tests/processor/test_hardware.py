@@ -22,7 +22,7 @@ import pytest
 from argus.analysis.signals import load_hw_signals
 from argus.wire import Msg, ProcessorClient
 from argus.processor.assembler import RankInfo, WindowAssembler
-from argus.processor.host_counters import HOST_METRICS
+from argus.processor.host_counters import HOST_METRICS, port_metric
 from argus.processor.hardware import HardwareSampler
 from argus.wire.protocol import DTYPES
 from argus.processor.samplers import Samplers
@@ -233,7 +233,8 @@ def test_a_processor_without_nvml_writes_no_gpu_rows(tmp_path):
     assert len(lines) == 1 and "off" in lines[0], log.read_text()
     attempt = Store.open(store).attempt()
     assert attempt.read("steps").num_rows == 3
-    assert set(attempt.read("hw").column("metric").to_pylist()) <= HOST_METRICS  # the host's counters only
+    metrics = {port_metric(m)[0] for m in attempt.read("hw").column("metric").to_pylist()}
+    assert metrics <= HOST_METRICS  # the host's counters only (per port, where this machine has ports)
 
 
 class FakeNvlinkNvml(FakeNvml):
@@ -270,5 +271,41 @@ def test_nvlink_errors_are_counted_per_interval_and_a_link_that_went_down_is_sai
     assert not any(m.startswith("nvlink") for uuid, _, ms in first if uuid == "GPU-bbb" for m, _ in ms)
     nvml.errors += 12
     nvml.active.discard(2)
-    assert nvlink(hw.sample_once()) == {"nvlink_down": 1.0, "nvlink_errors": 12.0}
-    assert nvlink(hw.sample_once()) == {"nvlink_down": 1.0, "nvlink_errors": 0.0}
+    # the GPU's sum, and which link: link 1's errors, link 2 down
+    assert nvlink(hw.sample_once()) == {"nvlink_down": 1.0, "nvlink_errors": 12.0, "nvlink_errors:1": 12.0,
+                                        "nvlink_down:2": 1.0}
+    assert nvlink(hw.sample_once()) == {"nvlink_down": 1.0, "nvlink_errors": 0.0, "nvlink_down:2": 1.0}
+    nvml.active.add(2)  # back up: no per-link row, nothing rose
+    assert nvlink(hw.sample_once()) == {"nvlink_down": 0.0, "nvlink_errors": 0.0}
+
+
+class FakeNvlinkCounters(FakeNvlinkNvml):
+    """Each of GPU 0's four links with its own counters (replay and CRC), as the driver keeps them."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = {(link, c): 100 * link for link in range(4) for c in (0, 2)}
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h, link, counter):
+        if (link, counter) not in self.counts:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.counts[(link, counter)]
+
+
+def test_nvlink_errors_per_link_add_up_to_the_gpus_and_a_reset_link_counts_from_zero():
+    nvml = FakeNvlinkCounters()
+    hw = HardwareSampler(interval_s=3600, nvml=nvml)
+    hw.gpus, hw.nvml, hw.enabled = [(0, "GPU-aaa", 0), (1, "GPU-bbb", 1)], nvml, True
+
+    def nvlink():
+        (metrics,) = [ms for uuid, _, ms in hw.sample_once() if uuid == "GPU-aaa"]
+        return {m: v for m, v in metrics if m.startswith("nvlink")}
+
+    assert nvlink() == {"nvlink_down": 0.0}  # counts since boot: no interval's
+    nvml.counts[(0, 0)] += 3
+    nvml.counts[(3, 2)] += 4
+    nvml.counts[(2, 0)], nvml.counts[(2, 2)] = 5, 0  # link 2's counters were reset (400 → 5): 5 since
+    got = nvlink()
+    assert got == {"nvlink_down": 0.0, "nvlink_errors": 12.0, "nvlink_errors:0": 3.0, "nvlink_errors:2": 5.0,
+                   "nvlink_errors:3": 4.0}
+    assert got["nvlink_errors"] == sum(v for m, v in got.items() if m.startswith("nvlink_errors:"))

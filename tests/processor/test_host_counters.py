@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from argus.processor.host_counters import HOST_METRICS, HostCountersSampler
+from argus.processor.host_counters import HOST_METRICS, ROCE_RETRANSMIT_COUNTERS, HostCountersSampler, port_metric
 
 
 def _psi(some_total: int, full_total: int, avg10: float = 1.5) -> str:
@@ -63,7 +63,10 @@ def test_pressure_cpu_shares_port_errors_and_a_port_gone_down(tmp_path):
     assert second["cpu_steal_pct"] == pytest.approx(100 * 100 / 1300)
     assert (second["ib_link_errors"], second["ib_link_downed"]) == (4.0, 1.0)  # 3 symbol + 1 downed
     assert second["nic_port_up"] == 0.0  # eth0 was up, is down
-    assert set(second) <= HOST_METRICS
+    # … and per port, which one: the port's own increments, the port that went down
+    assert (second["ib_link_errors:mlx5_0/1"], second["ib_link_downed:mlx5_0/1"]) == (4.0, 1.0)
+    assert second["nic_port_up:eth0"] == 0.0 and "nic_port_up:mlx5_0/1" not in second
+    assert {port_metric(m)[0] for m in second} <= HOST_METRICS
 
 
 def test_a_port_never_up_in_this_run_is_not_this_jobs_and_absent_files_are_said_once(tmp_path, caplog):
@@ -80,6 +83,62 @@ def test_a_port_never_up_in_this_run_is_not_this_jobs_and_absent_files_are_said_
     assert len(said) == 1 and "skipped" in said[0]
 
 
+def _port(root: Path, dev: str, *, state: str = "4: ACTIVE\n", counters: dict[str, int] | None = None,
+          hw_counters: dict[str, int] | None = None) -> None:
+    port = root / "sys/class/infiniband" / dev / "ports/1"
+    (port / "counters").mkdir(parents=True, exist_ok=True)
+    (port / "state").write_text(state)
+    for name, v in (counters or {}).items():
+        (port / "counters" / name).write_text(f"{v}\n")
+    if hw_counters is not None:
+        (port / "hw_counters").mkdir(exist_ok=True)
+        for name, v in hw_counters.items():
+            (port / "hw_counters" / name).write_text(f"{v}\n")
+
+
+def test_each_port_keeps_its_own_counters_and_roce_ports_their_retransmits(tmp_path, caplog):
+    """Two InfiniBand ports and a RoCE port whose driver keeps three of the retransmission counters:
+    the host-wide sums stay what the analysis reads; per port, only what rose is written."""
+    ib = {c: 0 for c in ("symbol_error", "link_downed", "port_rcv_errors", "port_xmit_discards")}
+    roce = {"local_ack_timeout_err": 10, "out_of_sequence": 100, "roce_slow_restart": 0}
+    with caplog.at_level(logging.INFO, logger="argus.processor"):
+        for round_, t in ((0, 0.0), (1, 5.0), (2, 10.0)):
+            rose = int(round_ >= 1)  # in round 1 only: mlx5_1's errors and the RoCE port's retransmits
+            _port(tmp_path, "mlx5_0", counters=ib)
+            _port(tmp_path, "mlx5_1", counters={**ib, "port_rcv_errors": 5 * rose, "port_xmit_discards": 2 * rose})
+            _port(tmp_path, "mlx5_2", counters=ib, hw_counters={k: v + 3 * rose for k, v in roce.items()})
+            if round_ == 0:
+                s = HostCountersSampler(root=tmp_path)
+            got = dict(s.sample_once(now=t))
+            if round_ == 0:  # counts since boot are no interval's
+                assert got == {"nic_port_up": 1.0}
+            elif round_ == 1:
+                assert (got["ib_link_errors"], got["ib_link_downed"], got["roce_retransmits"]) == (7.0, 0.0, 9.0)
+                assert {m: v for m, v in got.items() if port_metric(m)[1]} == {
+                    "ib_link_errors:mlx5_1/1": 7.0, "roce_retransmits:mlx5_2/1": 9.0}
+            else:  # nothing rose: the host-wide zeros, no per-port row
+                assert got == {"ib_link_errors": 0.0, "ib_link_downed": 0.0, "roce_retransmits": 0.0,
+                               "nic_port_up": 1.0}
+    assert {port_metric(m)[0] for m in got} <= HOST_METRICS
+    # the RoCE counters a driver lacks are not "missing files": no line for them, nor for hw_counters/
+    assert not [r for r in caplog.records if "hw_counters" in r.message]
+    assert set(roce) < set(ROCE_RETRANSMIT_COUNTERS)
+
+
+def test_a_roce_port_alone_has_no_ib_error_counters_to_sum_and_a_port_name_splits_back(tmp_path):
+    _port(tmp_path, "mlx5_3", hw_counters={"packet_seq_err": 1})
+    (tmp_path / "sys/class/infiniband/mlx5_3/ports/1/counters").rmdir()
+    s = HostCountersSampler(root=tmp_path)
+    s.sample_once(now=0.0)
+    _port(tmp_path, "mlx5_3", state="1: DOWN\n", hw_counters={"packet_seq_err": 4})
+    (tmp_path / "sys/class/infiniband/mlx5_3/ports/1/counters").rmdir()
+    got = dict(s.sample_once(now=5.0))
+    assert got == {"roce_retransmits": 3.0, "roce_retransmits:mlx5_3/1": 3.0, "nic_port_up": 0.0,
+                   "nic_port_up:mlx5_3/1": 0.0}
+    assert port_metric("roce_retransmits:mlx5_3/1") == ("roce_retransmits", "mlx5_3/1")
+    assert port_metric("psi_cpu_some") == ("psi_cpu_some", None)
+
+
 def test_this_machines_own_files_read_without_error():
     import time
 
@@ -87,7 +146,7 @@ def test_this_machines_own_files_read_without_error():
     s.sample_once()
     time.sleep(0.2)  # a few clock ticks of CPU time to share out
     got = dict(s.sample_once(now=None))
-    assert set(got) <= HOST_METRICS
+    assert {port_metric(m)[0] for m in got} <= HOST_METRICS
     if Path("/proc/stat").exists():
         assert 0.0 <= got["cpu_iowait_pct"] <= 100.0
 
