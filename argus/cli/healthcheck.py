@@ -21,11 +21,12 @@ EXIT_PASS, EXIT_FAIL = 0, 1  # 2: an error (argus's usual)
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "healthcheck", help="measure this node against its baseline and its peers",
-        description="Benchmark this node — the device's matrix products and memory (the CPU's on a "
-                    "CPU-only machine), host↔device links, collective bus bandwidth between local "
+        description="Benchmark this node — every GPU's matrix products, memory and sensors under load, by "
+                    "UUID (the CPU's on a CPU-only machine), each GPU's host↔device copies and PCIe link against "
+                    "its maximum, the P2P matrix, collective bus bandwidth between local "
                     "ranks over message sizes, the bundled model's training throughput — and judge "
                     "each figure against this node's saved baseline and against its peers (default: "
-                    "fail at a 10%% deficit). Exit code: 0 every check passed, 1 one failed, 2 an error.")
+                    "fail at a 10% deficit). Exit code: 0 every check passed, 1 one failed, 2 an error.")
     p.add_argument("--level", default="gpu,node,net,e2e",
                    help="comma list of gpu, node, net, e2e (default: all)")
     speed = p.add_mutually_exclusive_group()

@@ -54,6 +54,29 @@ def _incident(attempt, incident_id: str) -> dict:
                      f"(its incidents: {ids})")
 
 
+def _rank_gpus(attempt, ranks: list[int]) -> dict[int, str]:
+    """Each of ``ranks``' GPU UUID: the store's topology (from the rank's HELLO), else the GPU its
+    ``hw`` samples name; an unreadable table costs only its answer."""
+    out: dict[int, str] = {}
+    try:
+        uuids = attempt.topology().gpu_uuids
+        out = {r: str(uuids[r]) for r in ranks if 0 <= r < len(uuids) and uuids[r]}
+    except Exception:  # noqa: BLE001 - no topology rows: the hw samples may still say
+        pass
+    missing = [r for r in ranks if r not in out]
+    if missing and attempt.files("hw"):
+        import pyarrow.dataset as ds
+
+        try:
+            rows = attempt.read("hw", columns=["rank", "gpu_uuid"], filter=ds.field("rank").isin(missing))
+        except Exception:  # noqa: BLE001
+            return out
+        for r, g in zip(rows.column("rank").to_pylist(), rows.column("gpu_uuid").to_pylist()):
+            if g:
+                out.setdefault(int(r), str(g))
+    return out
+
+
 def _health(path: str) -> dict:
     try:
         text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
@@ -72,16 +95,17 @@ def run(args: argparse.Namespace) -> int:
     from argus.analysis.verification import Outcome, save
     from argus.cli.sources import open_source_attempt, store_root
     from argus.healthcheck.records import covering
-    from argus.healthcheck.verify import NotVerifiable, judge, plan, suspects
+    from argus.healthcheck.verify import NotVerifiable, judge, measures, plan, with_gpus
 
     attempt = open_source_attempt(args.store, args.run, args.attempt)
     incident = _incident(attempt, args.incident)
+    incident = with_gpus(incident, _rank_gpus(attempt, [int(r) for r in incident.get("culprit_ranks", [])]))
     out = stdout_console()
     try:
         if args.health:
             health = _health(args.health)
         else:  # the newest health report kept in the store that measured a suspect
-            found = covering(store_root(attempt), suspects(incident))
+            found = covering(store_root(attempt), lambda doc: measures(incident, doc))
             if found is None:
                 hosts = sorted(set(attempt.topology().hosts.tolist()))
                 print(plan(incident, hosts))

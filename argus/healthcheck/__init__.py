@@ -6,8 +6,8 @@ baseline and against its peers (``baseline.judge``). See ``docs/healthcheck.md``
 """
 
 from argus.healthcheck.baseline import DEFAULT_THRESHOLD, default_dir, judge, load_baseline, save_baseline
-from argus.healthcheck.model import SCHEMA_VERSION, HealthReport, Level, Measurement, Status, Verdict
+from argus.healthcheck.model import SCHEMA_VERSION, HealthReport, Level, LocalGpu, Measurement, Status, Verdict
 from argus.healthcheck.run import CheckConfig, run_checks
 
-__all__ = ["CheckConfig", "DEFAULT_THRESHOLD", "HealthReport", "Level", "Measurement", "SCHEMA_VERSION", "Status",
-           "Verdict", "default_dir", "judge", "load_baseline", "run_checks", "save_baseline"]
+__all__ = ["CheckConfig", "DEFAULT_THRESHOLD", "HealthReport", "Level", "LocalGpu", "Measurement", "SCHEMA_VERSION",
+           "Status", "Verdict", "default_dir", "judge", "load_baseline", "run_checks", "save_baseline"]

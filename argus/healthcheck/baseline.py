@@ -5,7 +5,12 @@ and after every driver, firmware or network change) and, where one run measures 
 subjects of the same metric (ranks, GPUs), with the median of the others: a deficit of
 ``threshold`` (default 10%) or more against either fails. Latency-bound messages (below 1 MiB)
 vary more from run to run and fail only at three times the threshold; a figure whose own
-run-to-run spread was measured (a link's rounds) fails only beyond twice that spread.
+run-to-run spread was measured (a link's rounds) fails only beyond twice that spread; a figure
+the hardware states a maximum for (a GPU's PCIe link generation and width) fails below it.
+
+Where there are GPUs, each GPU's figures are keyed by its UUID (``gpu:GPU-…``), so a baseline is
+per GPU within the node's file: a GPU moved to another slot keeps its own reference, a replaced
+one starts anew (``new`` against the baseline, still judged against the other GPUs).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import numpy as np
 from argus.healthcheck.model import HealthReport, Measurement, Status, Verdict
 
 __all__ = ["DEFAULT_THRESHOLD", "LATENCY_BYTES", "default_dir", "baseline_path", "save_baseline", "load_baseline",
-           "judge"]
+           "judge", "changed_versions"]
 
 DEFAULT_THRESHOLD = 0.10
 LATENCY_BYTES = 1 << 20  # messages below this are latency-bound: judged at 3 × the threshold
@@ -55,40 +60,59 @@ def load_baseline(directory: Path, host: str) -> HealthReport | None:
         raise ValueError(f"{path}: not a baseline this version reads ({exc})") from None
 
 
+def changed_versions(report: HealthReport, baseline: HealthReport | None) -> list[str]:
+    """The versions that differ from the baseline's. A key may name the subject it belongs to
+    after a space (``vbios gpu:GPU-…``): a GPU's firmware is that GPU's, not the node's."""
+    if baseline is None:
+        return []
+    return sorted(k for k, v in baseline.versions.items() if report.versions.get(k) != v)
+
+
+def _concerns(key: str, subject: str) -> bool:
+    scope = key.partition(" ")[2]
+    return not scope or scope in subject
+
+
 def judge(report: HealthReport, baseline: HealthReport | None, threshold: float = DEFAULT_THRESHOLD) -> list[Verdict]:
-    """One verdict per measurement: against the baseline's same measurement and the peers'."""
+    """One verdict per measurement: against the baseline's same measurement, the peers', and
+    the figure the hardware says it should reach (``Measurement.expected``)."""
     base = {m.key: m.value for m in baseline.measurements} if baseline is not None else {}
     by_metric: dict[tuple, list[Measurement]] = defaultdict(list)
     for m in report.measurements:
         by_metric[(m.level, m.metric, m.size_bytes)].append(m)
-    changed = sorted(k for k, v in (baseline.versions.items() if baseline is not None else ())
-                     if report.versions.get(k) != v)
+    changed = changed_versions(report, baseline)
     out = []
     for m in report.measurements:
-        line = threshold * (3 if 0 < m.size_bytes < LATENCY_BYTES else 1)
-        b = base.get(m.key)
         rest = [x for x in by_metric[(m.level, m.metric, m.size_bytes)] if x.subject != m.subject]
-        peers = float(np.median([x.value for x in rest])) if rest else None
-        # never a deficit inside twice the measured noise of what it is compared with — the
-        # peers' (their rounds' spread: a slowed subject's own erratic rounds must not excuse
-        # it) or its own against its baseline — up to NOISE_CAP: beyond it, whatever the noise
-        peer_noise = float(np.median([x.noise for x in rest])) if rest else 0.0
-        limit_peer = max(line, min(NOISE_K * peer_noise, NOISE_CAP))
-        limit_base = max(line, min(NOISE_K * m.noise, NOISE_CAP))
-        d_base = 1.0 - m.value / b if b else 0.0
-        d_peer = 1.0 - m.value / peers if peers else 0.0
-        deficit = max(d_base, d_peer, 0.0)
-        if b is None and peers is None:
-            out.append(Verdict(m, Status.NEW, None, None, 0.0, "no baseline and no peers to compare with"))
-            continue
-        reasons = []
-        if b is not None and d_base >= limit_base:
-            reasons.append(f"{d_base:.0%} below this node's baseline ({b:.4g} {m.unit})")
-        if peers is not None and d_peer >= limit_peer:
-            reasons.append(f"{d_peer:.0%} below its peers' median ({peers:.4g} {m.unit})")
-        if reasons and changed:
-            reasons.append("the baseline was taken with other " + ", ".join(changed))
-        status = Status.FAIL if reasons else Status.PASS
-        out.append(Verdict(m, status, b, peers, deficit,
-                           "; ".join(reasons) or f"within {min(limit_base, limit_peer):.0%}"))
+        mine = [k.partition(" ")[0] for k in changed if _concerns(k, m.subject)]
+        out.append(_verdict(m, base.get(m.key), rest, threshold, mine))
     return out
+
+
+def _verdict(m: Measurement, b: float | None, rest: list[Measurement], threshold: float,
+             changed: list[str]) -> Verdict:
+    line = threshold * (3 if 0 < m.size_bytes < LATENCY_BYTES else 1)
+    peers = float(np.median([x.value for x in rest])) if rest else None
+    # never a deficit inside twice the measured noise of what it is compared with — the
+    # peers' (their rounds' spread: a slowed subject's own erratic rounds must not excuse
+    # it) or its own against its baseline — up to NOISE_CAP: beyond it, whatever the noise
+    peer_noise = float(np.median([x.noise for x in rest])) if rest else 0.0
+    limit_peer = max(line, min(NOISE_K * peer_noise, NOISE_CAP))
+    limit_base = max(line, min(NOISE_K * m.noise, NOISE_CAP))
+    d_base = 1.0 - m.value / b if b else 0.0
+    d_peer = 1.0 - m.value / peers if peers else 0.0
+    d_expected = 1.0 - m.value / m.expected if m.expected else 0.0
+    deficit = max(d_base, d_peer, d_expected, 0.0)
+    if b is None and peers is None and m.expected is None:
+        return Verdict(m, Status.NEW, None, None, 0.0, "no baseline and no peers to compare with")
+    reasons = []
+    if m.expected is not None and m.value < m.expected:  # a reported maximum: any shortfall, no noise
+        reasons.append(f"below the hardware's maximum ({m.value:.4g} of {m.expected:.4g} {m.unit})")
+    if b is not None and d_base >= limit_base:
+        reasons.append(f"{d_base:.0%} below this node's baseline ({b:.4g} {m.unit})")
+    if peers is not None and d_peer >= limit_peer:
+        reasons.append(f"{d_peer:.0%} below its peers' median ({peers:.4g} {m.unit})")
+    if reasons and changed:
+        reasons.append("the baseline was taken with other " + ", ".join(changed))
+    status = Status.FAIL if reasons else Status.PASS
+    return Verdict(m, status, b, peers, deficit, "; ".join(reasons) or f"within {min(limit_base, limit_peer):.0%}")

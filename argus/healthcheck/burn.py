@@ -17,19 +17,25 @@ Per GPU (subject ``gpu:<uuid>``), all higher-is-better:
   healthy GPU is not one);
 * ``burn_temp_headroom_c`` — the slowdown temperature threshold minus the hottest sample;
 * ``burn_power_w`` — the median power draw (a GPU drawing less under the same burn is capped).
+
+The same samples carry each GPU's PCIe link (:meth:`BurnMonitor.pcie_links`): the generation
+and width it ran at while busy (the sampler reads them only then — an idle GPU lowers its link
+to save power) beside the maximum NVML says the GPU *and the slot* support, which the node
+level reports and judges (``pcie_measurements``: a link trained below its maximum fails).
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from argus.healthcheck.model import Level, Measurement
+from argus.healthcheck.model import Level, Measurement, gpu_subject
 from argus.processor.hardware import HardwareSampler
 
-__all__ = ["BurnMonitor", "SLOWDOWN"]
+__all__ = ["BurnMonitor", "PcieLink", "SLOWDOWN", "merge_links", "pcie_measurements"]
 
 log = logging.getLogger("argus.healthcheck")
 
@@ -37,6 +43,46 @@ log = logging.getLogger("argus.healthcheck")
 #: (0x8), SW thermal (0x20), HW thermal (0x40), HW power brake (0x80).
 SLOWDOWN = 0x8 | 0x20 | 0x40 | 0x80
 _CLOCK_SM, _THRESHOLD_SLOWDOWN = 1, 1  # NVML_CLOCK_SM, NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    """One GPU's PCIe link: the best generation and width seen while busy (None: never seen
+    busy), and the maxima of the GPU and its slot together (None: not reported)."""
+
+    gen: float | None
+    width: float | None
+    gen_max: float | None
+    width_max: float | None
+
+    def merged(self, other: "PcieLink") -> "PcieLink":
+        return PcieLink(*(_top(a, b) for a, b in ((self.gen, other.gen), (self.width, other.width),
+                                                   (self.gen_max, other.gen_max), (self.width_max, other.width_max))))
+
+
+def _top(a: float | None, b: float | None) -> float | None:
+    return b if a is None else a if b is None else max(a, b)
+
+
+def merge_links(*sampled: dict[str, PcieLink]) -> dict[str, PcieLink]:
+    """The links seen by several monitors (the burn's, the host copies'), per GPU UUID."""
+    out: dict[str, PcieLink] = {}
+    for links in sampled:
+        for uuid, link in links.items():
+            out[uuid] = out[uuid].merged(link) if uuid in out else link
+    return out
+
+
+def pcie_measurements(links: dict[str, PcieLink]) -> list[Measurement]:
+    """``pcie_gen`` and ``pcie_width`` per GPU (``Level.NODE``), each expected at its maximum: a
+    link trained down (Gen3 on a Gen4 slot, x8 of x16) fails even where every GPU shares it."""
+    out = []
+    for uuid, link in sorted(links.items()):
+        for metric, value, top, unit in (("pcie_gen", link.gen, link.gen_max, "gen"),
+                                         ("pcie_width", link.width, link.width_max, "lanes")):
+            if value is not None:
+                out.append(Measurement(Level.NODE, metric, gpu_subject(uuid), value, unit, expected=top))
+    return out
 
 
 class _Rounds(HardwareSampler):
@@ -86,16 +132,29 @@ class BurnMonitor:
         except Exception:  # noqa: BLE001 - not supported on this GPU or driver: that figure is absent
             return None
 
-    def measurements(self) -> list[Measurement]:
+    def _series(self) -> dict[str, dict[str, list[float]]]:
+        """uuid → metric → its samples, in time order."""
         series: dict[str, dict[str, list[float]]] = {}
         for rnd in self._rounds.kept:
             for uuid, _, metrics in rnd:
                 per = series.setdefault(uuid, {})
                 for name, value in metrics:
                     per.setdefault(name, []).append(value)
+        return series
+
+    def pcie_links(self) -> dict[str, PcieLink]:
+        """Each GPU's PCIe link as sampled: the best seen while busy, against its maxima."""
+        def top(per: dict[str, list[float]], metric: str) -> float | None:
+            return max(per[metric]) if per.get(metric) else None
+
+        return {uuid: PcieLink(top(per, "pcie_gen"), top(per, "pcie_width"), top(per, "pcie_gen_max"),
+                               top(per, "pcie_width_max")) for uuid, per in self._series().items()}
+
+    def measurements(self) -> list[Measurement]:
+        """The burn's figures per GPU (``Level.GPU``); the PCIe links are :meth:`pcie_links`."""
         out = []
-        for uuid, per in sorted(series.items()):
-            subject = f"gpu:{uuid}"
+        for uuid, per in sorted(self._series().items()):
+            subject = gpu_subject(uuid)
             max_mhz, slow_c = self._limits.get(uuid, (None, None))
 
             def add(metric: str, value: float, unit: str) -> None:

@@ -32,7 +32,10 @@ BUS_FACTOR = {"all_reduce": lambda n: 2.0 * (n - 1) / n, "all_gather": lambda n:
               "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
               "broadcast": lambda n: 1.0}
 GLOO_OPS = ("all_reduce", "all_gather", "broadcast")
-PAIR_ROUNDS = 3  # each link (and each rank's matrix products) measured in this many rounds
+PAIR_ROUNDS = 3  # each link measured in this many rounds
+#: each rank's matrix products measured in this many rounds (on a CPU, one rank at a time,
+#: interleaved): a neighbour's burst that hits two rounds of one rank cannot move its median
+GEMM_ROUNDS = 5
 NCCL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
@@ -154,13 +157,13 @@ def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: 
     every_pair: list = [None] * world
     dist.all_gather_object(every_pair, pairs)
     mine: list[float] = []
-    for _ in range(PAIR_ROUNDS):  # rounds: their median, and their spread as this rank's noise
+    for _ in range(GEMM_ROUNDS):  # rounds: their median, and their spread as this rank's noise
         if cuda:  # each rank its own device: all at once
-            mine.append(gemm_gflops(torch, gemm_n, torch.float32, seconds / PAIR_ROUNDS))
+            mine.append(gemm_gflops(torch, gemm_n, torch.float32, seconds / GEMM_ROUNDS))
         else:  # ranks share the machine's cores (more ranks than cores, network namespaces): one at a time
             for r in range(world):
                 if r == rank:
-                    mine.append(gemm_gflops(torch, gemm_n, torch.float32, seconds / PAIR_ROUNDS))
+                    mine.append(gemm_gflops(torch, gemm_n, torch.float32, seconds / GEMM_ROUNDS))
                 dist.barrier()
     gflops = torch.tensor([float(np.median(mine)), 1.0 - min(mine) / max(mine)], device=device, dtype=torch.float64)
     every = [torch.zeros_like(gflops) for _ in range(world)]

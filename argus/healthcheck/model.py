@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
-__all__ = ["Level", "Status", "Measurement", "Verdict", "HealthReport", "SCHEMA_VERSION"]
+__all__ = ["Level", "Status", "Measurement", "Verdict", "HealthReport", "LocalGpu", "SCHEMA_VERSION", "gpu_subject"]
 
 #: Version of the JSON document (``--json``, the saved baselines). Bumped on any change a
 #: reader must know about.
@@ -25,6 +25,34 @@ class Status(StrEnum):
     NEW = "new"  # nothing to compare with (no baseline, no peers)
 
 
+def gpu_subject(uuid: str) -> str:
+    """The subject of one GPU's figures: its UUID, not its index — an index changes with
+    ``CUDA_VISIBLE_DEVICES`` and the enumeration order, and a replaced GPU must not be judged
+    against the baseline of the one it replaced."""
+    return f"gpu:{uuid}"
+
+
+@dataclass(frozen=True)
+class LocalGpu:
+    """One GPU of this node as CUDA numbers it; ``uuid`` as NVML and the ranks' HELLO write it
+    (``GPU-…``), so a health figure finds the rank that used the GPU."""
+
+    index: int
+    uuid: str
+    name: str
+
+    @property
+    def subject(self) -> str:
+        return gpu_subject(self.uuid)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "LocalGpu":
+        return cls(int(d["index"]), str(d["uuid"]), str(d["name"]))
+
+
 @dataclass(frozen=True)
 class Measurement:
     level: Level
@@ -36,18 +64,27 @@ class Measurement:
     #: the figure's own run-to-run spread measured in this run (a fraction: 1 − worst/best of its
     #: rounds; 0: not measured). A verdict never fails a deficit inside twice the noise.
     noise: float = 0.0
+    #: what the hardware itself says the figure should be (a PCIe link's maximum generation and
+    #: width, from NVML), where it says one: any shortfall fails, whatever its peers show — a
+    #: node whose GPUs all trained down alike has no healthy peer to be compared with
+    expected: float | None = None
 
     @property
     def key(self) -> tuple[str, str, str, int]:
         return (str(self.level), self.metric, self.subject, self.size_bytes)
 
     def to_json(self) -> dict:
-        return {**asdict(self), "level": str(self.level)}
+        d = {**asdict(self), "level": str(self.level)}
+        if self.expected is None:  # most figures have none: the document stays as it was
+            del d["expected"]
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "Measurement":
+        expected = d.get("expected")
         return cls(Level(d["level"]), str(d["metric"]), str(d["subject"]), float(d["value"]), str(d["unit"]),
-                   int(d.get("size_bytes", 0)), float(d.get("noise", 0.0)))
+                   int(d.get("size_bytes", 0)), float(d.get("noise", 0.0)),
+                   None if expected is None else float(expected))
 
 
 @dataclass(frozen=True)
@@ -75,13 +112,16 @@ class HealthReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (level or check, reason)
     #: the host of each rank, for a net check launched across ranks (``rank:N`` subjects → nodes)
     rank_hosts: list[str] = field(default_factory=list)
+    #: the node's GPUs as measured (CUDA index → UUID), the key of every per-GPU figure
+    gpus: list[LocalGpu] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, "host": self.host, "device": self.device,
                 "versions": self.versions, "started_s": self.started_s, "seconds": round(self.seconds, 3),
                 "measurements": [m.to_json() for m in self.measurements],
                 "skipped": [{"check": c, "reason": r} for c, r in self.skipped],
-                **({"rank_hosts": self.rank_hosts} if self.rank_hosts else {})}
+                **({"rank_hosts": self.rank_hosts} if self.rank_hosts else {}),
+                **({"gpus": [g.to_json() for g in self.gpus]} if self.gpus else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> "HealthReport":
@@ -91,4 +131,4 @@ class HealthReport:
                    float(d["started_s"]), float(d.get("seconds", 0.0)),
                    [Measurement.from_json(m) for m in d["measurements"]],
                    [(str(s["check"]), str(s["reason"])) for s in d.get("skipped", [])],
-                   [str(h) for h in d.get("rank_hosts", [])])
+                   [str(h) for h in d.get("rank_hosts", [])], [LocalGpu.from_json(g) for g in d.get("gpus", [])])

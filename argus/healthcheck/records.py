@@ -12,7 +12,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from argus.store.files import read_regular_bytes, write_bytes_atomic
 
@@ -48,10 +48,10 @@ def stored_health(store_root: Path) -> Iterator[tuple[Path, dict]]:
             yield f, doc
 
 
-def covering(store_root: Path, subjects: list[str]) -> tuple[Path, dict] | None:
-    """The newest stored health document that measured any of ``subjects``."""
-    want = set(subjects)
+def covering(store_root: Path, measured: Callable[[dict], bool]) -> tuple[Path, dict] | None:
+    """The newest stored health document for which ``measured(doc)`` holds (``verify.measures``:
+    it measured one of an incident's suspects with a figure that answers the incident)."""
     for f, doc in stored_health(store_root):
-        if any(str(v.get("subject")) in want for v in doc["verdicts"]):
+        if measured(doc):
             return f, doc
     return None

@@ -1,21 +1,32 @@
-"""Run the chosen levels on this node and collect one :class:`HealthReport`."""
+"""Run the chosen levels on this node and collect one :class:`HealthReport`.
+
+Where there are GPUs, every local GPU is measured and named by its UUID (``gpu:GPU-…``), so the
+GPUs of a node are compared with each other: the matrix products burn all of them at once (as
+training loads a node: its power and cooling under full load, each GPU's clocks under it), the
+memory and host↔device copies run one GPU at a time (a GPU's own memory and link, not the
+host's shared bandwidth).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from argus.healthcheck.burn import BurnMonitor
+from argus.healthcheck.burn import BurnMonitor, PcieLink, merge_links, pcie_measurements
 from argus.healthcheck.collectives import default_sizes, measure, net_measurements, to_measurements
-from argus.healthcheck.model import HealthReport, Level, Measurement
-from argus.healthcheck.probes import copy_gbs, gemm_gflops, p2p_gbs, train_tokens_per_s
+from argus.healthcheck.gpus import local_gpus, nvml_versions
+from argus.healthcheck.model import HealthReport, Level, LocalGpu, Measurement, gpu_subject
+from argus.healthcheck.probes import (Clock, copy_gbs, gemm_gflops, host_copy_gbs, p2p_gbs,
+                                      train_tokens_per_s)
 
 __all__ = ["CheckConfig", "launched", "run_checks", "versions"]
+
+_SENSORS = "gpu: clocks, temperature, power and throttle reasons under load"
 
 
 @dataclass(frozen=True)
@@ -26,13 +37,17 @@ class CheckConfig:
     seconds: float | None = None  # per probe (default: 0.5 quick, 3 full)
     sizes: list[int] = field(default_factory=list)  # net message sizes (default: 8 B … 4 MiB / 1 GiB)
     nvml: Any = None  # the pynvml module for the burn's sensors (None: import it; tests pass a stand-in)
+    torch: Any = None  # the torch module (None: import it; tests pass a stand-in with CUDA devices)
+    clock: Clock = time.perf_counter  # what probes time with (tests: a virtual one their kernels advance)
 
     @property
     def probe_s(self) -> float:
         return self.seconds if self.seconds is not None else (3.0 if self.full else 0.5)
 
 
-def versions(torch: Any) -> dict[str, str]:
+def versions(torch: Any, nvml: Any = None) -> dict[str, str]:
+    """The software and firmware a run measured on, kept with its baseline: torch, Python, the
+    kernel; with CUDA, CUDA and NCCL, and from NVML the driver and each GPU's VBIOS."""
     out = {"torch": torch.__version__, "python": platform.python_version(), "kernel": platform.release()}
     if torch.cuda.is_available():
         out["cuda"] = str(torch.version.cuda)
@@ -40,6 +55,7 @@ def versions(torch: Any) -> dict[str, str]:
             out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception:  # noqa: BLE001
             pass
+        out.update(nvml_versions(nvml))
     return out
 
 
@@ -62,83 +78,151 @@ def launched() -> tuple[int, int, int] | None:
     return None
 
 
+@dataclass
+class _Run:
+    """What every level of one run shares."""
+
+    torch: Any
+    config: CheckConfig
+    gpus: list[LocalGpu]
+    report: HealthReport
+    say: Callable[[str], None]
+
+    def add(self, *ms: Measurement) -> None:
+        self.report.measurements.extend(ms)
+
+    def skip(self, check: str, reason: str) -> None:
+        self.report.skipped.append((check, reason))
+
+    def cuda(self, gpu: LocalGpu) -> Any:
+        return self.torch.device("cuda", gpu.index)
+
+
 def run_checks(config: CheckConfig, progress: Callable[[str], None] | None = None) -> HealthReport | None:
     """This node's report; launched as one rank of many (``launched()``), the net level across
     all of them, reported by rank 0 (the others return None)."""
-    import torch
-
-    say = progress or (lambda _msg: None)
-    cuda = torch.cuda.is_available()
-    report = HealthReport(os.environ.get("ARGUS_HOST") or socket.gethostname(),
-                          torch.cuda.get_device_name() if cuda else _cpu_name(), versions(torch), time.time())
+    torch = config.torch
+    if torch is None:
+        import torch
+    gpus = local_gpus(torch)
+    report = HealthReport(os.environ.get("ARGUS_HOST") or socket.gethostname(), _device_name(gpus),
+                          versions(torch, config.nvml), time.time(), gpus=gpus)
     t0 = time.perf_counter()
-    s = config.probe_s
-    ms = report.measurements
     where = launched()
     if where is not None:
         rank, world, local = where
-        doc = measure(rank, world, "env://", config.sizes or default_sizes(config.full), s / 4, 256,
+        doc = measure(rank, world, "env://", config.sizes or default_sizes(config.full), config.probe_s / 4, 256,
                       local_rank=local)
         if doc is None:
             return None
-        ms.extend(to_measurements(doc))
+        report.measurements.extend(to_measurements(doc))
         report.device = f"{world} ranks on {len(set(doc['hosts']))} hosts ({doc['backend']})"
         report.rank_hosts = [str(h) for h in doc["hosts"]]
         report.seconds = time.perf_counter() - t0
         return report
+    run = _Run(torch, config, gpus, report, progress or (lambda _msg: None))
+    links: dict[str, PcieLink] = {}
     if Level.GPU in config.levels:
-        n = (8192 if config.full else 4096) if cuda else (1024 if config.full else 512)
-        dtypes = [("fp32", torch.float32), ("bf16", torch.bfloat16)] + ([("fp16", torch.float16)] if cuda else [])
-        burn = BurnMonitor(nvml=config.nvml) if cuda else None
-        with burn if burn is not None else contextlib.nullcontext():
-            for label, dtype in dtypes:
-                say(f"gpu: {label} matrix products ({n}×{n})")
-                ms.append(Measurement(Level.GPU, f"gemm_{label}_gflops", "device", gemm_gflops(torch, n, dtype, s),
-                                      "GFLOP/s", 0))
-        if burn is not None:
-            ms.extend(burn.measurements())
-            if burn.off:
-                report.skipped.append(("gpu: clocks, temperature, power and throttle reasons under load",
-                                       f"skipped: {burn.off}"))
-        nbytes = (1 << 30 if config.full else 256 << 20) if cuda else (512 << 20 if config.full else 64 << 20)
-        say(f"gpu: memory copies ({nbytes >> 20} MiB)")
-        ms.append(Measurement(Level.GPU, "copy_gbs", "device", copy_gbs(torch, nbytes, s), "GB/s", nbytes))
-        if not cuda:
-            report.skipped.append(("gpu: clocks, temperature, power and throttle reasons under load",
-                                   "skipped: no CUDA device (measured the CPU's arithmetic and memory instead)"))
+        links = _gpu_level(run) if gpus else _cpu_level(run)
     if Level.NODE in config.levels:
-        if not cuda:
-            report.skipped.append(("node", "skipped: no CUDA device (host↔device and P2P bandwidth)"))
-        else:
-            nbytes = 256 << 20
-            host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
-            dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-            for label, fn in (("h2d", lambda: dev.copy_(host, non_blocking=True)),
-                              ("d2h", lambda: host.copy_(dev, non_blocking=True))):
-                say(f"node: {label} copies")
-                from argus.healthcheck.probes import _sync, _timed
-
-                count, dt = _timed(fn, s, _sync(torch, dev.device))
-                ms.append(Measurement(Level.NODE, f"{label}_gbs", f"gpu:{torch.cuda.current_device()}",
-                                      nbytes * count / dt / 1e9, "GB/s", nbytes))
-            if torch.cuda.device_count() < 2:
-                report.skipped.append(("node: P2P matrix", "skipped: one GPU on this node"))
-            else:
-                say(f"node: P2P copies between {torch.cuda.device_count()} GPUs")
-                p2p_bytes = 256 << 20
-                for (i, j), gbs in sorted(p2p_gbs(torch, p2p_bytes, s / 4).items()):
-                    ms.append(Measurement(Level.NODE, "p2p_gbs", f"gpu:{i}->gpu:{j}", gbs, "GB/s", p2p_bytes))
+        _node_level(run, links)
     if Level.NET in config.levels:
-        nproc = config.nproc or (torch.cuda.device_count() if cuda and torch.cuda.device_count() > 1 else 2)
-        sizes = config.sizes or default_sizes(config.full)
-        say(f"net: collectives between {nproc} ranks, {len(sizes)} sizes")
-        got, backend = net_measurements(nproc, sizes, s / 4)
-        ms.extend(got)
-        if backend == "gloo":
-            report.skipped.append(("net: reduce_scatter, all_to_all", "skipped: gloo (no CUDA device) has neither"))
+        _net_level(run)
     if Level.E2E in config.levels:
-        say("e2e: the bundled transformer's training throughput")
-        ms.append(Measurement(Level.E2E, "train_tokens_per_s", "device", train_tokens_per_s(torch, 4 * s),
-                              "tokens/s", 0))
+        run.say("e2e: the bundled transformer's training throughput")
+        run.add(Measurement(Level.E2E, "train_tokens_per_s", "device", train_tokens_per_s(torch, 4 * config.probe_s),
+                            "tokens/s", 0))
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _device_name(gpus: list[LocalGpu]) -> str:
+    if not gpus:
+        return _cpu_name()
+    names = sorted({g.name for g in gpus})
+    return f"{len(gpus)} × {names[0]}" if len(names) == 1 else ", ".join(g.name for g in gpus)
+
+
+def _dtypes(torch: Any, cuda: bool) -> list[tuple[str, Any]]:
+    return [("fp32", torch.float32), ("bf16", torch.bfloat16)] + ([("fp16", torch.float16)] if cuda else [])
+
+
+def _cpu_level(run: _Run) -> dict[str, PcieLink]:
+    """The gpu level without a GPU: the CPU's matrix products and memory, as subject ``device``."""
+    torch, cfg, s = run.torch, run.config, run.config.probe_s
+    n = 1024 if cfg.full else 512
+    for label, dtype in _dtypes(torch, cuda=False):
+        run.say(f"gpu: {label} matrix products ({n}×{n})")
+        run.add(Measurement(Level.GPU, f"gemm_{label}_gflops", "device",
+                            gemm_gflops(torch, n, dtype, s, clock=cfg.clock), "GFLOP/s", 0))
+    nbytes = 512 << 20 if cfg.full else 64 << 20
+    run.say(f"gpu: memory copies ({nbytes >> 20} MiB)")
+    run.add(Measurement(Level.GPU, "copy_gbs", "device", copy_gbs(torch, nbytes, s, clock=cfg.clock), "GB/s", nbytes))
+    run.skip(_SENSORS, "skipped: no CUDA device (measured the CPU's arithmetic and memory instead)")
+    return {}
+
+
+def _gpu_level(run: _Run) -> dict[str, PcieLink]:
+    """Every GPU's matrix products (all at once, under the sensors' watch) and memory copies
+    (one at a time); returns the PCIe links the burn saw, for the node level."""
+    torch, cfg, s = run.torch, run.config, run.config.probe_s
+    n = 8192 if cfg.full else 4096
+    burn = BurnMonitor(nvml=cfg.nvml)
+    with burn, ThreadPoolExecutor(max_workers=len(run.gpus), thread_name_prefix="argus-burn") as pool:
+        for label, dtype in _dtypes(torch, cuda=True):
+            run.say(f"gpu: {label} matrix products ({n}×{n}) on {len(run.gpus)} GPU(s) at once")
+            rates = pool.map(lambda g: gemm_gflops(torch, n, dtype, s, device=run.cuda(g), clock=cfg.clock),  # noqa: B023
+                             run.gpus)
+            run.add(*(Measurement(Level.GPU, f"gemm_{label}_gflops", g.subject, r, "GFLOP/s", 0)
+                      for g, r in zip(run.gpus, rates)))
+    run.add(*burn.measurements())
+    if burn.off:
+        run.skip(_SENSORS, f"skipped: {burn.off}")
+    nbytes = 1 << 30 if cfg.full else 256 << 20
+    for g in run.gpus:
+        run.say(f"gpu: memory copies ({nbytes >> 20} MiB) on {g.subject}")
+        run.add(Measurement(Level.GPU, "copy_gbs", g.subject, copy_gbs(torch, nbytes, s, device=run.cuda(g),
+                                                                       clock=cfg.clock), "GB/s", nbytes))
+    return burn.pcie_links()
+
+
+def _node_level(run: _Run, sampled: dict[str, PcieLink]) -> None:
+    """Each GPU's host↔device copies and PCIe link against its maximum; the P2P matrix."""
+    if not run.gpus:
+        run.skip("node", "skipped: no CUDA device (host↔device and P2P bandwidth, PCIe links)")
+        return
+    torch, cfg, s = run.torch, run.config, run.config.probe_s
+    nbytes = 256 << 20
+    burn = BurnMonitor(nvml=cfg.nvml)  # the copies keep each GPU's link busy: its trained speed is read then
+    with burn:
+        for g in run.gpus:
+            run.say(f"node: host↔device copies on {g.subject}")
+            for label, gbs in host_copy_gbs(torch, nbytes, s, run.cuda(g), clock=cfg.clock).items():
+                run.add(Measurement(Level.NODE, f"{label}_gbs", g.subject, gbs, "GB/s", nbytes))
+    links = merge_links(sampled, burn.pcie_links())
+    run.add(*pcie_measurements(links))
+    if burn.off:
+        run.skip("node: PCIe generation and width", f"skipped: {burn.off}")
+    unseen = [g.subject for g in run.gpus if links.get(g.uuid, PcieLink(None, None, None, None)).gen is None]
+    if unseen and not burn.off:
+        run.skip(f"node: PCIe link of {', '.join(unseen)}", "skipped: never sampled busy (NVML reports no link "
+                 "generation for an idle GPU)")
+    if len(run.gpus) < 2:
+        run.skip("node: P2P matrix", "skipped: one GPU on this node")
+        return
+    run.say(f"node: P2P copies between {len(run.gpus)} GPUs")
+    uuid = {g.index: g.uuid for g in run.gpus}
+    for (i, j), gbs in sorted(p2p_gbs(torch, nbytes, s / 4, clock=cfg.clock).items()):
+        run.add(Measurement(Level.NODE, "p2p_gbs", f"{gpu_subject(uuid[i])}->{gpu_subject(uuid[j])}", gbs, "GB/s",
+                            nbytes))
+
+
+def _net_level(run: _Run) -> None:
+    cfg, n_gpus = run.config, len(run.gpus)
+    nproc = cfg.nproc or (n_gpus if n_gpus > 1 else 2)
+    sizes = cfg.sizes or default_sizes(cfg.full)
+    run.say(f"net: collectives between {nproc} ranks, {len(sizes)} sizes")
+    got, backend = net_measurements(nproc, sizes, cfg.probe_s / 4)
+    run.add(*got)
+    if backend == "gloo":
+        run.skip("net: reduce_scatter, all_to_all", "skipped: gloo (no CUDA device) has neither")

@@ -52,7 +52,8 @@ def judged_nodes(doc: dict) -> dict[str, list[str]]:
     with an empty list passed every figure that named it. ``new`` figures (nothing to compare
     with) judge nothing."""
     own = str(doc.get("host") or "")
-    rank_hosts = doc.get("rank_hosts") if isinstance(doc.get("rank_hosts"), list) else []
+    listed = doc.get("rank_hosts")
+    rank_hosts: list = listed if isinstance(listed, list) else []
     out: dict[str, list[str]] = {}
     for v in doc.get("verdicts", []):
         if not isinstance(v, dict) or str(v.get("status")) not in ("pass", "fail"):

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from argus.healthcheck.records import save_health
 from argus.healthcheck.standing import Standing, judged_nodes, node_standings
 
@@ -64,6 +66,7 @@ def test_standing_exits_one_while_a_node_is_out(tmp_path):
     assert _cli("--standing").returncode == 2  # no store to read
 
 
+@pytest.mark.serial  # it measures the CPU's matrix products twice and compares them: never beside other tests
 def test_a_real_check_kept_in_a_store_re_admits_a_node_that_had_failed(tmp_path):
     """The node failed a check before (kept in the store); this real check (the CPU's matrix
     products, judged against nothing: new) … judges nothing, so it stays out; one judged against

@@ -12,7 +12,7 @@ from argus.cli.main import main
 from argus.cli.verify import EXIT_CONFIRMED, EXIT_INCONCLUSIVE, EXIT_REFUTED
 from argus.healthcheck.baseline import judge as judge_health
 from argus.healthcheck.model import HealthReport, Level, Measurement
-from argus.healthcheck.verify import NotVerifiable, judge
+from argus.healthcheck.verify import NotVerifiable, judge, plan, suspects, with_gpus
 from tests.analysis.schema import validate
 
 
@@ -48,6 +48,85 @@ def test_a_suspect_that_measures_like_its_peers_is_refuted():
 def test_what_cannot_single_the_suspect_out_is_inconclusive(values, why):
     v = judge(LINK, health(values))
     assert v.outcome == Outcome.INCONCLUSIVE and why in v.reason, v.reason
+
+
+def gpu_health(gemm: dict[str, float], clock_share: dict[str, float] | None = None,
+               host: str = "h0") -> dict:
+    """What `argus healthcheck --level gpu --json` prints on a node of four GPUs: each GPU's
+    matrix products, memory copies and burn figures under its UUID, judged by the real judge."""
+    ms = []
+    for uuid, gflops in gemm.items():
+        share = (clock_share or {}).get(uuid, 1.0)
+        ms += [Measurement(Level.GPU, "gemm_bf16_gflops", f"gpu:{uuid}", gflops, "GFLOP/s"),
+               Measurement(Level.GPU, "copy_gbs", f"gpu:{uuid}", 3000.0, "GB/s", 256 << 20),
+               Measurement(Level.GPU, "burn_clock_share", f"gpu:{uuid}", share, "of max"),
+               Measurement(Level.NODE, "pcie_gen", f"gpu:{uuid}", 5.0, "gen", expected=5.0)]
+    report = HealthReport(host, "4 × NVIDIA H100 80GB HBM3", {"torch": "2.13.0"}, 0.0, 1.0, ms)
+    return {**report.to_json(), "verdicts": [v.to_json() for v in judge_health(report, None)]}
+
+
+#: rank 1 ran on GPU-bbb of h0 (the store's topology says so; the incident as stored may not)
+ON_GPU = with_gpus({**COMPUTE, "gpus": []}, {0: "GPU-aaa", 1: "GPU-bbb", 2: "GPU-ccc"})
+NODE_GPUS = ["GPU-aaa", "GPU-bbb", "GPU-ccc", "GPU-ddd"]
+
+
+def test_a_compute_stragglers_gpu_measured_below_the_nodes_other_gpus_is_confirmed():
+    assert ON_GPU["gpus"] == ["GPU-bbb"] and "gpu:GPU-bbb" in suspects(ON_GPU)
+    v = judge(ON_GPU, gpu_health({g: (420e3 if g == "GPU-bbb" else 700e3) for g in NODE_GPUS}))
+    assert v.outcome == Outcome.CONFIRMED and v.suspects == ["gpu:GPU-bbb"], v.reason
+    assert sorted(v.peers) == ["gpu:GPU-aaa", "gpu:GPU-ccc", "gpu:GPU-ddd"]
+    assert "gemm_bf16_gflops 40% down" in v.reason and "3 peer(s) pass" in v.reason
+    assert {c["metric"] for c in v.checks} == {"gemm_bf16_gflops", "copy_gbs", "burn_clock_share"}  # not pcie
+
+
+def test_a_compute_stragglers_gpu_held_off_its_clocks_is_confirmed_by_the_burn():
+    v = judge(ON_GPU, gpu_health({g: 700e3 for g in NODE_GPUS}, clock_share={"GPU-bbb": 0.7}))
+    assert v.outcome == Outcome.CONFIRMED and "burn_clock_share 30% down" in v.reason, v.reason
+
+
+def test_a_compute_stragglers_gpu_that_measures_like_the_others_is_refuted():
+    v = judge(ON_GPU, gpu_health({g: 700e3 * (1 + 0.01 * i) for i, g in enumerate(NODE_GPUS)}))
+    assert v.outcome == Outcome.REFUTED and v.suspects == ["gpu:GPU-bbb"], v.reason
+    assert "the devices of gpu:GPU-bbb measure like their 3 peer(s)'" in v.reason
+
+
+def test_a_gpu_check_of_another_node_or_a_cpu_nodes_one_device_cannot_settle_it():
+    other = judge(ON_GPU, gpu_health({g: 700e3 for g in ["GPU-eee", "GPU-fff"]}, host="h9"))
+    assert other.outcome == Outcome.INCONCLUSIVE and "measured no devices of gpu:GPU-bbb" in other.reason
+    cpu = HealthReport("h0", "cpu: x", {}, 0.0, 1.0, [Measurement(Level.GPU, "gemm_fp32_gflops", "device", 50.0, "GFLOP/s")])
+    doc = {**cpu.to_json(), "verdicts": [v.to_json() for v in judge_health(cpu, cpu)]}
+    v = judge(COMPUTE, doc)  # the suspect host's one device: measured, but no peer beside it
+    assert v.outcome == Outcome.INCONCLUSIVE and v.suspects == ["host:h0"] and "no healthy peer" in v.reason
+
+
+def test_the_plan_for_a_compute_straggler_names_its_gpu_and_the_gpu_level():
+    text = plan(ON_GPU, ["h0", "h1"])
+    assert "argus healthcheck --level gpu" in text and "on h0" in text and "gpu:GPU-bbb" in text
+
+
+def test_verify_finds_a_compute_stragglers_gpu_from_the_stores_topology(tmp_path, capsys):
+    """A simulated job whose rank 2 computes slowly; a gpu-level check of its node kept in the
+    store names the ranks' GPUs by UUID, as the store's topology has them from their HELLO."""
+    from argus.healthcheck.records import save_health
+    from argus.store import Store
+
+    store = tmp_path / "s"
+    assert main(["simulate", "--scenario", "compute_straggler", "--out", str(store), "--ranks", "4", "--layout",
+                 "dp=4", "--steps", "30"]) == 0
+    inc = _incident(store, capsys, klass="compute_straggler")
+    attempt = Store.open(store).attempt()
+    uuids = [str(u) for u in attempt.topology().gpu_uuids]
+    assert inc["culprit_ranks"] == [2] and uuids[2].startswith("GPU-")
+    assert main(["verify", str(store), inc["id"]]) == 0  # nothing kept: the plan names rank 2's GPU
+    assert f"gpu:{uuids[2]}" in capsys.readouterr().out
+    slow = gpu_health({u: (350e3 if r == 2 else 700e3) for r, u in enumerate(uuids)}, host=inc["hosts"][0])
+    save_health(store, {**slow, "started_s": 1.0})
+    assert main(["verify", str(store), inc["id"], "--json"]) == EXIT_CONFIRMED
+    v = json.loads(capsys.readouterr().out)
+    assert v["suspects"] == [f"gpu:{uuids[2]}"] and len(v["peers"]) == 3
+    healthy = gpu_health({u: 700e3 for u in uuids}, host=inc["hosts"][0])
+    save_health(store, {**healthy, "started_s": 2.0})  # the newer check
+    assert main(["verify", str(store), inc["id"]]) == EXIT_REFUTED
 
 
 def test_a_class_without_a_hardware_suspect_is_not_verified():
