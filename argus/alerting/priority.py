@@ -1,7 +1,8 @@
 """Alert priorities: what should page someone, what should reach a channel, what can wait.
 
 * **P0** — the job is not making progress: a hang (steps that never finished) or a GPU
-  lost (a rank that stopped reporting while the others block).
+  lost (a rank that stopped reporting while the others block); or it computes wrong values:
+  a confirmed silent data corruption (a suspected one is P1).
 * **P1** — the job is paying for it: a straggler (compute, pipeline, host stall) costing
   more than 10% of the job over its window, or a degraded link (a shared link slows every
   step it carries, whatever the percentage today).
@@ -23,6 +24,8 @@ def priority(incident: dict[str, Any]) -> str | None:
     klass = incident["class"]
     if klass in ("hang", "fail_stop"):
         return "P0"
+    if klass == "silent_data_corruption":  # wrong values spread through every all-reduce and checkpoint
+        return "P0" if incident.get("state") == "confirmed" else "P1"
     if incident.get("severity") == "info" or klass in ("healthy", "input_imbalance"):
         return None
     if klass == "link_degradation":

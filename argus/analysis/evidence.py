@@ -25,6 +25,7 @@ class Level(StrEnum):
     HW = "hw"  # hardware telemetry and the host's own counters
     LOG = "log"  # the job's own output (argus run's logs table)
     FLIGHT_RECORDER = "flight_recorder"  # PyTorch's Flight Recorder dumps (argus/flight_recorder)
+    SDC = "sdc"  # the correctness sensors: replicas' digests (argus/analysis/sdc.py)
 
 
 class EvidenceKind(StrEnum):
@@ -75,6 +76,11 @@ class EvidenceKind(StrEnum):
     STUCK_COLLECTIVE = "stuck_collective"
     CONSEQUENCE = "consequence"  # a stuck collective that only waits for ranks waiting elsewhere
     UNREADABLE_DUMP = "unreadable_dump"
+    # correctness
+    REPLICA_DISAGREEMENT = "replica_disagreement"  # replicas' digests of one check differ
+    EXPOSURE = "exposure"  # from which step the state may be wrong, and the checkpoints that follow
+    NONFINITE_OUTLIER = "nonfinite_outlier"  # NaN/Inf on a minority of replicas: a heuristic
+    GEMM_VIOLATION = "gemm_violation"  # a sampled GEMM's output off its inputs, and what its re-run said
 
 
 #: Fields a reader takes from a record of that kind (`cli/diagnose.py`, `report/page.py`,
@@ -98,6 +104,10 @@ REQUIRED_FIELDS: Mapping[EvidenceKind, frozenset[str]] = {
     EvidenceKind.IO_PRESSURE: frozenset({"hosts", "pressure_pct", "others_pct"}),
     EvidenceKind.STUCK_COLLECTIVE: frozenset({"group", "group_desc", "seq", "op", "arrived", "never_joined"}),
     EvidenceKind.CONSEQUENCE: frozenset({"group", "group_desc", "seq", "op", "arrived", "never_joined"}),
+    EvidenceKind.REPLICA_DISAGREEMENT: frozenset({"group", "step", "sensor", "outvoted", "majority", "digests"}),
+    EvidenceKind.EXPOSURE: frozenset({"first_step", "checkpoints_after", "resume_from_step"}),
+    EvidenceKind.NONFINITE_OUTLIER: frozenset({"ranks", "step", "group"}),
+    EvidenceKind.GEMM_VIOLATION: frozenset({"rank", "steps", "columns", "rerun"}),
 }
 
 

@@ -33,6 +33,9 @@ class IncidentClass(StrEnum):
     HANG = "hang"
     FAIL_STOP = "fail_stop"  # a rank stopped with an error (its exception, a signal): from the job's log
     INPUT_IMBALANCE = "input_imbalance"
+    #: replicas that stopped holding the same bits (``sdc.py``): a claim about correctness, not
+    #: speed, so never graded by a slowdown
+    SILENT_DATA_CORRUPTION = "silent_data_corruption"
     HEALTHY = "healthy"
 
 
@@ -132,7 +135,8 @@ class Incident:
         kind = {"state": State, "severity": Severity, "action": Action}.get(name)
         object.__setattr__(self, name, kind(value) if kind is not None else value)
         if name in ("severity", "slowdown_pct", "state", "action", "evidence") and "summary" in self.__dict__ \
-                and self.klass not in (IncidentClass.HANG, IncidentClass.FAIL_STOP):
+                and self.klass not in (IncidentClass.HANG, IncidentClass.FAIL_STOP,
+                                       IncidentClass.SILENT_DATA_CORRUPTION):
             hw_only = self.slowdown_pct is None and any(e.get("level") == "hw" for e in self.evidence)
             allowed = Severity.WARNING if hw_only else Severity(grade(self.slowdown_pct))
             if hw_only and self.state == State.CONFIRMED:

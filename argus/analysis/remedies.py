@@ -36,6 +36,9 @@ _BY_CLASS = {
     "link_degradation": "a slow link: verify it (argus verify), then route around it or cordon the host at the "
                         "next checkpoint",
     "hang": "a rank stopped: checkpoint if the job still can, restart, and read the stuck rank's stack",
+    "silent_data_corruption": "a replica computes wrong values without an error: stop trusting its state, resume "
+                              "from the last checkpoint before the exposure without that GPU, and have the GPU "
+                              "tested (a vendor diagnostic) before it returns",
     "fail_stop": "a rank failed: read its last error in the job log (the exception and its line, the signal that "
                  "killed it), fix what it says, and restart from the last checkpoint",
 }

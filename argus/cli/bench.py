@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     g = bsub.add_parser("gpu-overhead", help="tracing cost on one CUDA GPU (GPT-2-class, bf16) and CUPTI vs "
                                              "torch.profiler kernel lists")
-    from argus.bench import cupti_parse, gpu_overhead  # light: torch is imported when they run
+    from argus.bench import cupti_parse, gpu_overhead, sdc  # light: torch is imported when they run
 
     gpu_overhead.add_arguments(g)
     g.set_defaults(func=gpu_overhead.run_args)
@@ -73,6 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                        "loop vs vectorised")
     cupti_parse.add_arguments(cu)
     cu.set_defaults(func=cupti_parse.run_args)
+
+    sd = bsub.add_parser("sdc", help="the correctness sensors' CPU on the training thread, per sensor, as a share "
+                                     "of a training step's CPU")
+    sdc.add_arguments(sd)
+    sd.set_defaults(func=sdc.run_args)
 
     ac = bsub.add_parser("accuracy", help="every scenario × seeds × sizes, scored against truth.json")
     ac.add_argument("--sizes", default="64,512,4096", help="comma list of rank counts")

@@ -17,14 +17,14 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
-from argus.wire.protocol import CATEGORIES, GPU_STEP_PHASE, GROUP_KINDS, KINDS, Msg
+from argus.wire.protocol import CATEGORIES, GPU_STEP_PHASE, GROUP_KINDS, KINDS, RERUNS, SENSORS, TABLES_BY_MSG, Msg
 from argus.store import WindowData
 from argus.store import conform
 from argus.store.dictionary import first_seen_dictionary
 
 __all__ = ["WindowAssembler", "RankInfo"]
 
-_DATA = (Msg.STEPS, Msg.PHASES, Msg.KERNELS, Msg.STACKS, Msg.HW)
+_DATA = tuple(TABLES_BY_MSG)
 #: Largest step number taken (~10**12; a job runs 10**7 steps at most). A record past it is
 #: dropped and counted: one at 2**63-1 would open a window no reader could enumerate to.
 MAX_STEP = 1 << 40
@@ -107,8 +107,7 @@ class WindowAssembler:
         n = len(records)
         if n == 0:
             return
-        table = {Msg.STEPS: "steps", Msg.PHASES: "phases", Msg.KERNELS: "kernels", Msg.STACKS: "stacks",
-                 Msg.HW: "hw"}[msg]
+        table = TABLES_BY_MSG[msg]
         bad = invalid_records(msg, records)
         if bad.any():
             self.note_drop(-1, info.rank, table, int(bad.sum()), 0, "invalid_values")
@@ -260,7 +259,7 @@ class WindowAssembler:
         return conform("drops", rows)
 
 
-_TABLE = {Msg.STEPS: "steps", Msg.PHASES: "phases", Msg.KERNELS: "kernels", Msg.STACKS: "stacks", Msg.HW: "hw"}
+_TABLE = TABLES_BY_MSG
 
 
 def _names(parts: list, field_name: str) -> pa.Array:
@@ -350,6 +349,12 @@ def _materialise(msg: Msg, parts: list) -> pa.Table:
     elif msg == Msg.STACKS:
         cols = {"rank": ranks, "step": recs["step"], "start_ns": recs["start_ns"], "end_ns": recs["end_ns"],
                 "thread": _names(parts, "thread"), "frames": _names(parts, "frames"), "count": recs["count"]}
+    elif msg == Msg.CHECKS:  # the u64 digest kept bit for bit in a signed column
+        gpus = np.concatenate([np.full(len(p[1]), p[0].gpu_uuid, object) for p in parts])
+        cols = {"rank": ranks, "gpu_uuid": gpus, "step": recs["step"], "ts_ns": recs["ts_ns"],
+                "sensor": _codes(recs["sensor"], SENSORS), "tensors": recs["tensors"], "elements": recs["elements"],
+                "digest": recs["digest"].view(np.int64), "nonfinite": recs["nonfinite"],
+                "violations": recs["violations"], "rerun": _codes(np.maximum(recs["rerun"], 0), RERUNS)}
     else:
         gpus = np.concatenate([np.full(len(p[1]), p[0].gpu_uuid, object) for p in parts])
         cols = {"rank": ranks, "gpu_uuid": gpus, "ts_ns": recs["ts_ns"], "metric": _names(parts, "metric"),

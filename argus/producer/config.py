@@ -33,6 +33,8 @@ ENV = {
     "op_sample_every": "ARGUS_OP_SAMPLE_EVERY",  # CPU op source: capture one step in N
     "module_patterns": "ARGUS_MODULE_PATTERNS",  # "phase=word|word;phase=word" (see below)
     "stacks_hz": "ARGUS_STACKS_HZ",  # in-process stack sampling (0: only when the processor asks)
+    "sdc_every": "ARGUS_SDC_EVERY",  # digest replicas' gradients and parameters every N optimizer steps (0: off)
+    "sdc_gemms": "ARGUS_SDC_GEMMS",  # linear layers whose forward GEMM is checked on those steps (0: none, -1: all)
 }
 
 #: Module-level phases: phase name → words matched in the module's class name (lowercase).
@@ -60,6 +62,11 @@ class ProducerConfig:
     op_sample_every: int = 50  # a captured CPU step costs ~+70%: 1 in 50 ≈ 1.4% (argus bench overhead)
     module_patterns: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(DEFAULT_MODULE_PATTERNS))
     stacks_hz: float = 0.0
+    #: the correctness sensors' period: a checked step costs ~5% of the bench model's step
+    #: (``argus bench sdc``), 0.27% at 20; a parameter once corrupted stays so, so the period
+    #: bounds how late it is seen, not whether
+    sdc_every: int = 20
+    sdc_gemms: int = 1  # one layer a due step, in turn: ~3 passes over its input and weight
 
     def __post_init__(self) -> None:
         if self.flush_interval_s <= 0:
@@ -70,6 +77,10 @@ class ProducerConfig:
             raise ConfigError(f"kernels={self.kernels!r}: choose auto, cupti, cpu_ops or off")
         if self.op_sample_every < 1:
             raise ConfigError(f"op_sample_every must be >= 1, got {self.op_sample_every}")
+        if self.sdc_gemms < -1:
+            raise ConfigError(f"sdc_gemms must be -1 (all), 0 (none) or a count, got {self.sdc_gemms}")
+        if self.sdc_every < 0:
+            raise ConfigError(f"sdc_every must be >= 0, got {self.sdc_every}")
         if self.stacks_hz < 0:
             raise ConfigError(f"stacks_hz must be >= 0, got {self.stacks_hz}")
 

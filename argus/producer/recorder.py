@@ -55,6 +55,10 @@ class Recorder:
     def kernels(self, records: np.ndarray) -> None:
         self.ring.extend(Msg.KERNELS, records)
 
+    def check(self, step: int, sensor: int, tensors: int, elements: int, digest: int, nonfinite: int,
+              violations: int = 0, rerun: int = 0) -> None:
+        self.ring.append(Msg.CHECKS, step, now_ns(), sensor, tensors, elements, digest, nonfinite, violations, rerun)
+
     def stacks(self, rows: list[tuple[Any, ...]]) -> None:
         for row in rows:
             self.ring.append(Msg.STACKS, *row)

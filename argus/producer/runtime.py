@@ -35,7 +35,7 @@ def ring_capacities(buffer_events: int) -> dict[Msg, int]:
     """Records the ring holds per table: ``buffer_events``, capped so a rank's ring stays
     about 9 MB of shared memory (``/dev/shm`` in a container is often only 64 MB)."""
     return {Msg.STEPS: 8192, Msg.PHASES: max(4096, min(buffer_events, 65536)),
-            Msg.KERNELS: max(4096, min(buffer_events, 131072)), Msg.STACKS: 16384}
+            Msg.KERNELS: max(4096, min(buffer_events, 131072)), Msg.STACKS: 16384, Msg.CHECKS: 1024}
 
 
 class Runtime:

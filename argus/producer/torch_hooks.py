@@ -25,8 +25,10 @@ from typing import Any, Callable
 
 from argus.producer.collectives import CollectiveTracker
 from argus.producer.host_events import HostEvents
-from argus.producer.modules import ForwardTimer, ModuleTree, guarded_hook
+from argus.producer.gemm_check import GemmSensor
+from argus.producer.modules import ForwardTimer, ModuleTree, _something_compiled, guarded_hook
 from argus.producer.recorder import now_ns
+from argus.producer.replicas import ReplicaSensor
 
 __all__ = ["TorchHooks"]
 
@@ -88,8 +90,11 @@ class TorchHooks:
         self.opt_start: Any = None
         self.collectives = CollectiveTracker(runtime, self.is_compiling)
         self.forward = ForwardTimer(runtime, ModuleTree.install_recorder(), self.is_compiling)
-        self.forward.on_root_call = self.collectives.maybe_instrument_ddp
         self.host = HostEvents(runtime)
+        self.replicas = ReplicaSensor(runtime.recorder.check, runtime.config.sdc_every)
+        self.gemms = GemmSensor(runtime.recorder.check, self.replicas.due, runtime.config.sdc_gemms,
+                                _something_compiled)
+        self.forward.on_root_call = self._root_call
 
     # -- install / remove ----------------------------------------------------------------
     def install(self) -> None:
@@ -124,6 +129,11 @@ class TorchHooks:
             setattr(owner, name, old)
         self.handles.clear()
         self.patches.clear()
+
+    def _root_call(self, module: Any) -> None:
+        """A root module's first forward of a step: DDP's buckets, the GEMM check's arming."""
+        self.collectives.maybe_instrument_ddp(module)
+        self.gemms.on_forward(module, self.rt.step)
 
     def _guard(self, exc: BaseException) -> None:
         self.rt.fail(f"a PyTorch hook failed ({type(exc).__name__}: {exc})")
@@ -162,6 +172,7 @@ class TorchHooks:
 
     @guarded_hook
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.replicas.grads(self.rt.step, optimizer)  # before the optimizer's span: not its time
         self.opt_start = self.rt.mark()
         self.rt.set_activity_name("optimizer")
 
@@ -171,6 +182,7 @@ class TorchHooks:
         t = rt.mark()
         rt.record_span(self.opt_start if self.opt_start is not None else t, t, -1, "optimizer", "compute")
         self.opt_start = None
+        self.replicas.params(rt.step, optimizer)
         rt.optimizer_stepped()
 
     def _wrap_dataloader(self, original: Callable) -> Callable:

@@ -192,10 +192,36 @@ TABLES: dict[str, TableSpec] = {
                 ("metric", _STR, "e.g. `sm_clock_mhz`, `temperature_c`, `power_w`, `pcie_gen`, `pcie_width`, "
                  "`pcie_gen_max`, `pcie_width_max`, `throttle_reasons`, `ecc_errors`, `xid`, `nvlink_errors`, "
                  "`nvlink_down`; the host's counters (`psi_cpu_some`, `cpu_softirq_pct`, `ib_link_errors`, "
-                 "`nic_port_up`, … on the host's lowest rank)"),
+                 "`nic_port_up`, `roce_retransmits`, … on the host's lowest rank); per port or link where it is not "
+                 "zero: the metric, `:` and `<device>/<port>` or the NVLink index, e.g. `ib_link_errors:mlx5_0/1`, "
+                 "`nvlink_errors:3`"),
                 ("value", _F64, "metric value"),
             ),
             step_column=None,
+        ),
+        TableSpec(
+            "checks",
+            "The correctness sensors: every few steps each rank digests state its replicas must hold bit for "
+            "bit (the gradients the optimizer applies, after their all-reduce; the parameters it wrote), and "
+            "counts its non-finite values; and checks a sampled GEMM's output against its inputs (column sums, "
+            "within the rounding bound of the dtype and reduction length), re-running it where it fails. "
+            "Replicas are compared here, never through the job's collectives.",
+            (
+                ("rank", _I32, "global rank"),
+                ("gpu_uuid", _STR, "GPU UUID of the rank (empty on CPU)"),
+                ("step", _I64, "training step the digest was taken in"),
+                ("ts_ns", _I64, "when it was taken (ns since epoch)"),
+                ("sensor", _STR, "`grads` (before the optimizer step), `params` (after it), `gemm` (a sampled "
+                 "linear layer's forward)"),
+                ("tensors", _I32, "tensors digested (those not sharded across ranks); `gemm`: layers checked"),
+                ("elements", _I64, "their elements; `gemm`: output elements checked"),
+                ("digest", _I64, "64-bit digest of their bits (the unsigned value stored two's complement); `gemm`: 0"),
+                ("nonfinite", _I64, "NaN and ±Inf elements among them (`gemm`: in the outputs)"),
+                ("violations", _I32, "`gemm`: output columns whose sum broke the rounding bound; else 0"),
+                ("rerun", _STR, "`gemm` after a violation: `passed` (re-run on the device, correct: a transient "
+                 "upset), `reproduced` (wrong again, the same bits, and a float64 host reference disagrees), "
+                 "`reference_agrees` (the bound was wrong, not the result); else `none`"),
+            ),
         ),
         TableSpec(
             "hangs",
@@ -238,7 +264,7 @@ TABLES: dict[str, TableSpec] = {
             (
                 ("id", _STR, "stable incident id"),
                 ("class", _STR, "root-cause class: `compute_straggler`, `link_degradation`, `pipeline_imbalance`, "
-                 "`host_stall`, `hang`, `fail_stop`, `input_imbalance`"),
+                 "`host_stall`, `hang`, `fail_stop`, `input_imbalance`, `silent_data_corruption`"),
                 ("state", _STR, "`suspected`, `confirmed` or `inconclusive`"),
                 ("severity", _STR, "`info`, `warning`, `critical`"),
                 ("culprit_ranks", pa.list_(_I32), "culprit ranks"),
@@ -265,7 +291,7 @@ TABLES: dict[str, TableSpec] = {
                 ("ts_ns", _I64, "when the line was read (ns since epoch)"),
                 ("host", _STR, "host of the `argus run` that read it"),
                 ("stream", _STR, "`stdout` or `stderr`"),
-                ("kind", _STR, "`nccl_warn`, `nccl_error`, `peer_lost`, `watchdog_timeout`, `cuda_error`, `oom`, `xid`, "
+                ("kind", _STR, "`nccl_warn`, `nccl_connect`, `nccl_error`, `peer_lost`, `watchdog_timeout`, `cuda_error`, `oom`, `xid`, "
                  "`dataloader`, `exception`, `killed`, `worker_failed`, `stopped`, `other`"),
                 ("severity", _STR, "`warning` or `error` (`info` for `other`)"),
                 ("text", _STR, "the line (cut at 500 characters); an exception's last line and innermost frame"),

@@ -30,6 +30,7 @@ class WindowData:
     stacks: pa.Table | None = None
     hw: pa.Table | None = None
     drops: pa.Table | None = None
+    checks: pa.Table | None = None
 
 
 @dataclass
@@ -57,7 +58,7 @@ class WindowWriter:
 
         stats = WindowStats(window=data.window)
         unit = self.writer.unit(data.window)
-        for table in ("steps", "phases", "stacks", "hw", "drops"):
+        for table in ("steps", "phases", "stacks", "hw", "drops", "checks"):
             t = getattr(data, table)
             if t is not None and t.num_rows:
                 unit.write(table, t)

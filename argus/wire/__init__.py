@@ -16,11 +16,11 @@ from argus.wire.frames import FrameReader
 from argus.wire.inflight import GroupState, InflightReader, InflightState, InflightWriter, group_key
 from argus.wire.paths import check_private_dir, default_socket_path, ring_dir, runtime_dir
 from argus.wire.protocol import (CATEGORIES, DROP_TABLES, DTYPES, GPU_STEP_PHASE, GROUP_KINDS, HEADER, KINDS, MAX_PAYLOAD,
-                                 TABLES_BY_MSG, VERSION, Msg, decode_array, decode_header, decode_json, encode_array,
+                                 RERUNS, SENSORS, TABLES_BY_MSG, VERSION, Msg, decode_array, decode_header, decode_json, encode_array,
                                  encode_frame, encode_json)
 from argus.wire.ring import RING_TABLES, RingReader, RingWriter, ring_bytes
 
-__all__ = ["CATEGORIES", "DROP_TABLES", "DTYPES", "GPU_STEP_PHASE", "GROUP_KINDS", "HEADER", "KINDS", "MAX_PAYLOAD", "TABLES_BY_MSG",
+__all__ = ["CATEGORIES", "DROP_TABLES", "DTYPES", "GPU_STEP_PHASE", "GROUP_KINDS", "HEADER", "KINDS", "MAX_PAYLOAD", "RERUNS", "SENSORS", "TABLES_BY_MSG",
            "VERSION", "FrameReader", "GroupState", "InflightReader", "InflightState", "InflightWriter", "Interner",
            "Msg", "ProcessorClient", "RING_TABLES", "RingReader", "RingWriter", "check_private_dir",
            "decode_array", "decode_header", "decode_json", "default_socket_path", "encode_array", "encode_frame",

@@ -34,7 +34,7 @@ import numpy as np
 from argus.errors import ProtocolError
 
 __all__ = ["MAGIC", "VERSION", "HEADER", "MAX_PAYLOAD", "MAX_JSON_PAYLOAD", "JSON_MSGS", "Msg", "DTYPES", "CATEGORIES",
-           "GROUP_KINDS", "KINDS", "GPU_STEP_PHASE",
+           "GROUP_KINDS", "KINDS", "SENSORS", "RERUNS", "GPU_STEP_PHASE",
            "TABLES_BY_MSG", "encode_frame", "encode_json", "encode_array", "decode_header", "decode_json",
            "decode_array"]
 
@@ -59,6 +59,7 @@ class Msg(IntEnum):
     DROPS = 8  # the producer's own drop counters
     FLUSH = 9  # JSON {"seq": n}: asks for an ACK once everything sent so far is on disk
     BYE = 10
+    CHECKS = 11  # the correctness sensors: replicas' digests, algebraic checks of sampled GEMMs
     ACK = 20  # server → client, JSON {"window": w, "start_step": a, "end_step": b} or {"seq": n}
     CONTROL = 21  # server → client, JSON request, e.g. {"stacks": {"inprocess_hz": 10.0}}
 
@@ -77,15 +78,26 @@ DTYPES: dict[Msg, np.dtype] = {
                           ("thread", "<i4"), ("count", "<i4")]),
     Msg.HW: np.dtype([("ts_ns", "<i8"), ("metric", "<i4"), ("value", "<f8")]),
     Msg.DROPS: np.dtype([("table", "u1"), ("events", "<i8"), ("batches", "<i8")]),
+    Msg.CHECKS: np.dtype([("step", "<i8"), ("ts_ns", "<i8"), ("sensor", "u1"), ("tensors", "<i4"),
+                          ("elements", "<i8"), ("digest", "<u8"), ("nonfinite", "<i8"), ("violations", "<i4"),
+                          ("rerun", "i1")]),
 }
 #: Store table each data message feeds.
 TABLES_BY_MSG = {Msg.STEPS: "steps", Msg.PHASES: "phases", Msg.KERNELS: "kernels", Msg.STACKS: "stacks",
-                 Msg.HW: "hw"}
+                 Msg.HW: "hw", Msg.CHECKS: "checks"}
 #: Code → string for small enumerations carried as bytes.
 CATEGORIES = ("compute", "comm", "host")
 GROUP_KINDS = ("", "tp", "cp", "ep", "dp", "edp", "pp", "world")
 KINDS = ("kernel", "memcpy", "memset", "cpu_op")
-DROP_TABLES = ("steps", "phases", "kernels", "stacks", "hw", "frames")
+DROP_TABLES = ("steps", "phases", "kernels", "stacks", "hw", "frames", "checks")
+#: What a CHECKS record checks: the gradients the optimizer is about to apply (after their
+#: all-reduce) and the parameters it has just written (digests replicas compare); a sampled
+#: GEMM's output against its inputs (an algebraic check, ``violations`` and ``rerun``).
+SENSORS = ("grads", "params", "gemm")
+#: A GEMM check's re-run after a violation: not re-run; re-run on the device, correct this time
+#: (a transient upset); wrong again, the same bits, and a float64 reference on the host
+#: disagrees (the device computes it wrong); the reference agrees with the first result.
+RERUNS = ("none", "passed", "reproduced", "reference_agrees")
 #: A PHASES record of this name is a step's interval on the GPU (between the events recorded at
 #: the previous and this step's end on the compute stream): the processor places kernels in
 #: steps by it and stores it nowhere else.

@@ -74,7 +74,8 @@ OVERFLOW_NAME = "(name table full)"
 STATE_CLOSED = 1
 
 #: What a producer's ring carries, in directory order, and default capacities (records).
-RING_TABLES: dict[Msg, int] = {Msg.STEPS: 8192, Msg.PHASES: 65536, Msg.KERNELS: 131072, Msg.STACKS: 16384}
+RING_TABLES: dict[Msg, int] = {Msg.STEPS: 8192, Msg.PHASES: 65536, Msg.KERNELS: 131072, Msg.STACKS: 16384,
+                               Msg.CHECKS: 1024}
 DEFAULT_NAMES_BYTES = 1 << 20
 #: Largest ring file a reader maps. The default ring is ~10 MiB (``ring_bytes()``); a file
 #: that claims more is refused, so a garbage or hostile header cannot make one drain copy

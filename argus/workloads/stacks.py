@@ -64,7 +64,7 @@ import torch.nn.functional as F
 from argus.workloads.train_transformer import Block, SelfAttention
 
 STACKS = ["ddp", "fsdp2", "pipeline", "compile", "compile_ddp", "checkpoint", "manual", "dataloader"]
-FAULTS = ["none", "hang", "gc", "recompile", "slow_data", "varlen", "gradual", "kill"]
+FAULTS = ["none", "hang", "gc", "recompile", "slow_data", "varlen", "gradual", "kill", "flip_grad", "flip_param", "flip_gemm"]
 COMPILED = {"compile", "compile_ddp"}
 
 
@@ -137,6 +137,8 @@ class Faults:
 
     def before_step(self, step: int, model: nn.Module) -> None:
         a = self.a
+        if a.fault == "flip_gemm" and self.on and step in (a.fault_start, a.fault_start + 1):
+            self._broken_gemm(model, step == a.fault_start)
         if a.fault == "gradual":
             level = 1 + (step - a.fault_start) // 4 if self.active(step) else 0
             reps = 1 + a.gradual_reps * level  # attention computed reps times, result unchanged
@@ -156,6 +158,39 @@ class Faults:
             self.gc_pauses.append(time.perf_counter() - t)
             print(f"[rank {self.rank}] step {step}: gc.collect() paused "
                   f"{self.gc_pauses[-1]:.3f} s", flush=True)
+
+    def _broken_gemm(self, model: nn.Module, on: bool) -> None:
+        """Silent data corruption, test-only: for one step this rank's "device" computes the
+        first linear layer's output wrong — bit 27 (an exponent bit) of its first element, every
+        time it is asked, as a defective unit would — and then computes right again."""
+        if not on:
+            F.linear = self._linear  # type: ignore[assignment]
+            return
+        target = next(m for m in model.modules() if type(m) is nn.Linear).weight
+        real = self._linear = F.linear
+
+        def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+            y = real(x, weight, bias)
+            if weight is target:
+                with torch.no_grad():
+                    y.view(-1).view(torch.int32)[0] ^= 1 << 27
+            return y
+
+        F.linear = linear  # type: ignore[assignment]
+        print(f"[rank {self.rank}] step {self.a.fault_start}: linear layer {tuple(target.shape)} computes "
+              f"element 0 wrong this step", flush=True)
+
+    def before_optimizer(self, step: int, model: nn.Module) -> None:
+        """Silent data corruption, test-only: one bit of one value flipped on this rank at
+        ``--fault-start``, in the all-reduced gradient the optimizer is about to apply
+        (``flip_grad``) or in a parameter (``flip_param``) — no error, the job goes on."""
+        if self.a.fault not in ("flip_grad", "flip_param") or not self.on or step != self.a.fault_start:
+            return
+        p = next(p for p in model.parameters() if p.grad is not None)
+        target = p.grad if self.a.fault == "flip_grad" else p.data
+        with torch.no_grad():
+            target.view(-1).view(torch.int32)[0] ^= 1 << 20
+        print(f"[rank {self.rank}] step {step}: flipped bit 20 of {self.a.fault[5:]} {tuple(p.shape)}[0]", flush=True)
 
     def before_backward(self, step: int) -> None:
         if self.a.fault == "hang" and self.active(step):
@@ -264,6 +299,7 @@ def run_stack(a: argparse.Namespace, rank: int, world: int, f: Faults, res: dict
         def step_fn(step: int) -> torch.Tensor:
             loss = _accumulate(a, f, step, forward, sync, batches(step))
             if opt is not None:
+                f.before_optimizer(step, model)
                 opt.step()
                 opt.zero_grad(set_to_none=True)
             else:  # manual: explicit gradient averaging and SGD, no optimizer

@@ -194,6 +194,10 @@ def test_watch_follows_a_restarted_job_and_a_hang_is_p0(tmp_path, hook):
     ({"class": "host_stall", "severity": "warning", "impact": {"slowdown_pct": 4.0}}, "P2"),
     ({"class": "compute_straggler", "severity": "info", "impact": {"slowdown_pct": 0.5}}, None),
     ({"class": "input_imbalance", "severity": "warning"}, None),
+    # wrong values, not slow ones: no slowdown to grade, and they spread to every checkpoint
+    ({"class": "silent_data_corruption", "state": "confirmed", "severity": "critical",
+      "impact": {"slowdown_pct": None}}, "P0"),
+    ({"class": "silent_data_corruption", "state": "suspected", "severity": "warning"}, "P1"),
 ])
 def test_priorities(incident, expected):
     assert priority(incident) == expected

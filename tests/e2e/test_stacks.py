@@ -54,7 +54,7 @@ def test_tracing_changes_nothing_the_job_computes_or_compiles(stack, nproc, tmp_
     # (the code generation, its compile workers). The plain run then finds that cache warm, which
     # changes nothing dynamo counts and saves it the code generation (~20 s a process here).
     done = run([*argus_run(store, *layout), *job(stack, traced, nproc, *SIZE.get(stack, ()))], cache=cache,
-               ARGUS_STACKS_HZ="5")
+               ARGUS_STACKS_HZ="5", ARGUS_SDC_EVERY="1", ARGUS_SDC_GEMMS="-1")  # correctness sensors: every step, every layer
     assert "traced run e2e" in done.stderr
     run(job(stack, plain, nproc, *SIZE.get(stack, ())), cache=cache)
     a, b = results(plain), results(traced)

@@ -19,7 +19,8 @@ class RingView:
         self.rt = rt
         self.reader = RingReader(rt.ring.path, expect_pid=os.getpid())
         self.names: list[str] = []
-        self.tables = {m: np.zeros(0, DTYPES[m]) for m in (Msg.STEPS, Msg.PHASES, Msg.KERNELS, Msg.STACKS)}
+        self.tables = {m: np.zeros(0, DTYPES[m]) for m in (Msg.STEPS, Msg.PHASES, Msg.KERNELS, Msg.STACKS,
+                                                                  Msg.CHECKS)}
 
     def read(self) -> "RingView":
         self.rt.ring.settle()
