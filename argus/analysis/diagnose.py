@@ -33,7 +33,7 @@ from argus.analysis.l3_kernels import L3Config, collective_calls, detect_kernels
 from argus.analysis.observations import Depth, Observation, observe
 from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents, reinstate_victims
 from argus.analysis.job_log import with_job_log
-from argus.analysis.sdc import sdc_incidents
+from argus.analysis.sdc import checkpoints_from_log, sdc_incidents
 from argus.analysis.signals import HwSignals, load_hw_signals
 from argus.errors import ConfigError, StoreError
 from argus.store import Attempt
@@ -287,7 +287,9 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
            l1.baseline_s)
     incidents = reinstate_victims(incidents)  # a culprit the replay dismissed explains no victim
     incidents = with_job_log(attempt, topology, incidents, step_of_ts)  # argus run's logs table
-    checkpoints = sorted(set(l1.checkpoint_steps))
+    checkpoints = checkpoints_from_log(attempt, step_of_ts)  # saves the job's log reported, with their paths
+    for s_ in l1.checkpoint_steps:  # and the steps of its checkpoint phases
+        checkpoints.add(s_)
     incidents += sdc_incidents(attempt, topology, checkpoints, int(sf.steps.max()) if len(sf.steps) else -1)
     apply_verifications(incidents, load_verifications(getattr(attempt, "path", None)))  # argus verify's outcomes
     facts = _job_facts(attempt, l1)

@@ -5,9 +5,12 @@ parameters after the optimizer step (``argus/producer/replicas.py`` digests both
 steps). Within each peer set (same stage, same TP shard) the digests of one check are
 compared:
 
-* A group is taken for replicas only once its members were seen to agree at some check: a job
-  whose ranks never agree (no gradient sync, a layout Argus was not told, sharded state it
-  could not tell apart) is not a set of replicas, and saying nothing is right.
+* A group is taken for replicas of a sensor's state only once its members were seen to agree
+  on that sensor: a job whose ranks never agree (no gradient sync, a layout Argus was not told,
+  sharded state it could not tell apart) is not a set of replicas, and saying nothing is right.
+  Per sensor: all-reduced gradients agree by construction even where the parameters never did
+  (a pipeline whose data-parallel copies were never initialised alike: a real 6-host job of
+  three replicas per stage read as "stopped agreeing at step 0").
 * A rank outvoted by a strict majority that agrees among itself is a **suspect**; with two
   replicas (or a tie) there is no majority, and both are named as candidates.
 * **Confirmed** needs a second, independent check to outvote the same ranks: a parameter once
@@ -31,6 +34,7 @@ wrong GEMM: its gradient went into every replica's update.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import numpy as np
 
@@ -39,7 +43,8 @@ from argus.store import Attempt
 from argus.topology import Topology
 from argus.wire import SENSORS
 
-__all__ = ["Check", "ReplicaVerdict", "compare_replicas", "sdc_incidents", "gemm_incidents"]
+__all__ = ["Check", "Checkpoints", "ReplicaVerdict", "checkpoints_from_log", "compare_replicas", "sdc_incidents",
+           "gemm_incidents"]
 
 _ORDER = {s: i for i, s in enumerate(SENSORS)}  # grads before params within a step
 
@@ -67,6 +72,67 @@ class Check:
         if counts[top] * 2 > len(self.digests) and (counts == counts[top]).sum() == 1:
             return sorted(r for r, d in self.digests.items() if d != int(values[top])), True
         return sorted(self.digests), False
+
+
+@dataclass
+class Checkpoints:
+    """The job's checkpoints by the step they were recorded in, with the paths its log named
+    (a checkpoint phase names none)."""
+
+    paths: dict[int, list[str]] = field(default_factory=dict)
+
+    def add(self, step: int, path: str | None = None) -> None:
+        got = self.paths.setdefault(int(step), [])
+        if path and path not in got and len(got) < 64:
+            got.append(path)
+
+    def exposure(self, start: int, last_agreed: dict | None) -> tuple[dict[str, Any], str]:
+        """The exposure evidence from ``start`` on, and the sentence that says it."""
+        steps = sorted(self.paths)
+        tainted = [s for s in steps if s >= start]
+        clean = [s for s in steps if s < start]
+        resume = clean[-1] if clean else None
+        evidence = {"level": "sdc", "kind": "exposure", "first_step": start, "last_agreed": last_agreed,
+                    "checkpoints_after": tainted[:64], "resume_from_step": resume,
+                    "checkpoint_paths_after": [p for s in tainted for p in self.paths[s]][:32],
+                    "resume_from_paths": self.paths[resume][:8] if resume is not None else []}
+        text = f"exposure from step {start}: "
+        if tainted:
+            text += f"checkpoints recorded in steps {', '.join(map(str, tainted[:8]))} are suspect; "
+        if resume is None:
+            text += "no checkpoint before it is known"
+        else:
+            where = self.paths[resume]
+            text += f"resume from the checkpoint recorded in step {resume}" + (f" ({where[0]}{', …' * (len(where) > 1)})"
+                                                                             if where else "")
+        return evidence, text
+
+
+def checkpoints_from_log(attempt: Attempt, step_of_ts: Callable[[int, int], int]) -> Checkpoints:
+    """Saves the job's own log reported (``argus run``'s logs table, kind ``checkpoint``), in the
+    step each reporting rank was in, with the path the line named. A line that names no rank
+    (trainers print without a prefix) is placed in the latest step any of a few ranks spread over
+    the job was in: synchronous ranks are at most a step apart, and the rank that saved after step
+    *s* had begun step *s + 1* (placed by rank 0 alone, a save that rank 0 lagged behind read as
+    step *s*: then "not suspect" by a step)."""
+    from argus.joblog.signatures import SIGNATURES, LogKind
+
+    out = Checkpoints()
+    if not attempt.files("logs"):
+        return out
+    pattern = next(s.pattern for s in SIGNATURES if s.kind == LogKind.CHECKPOINT)
+    rows = attempt.read("logs", columns=["rank", "ts_ns", "kind", "text"]).to_pylist()
+    world = attempt.layout.world_size
+    spread = sorted({int(x) for x in np.linspace(0, world - 1, min(world, 8))})
+    for r in rows:
+        if r["kind"] != LogKind.CHECKPOINT:
+            continue
+        ranks = [int(r["rank"])] if r["rank"] is not None and 0 <= r["rank"] < world else spread
+        step = max(step_of_ts(rank, int(r["ts_ns"])) for rank in ranks)
+        if step >= 0:
+            m = pattern.search(str(r["text"] or ""))
+            out.add(step, m.group("path") if m else None)
+    return out
 
 
 @dataclass
@@ -117,23 +183,23 @@ def compare_replicas(checks: dict[tuple[int, str], dict[int, tuple[int, int]]],
             series.append(Check(step, sensor, {r: by_rank[r][0] for r in group}, {r: by_rank[r][1] for r in group}))
     series.sort(key=lambda c: c.order)
     v.checks = len(series)
-    proven = False  # replicas once seen to agree
+    proven: set[str] = set()  # sensors whose state the group was once seen to hold alike
     for c in series:
         odd, majority = c.outvoted()
         if not odd:
             v.agreed += 1
-            proven = True
+            proven.add(c.sensor)
             if v.first_bad is None:
                 v.last_good = c
-        elif proven and v.first_bad is None:
+        elif c.sensor not in proven:  # never alike on this sensor: not replicas of it
+            continue
+        elif v.first_bad is None:
             v.first_bad, v.suspects, v.majority = c, odd, majority
-        elif v.first_bad is not None and odd == v.suspects:
+        elif odd == v.suspects:
             v.confirming.append(c)
         bad = [r for r, n in c.nonfinite.items() if n > 0]
         if bad and len(bad) * 2 < len(group) and not v.nonfinite_only:
             v.nonfinite_only, v.nonfinite_step = sorted(bad), c.step
-    if not proven:  # never agreed: not replicas (see the module docstring)
-        v.first_bad, v.suspects, v.confirming = None, [], []
     return v
 
 
@@ -144,10 +210,10 @@ def _exposure_start(v: ReplicaVerdict) -> int:
     return v.last_good.step + (1 if v.last_good.sensor == "params" else 0)
 
 
-def sdc_incidents(attempt: Attempt, topology: Topology, checkpoint_steps: list[int],
+def sdc_incidents(attempt: Attempt, topology: Topology, checkpoints: Checkpoints,
                   last_step: int) -> list[Incident]:
     """Incidents of replicas that stopped agreeing, with their exposure and tainted checkpoints."""
-    incidents = gemm_incidents(attempt, topology, checkpoint_steps, last_step)
+    incidents = gemm_incidents(attempt, topology, checkpoints, last_step)
     checks = _checks(attempt)
     if not checks:
         return incidents
@@ -158,13 +224,13 @@ def sdc_incidents(attempt: Attempt, topology: Topology, checkpoint_steps: list[i
             continue
         v = compare_replicas(checks, group)
         if v.first_bad is not None:
-            incidents.append(_incident(v, topology, checkpoint_steps, last_step))
+            incidents.append(_incident(v, topology, checkpoints, last_step))
         elif v.nonfinite_only and v.agreed:
             incidents.append(_nonfinite(v, topology, last_step))
     return incidents
 
 
-def gemm_incidents(attempt: Attempt, topology: Topology, checkpoint_steps: list[int],
+def gemm_incidents(attempt: Attempt, topology: Topology, checkpoints: Checkpoints,
                    last_step: int) -> list[Incident]:
     """One incident per rank whose sampled GEMMs broke their bound and were not cleared by the
     host's reference."""
@@ -184,8 +250,8 @@ def gemm_incidents(attempt: Attempt, topology: Topology, checkpoint_steps: list[
         reproduced = [r for r in bad if r["rerun"] == "reproduced"]
         start = int(bad[0]["step"])
         clean_before = [int(r["step"]) for r in mine if r["violations"] == 0 and r["step"] < start]
-        tainted = sorted(s for s in checkpoint_steps if s >= start)
-        clean = [s for s in checkpoint_steps if s < start]
+        exposure, said = checkpoints.exposure(
+            start, None if not clean_before else {"step": clean_before[-1], "sensor": "gemm"})
         host = str(topology.hosts[rank])
         state = State.CONFIRMED if reproduced else State.INCONCLUSIVE
         what = (f"rank {rank} on {host} computed a linear layer's output wrong at step {start} (column sums "
@@ -193,16 +259,11 @@ def gemm_incidents(attempt: Attempt, topology: Topology, checkpoint_steps: list[
         what += ("; re-run on the device it gave the same wrong bits and the host's float64 reference disagrees: "
                  "confirmed" if reproduced else
                  "; re-run at once it came out right: a transient upset that could not be reproduced, inconclusive")
-        what += (f". Its gradient went into every replica's update: exposure from step {start}"
-                 + (f", checkpoints of steps {', '.join(map(str, tainted[:8]))} are suspect" if tainted else "")
-                 + (f"; resume from the checkpoint of step {clean[-1]}" if clean else "; no checkpoint before it is "
-                    "known"))
+        what += f". Its gradient went into every replica's update: {said}"
         evidence = [{"level": "sdc", "kind": "gemm_violation", "rank": rank, "steps": [int(r["step"]) for r in bad][:16],
                      "columns": [int(r["violations"]) for r in bad][:16], "rerun": [r["rerun"] for r in bad][:16],
                      "checks": len(mine), "clean_before": clean_before[-1] if clean_before else None},
-                    {"level": "sdc", "kind": "exposure", "first_step": start,
-                     "last_agreed": None if not clean_before else {"step": clean_before[-1], "sensor": "gemm"},
-                     "checkpoints_after": tainted[:64], "resume_from_step": clean[-1] if clean else None}]
+                    exposure]
         incidents.append(Incident(
             klass=IncidentClass.SILENT_DATA_CORRUPTION, culprit_ranks=[rank], hosts=[host],
             gpus=[str(topology.gpu_uuids[rank])], start_step=start, end_step=max(last_step, start), phase="forward",
@@ -213,12 +274,12 @@ def gemm_incidents(attempt: Attempt, topology: Topology, checkpoint_steps: list[
     return incidents
 
 
-def _incident(v: ReplicaVerdict, topology: Topology, checkpoint_steps: list[int], last_step: int) -> Incident:
+def _incident(v: ReplicaVerdict, topology: Topology, checkpoints: Checkpoints, last_step: int) -> Incident:
     assert v.first_bad is not None
     start = _exposure_start(v)
     confirmed = v.majority and bool(v.confirming)
-    tainted = sorted(s for s in checkpoint_steps if s >= start)
-    clean = [s for s in checkpoint_steps if s < start]
+    exposure, said = checkpoints.exposure(
+        start, None if v.last_good is None else {"step": v.last_good.step, "sensor": v.last_good.sensor})
     first = v.first_bad
     evidence = [{
         "level": "sdc", "kind": "replica_disagreement", "group": v.group, "step": first.step, "sensor": first.sensor,
@@ -226,11 +287,7 @@ def _incident(v: ReplicaVerdict, topology: Topology, checkpoint_steps: list[int]
         "digests": {str(r): f"{d:016x}" for r, d in first.digests.items()},
         "checks": v.checks, "agreed_before": v.agreed,
         "confirmed_by": [{"step": c.step, "sensor": c.sensor} for c in v.confirming[:8]],
-    }, {
-        "level": "sdc", "kind": "exposure", "first_step": start,
-        "last_agreed": None if v.last_good is None else {"step": v.last_good.step, "sensor": v.last_good.sensor},
-        "checkpoints_after": tainted[:64], "resume_from_step": clean[-1] if clean else None,
-    }]
+    }, exposure]
     who = ", ".join(map(str, v.suspects))
     hosts = sorted({str(topology.hosts[r]) for r in v.suspects})
     if v.majority:
@@ -246,10 +303,7 @@ def _incident(v: ReplicaVerdict, topology: Topology, checkpoint_steps: list[int]
         summary += f"; seen again at {len(v.confirming)} later check{'s' * (len(v.confirming) > 1)}: confirmed"
     elif v.majority:
         summary += "; not seen again yet: suspected until a second check outvotes the same rank"
-    summary += (f". Exposure from step {start}: "
-                + (f"checkpoints of steps {', '.join(map(str, tainted[:8]))} are suspect; " if tainted else "")
-                + (f"resume from the checkpoint of step {clean[-1]}" if clean else "no checkpoint before it is known")
-                + (" on other hardware" if confirmed else ""))
+    summary += f". {said[0].upper()}{said[1:]}" + (" on other hardware" if confirmed else "")
     return Incident(
         klass=IncidentClass.SILENT_DATA_CORRUPTION, culprit_ranks=v.suspects, hosts=hosts,
         gpus=[str(topology.gpu_uuids[r]) for r in v.suspects], start_step=start, end_step=max(last_step, start),

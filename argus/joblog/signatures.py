@@ -28,13 +28,14 @@ class LogKind(StrEnum):
     WORKER_FAILED = "worker_failed"  # a rank exited with an error code (the launcher's report)
     STOPPED = "stopped"  # a rank the launcher stopped (SIGTERM/SIGINT) after another failed: a victim
     NIC_DOWN = "nic_down"  # the kernel says a network port lost its link (the host's kernel log)
+    CHECKPOINT = "checkpoint"  # the job says it saved (or is saving) a checkpoint, and where: ``path`` group
     OTHER = "other"  # lines no signature matched: kept only as counts
 
 
 @dataclass(frozen=True)
 class Signature:
     kind: LogKind
-    severity: str  # "warning" | "error"
+    severity: str  # "info" | "warning" | "error"
     pattern: re.Pattern
 
 
@@ -62,6 +63,13 @@ SIGNATURES: tuple[Signature, ...] = (
     Signature(LogKind.CUDA_ERROR, "error", re.compile(
         r"CUDA error:|cudaError\w+|an illegal memory access was encountered|device-side assert triggered")),
     Signature(LogKind.XID, "error", re.compile(r"NVRM: Xid \([^)]{0,64}\): \d+")),
+    # what trainers print when they save: HF Trainer "Saving model checkpoint to DIR", Megatron
+    # "saving checkpoint at iteration N to DIR", DeepSpeed "Saving model checkpoint: FILE",
+    # Lightning "saving model to 'FILE'", and the plain "saved checkpoint to FILE"; the path is
+    # what the correctness plane names (checkpoints saved after a corruption are suspect)
+    Signature(LogKind.CHECKPOINT, "info", re.compile(
+        r"^(?>.*?\b(?:[Ss]av(?:ing|ed)|[Ww]r(?:ote|iting))\b)(?:.{0,48}?\bcheckpoint\b.{0,64}?(?:\bto\b|:)|"
+        r" model to) ?'?(?P<path>[^\s',]{1,400})")),
     Signature(LogKind.DATALOADER, "warning", re.compile(
         r"DataLoader worker \(pid\(?s?\)?[ \d,]*\) (?:is killed|exited unexpectedly)|DataLoader timed out|"
         r"Unexpected (?:bus error|segmentation fault|floating-point exception) encountered in worker")),

@@ -292,8 +292,9 @@ TABLES: dict[str, TableSpec] = {
                 ("host", _STR, "host of the `argus run` that read it"),
                 ("stream", _STR, "`stdout` or `stderr`"),
                 ("kind", _STR, "`nccl_warn`, `nccl_connect`, `nccl_error`, `peer_lost`, `watchdog_timeout`, `cuda_error`, `oom`, `xid`, "
-                 "`dataloader`, `exception`, `killed`, `worker_failed`, `stopped`, `other`"),
-                ("severity", _STR, "`warning` or `error` (`info` for `other`)"),
+                 "`dataloader`, `exception`, `killed`, `worker_failed`, `stopped`, `checkpoint` (a save the job reports, "
+                 "with its path), `other`"),
+                ("severity", _STR, "`warning` or `error` (`info` for `other` and `checkpoint`)"),
                 ("text", _STR, "the line (cut at 500 characters); an exception's last line and innermost frame"),
                 ("lines", _I64, "1; for `other`, the number of lines counted"),
             ),

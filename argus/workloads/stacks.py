@@ -36,7 +36,13 @@ Faults (``--fault``, on ``--fault-rank`` from step ``--fault-start``; all real e
 * ``varlen``: not a fault: every rank's sequence length varies per step (16..64) from
   (seed, rank, step), healthy variance that nothing should flag;
 * ``kill``: that rank SIGKILLs itself between its forward and its backward (a crash mid-step:
-  no exit hook, no flush); the others then fail in their collective.
+  no exit hook, no flush); the others then fail in their collective;
+* ``flip_param`` / ``flip_grad`` / ``flip_gemm`` (test-only silent data corruption): one bit of
+  one value on that rank at step S — in a parameter, in the all-reduced gradient the optimizer
+  is about to apply, or in the first linear layer's output throughout step S.
+
+``--save-every N`` saves each rank's ``state_dict`` after every N-th step (``DIR/ckpt-…``) and
+says so on stdout, path included, as trainers do.
 
 Every rank writes ``DIR/rank{R}.json`` (losses as float.hex, parameter checksum, step times,
 dynamo counters...); two runs of one command give bit-identical losses. Example:
@@ -324,7 +330,17 @@ def run_stack(a: argparse.Namespace, rank: int, world: int, f: Faults, res: dict
         res["losses"].append(float(loss).hex())
         res["seq_lens"].append(f.seq_len(rank if a.stack != "pipeline" else rank % (world // 2), step))
         res["steps_done"] = step + 1
+        if a.save_every and (step + 1) % a.save_every == 0:
+            _save(a, model, rank, step)
     res["param_checksum_hex"] = _checksum(model).hex()
+
+
+def _save(a: argparse.Namespace, model: nn.Module, rank: int, step: int) -> None:
+    """A checkpoint of this rank's state after ``step``, and the line trainers print for it."""
+    path = os.path.join(a.out, f"ckpt-step{step:06d}-rank{rank}.pt")
+    torch.save(model.state_dict(), path)
+    sys.stdout.flush()  # one write of the whole line: ranks share the pipe, and print's pieces interleave
+    os.write(sys.stdout.fileno(), f"[rank {rank}] saved checkpoint to {path}\n".encode())
 
 
 def _pin_threads(cpu: int) -> None:
@@ -506,6 +522,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--pp-schedule", choices=["1f1b", "gpipe"], default="1f1b")
     p.add_argument("--pg-timeout", type=float, default=1800.0, help="process group timeout, s")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save-every", type=int, default=0, help="save a checkpoint after every N-th step (0: never)")
     p.add_argument("--pin-cpu", type=int, default=None,
                    help="after the first step (warm-up, compilation on every core) run all of this process's "
                         "threads on this CPU: ranks that share it share its speed in the steps compared")

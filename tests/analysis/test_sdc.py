@@ -42,6 +42,18 @@ def test_healthy_replicas_and_ranks_that_never_agreed_say_nothing():
     assert v.first_bad is None and v.agreed == 0
 
 
+def test_gradients_that_agree_do_not_make_replicas_of_parameters_that_never_did():
+    """A pipeline's data-parallel copies never initialised alike: its all-reduced gradients agree
+    every step, its parameters never — no finding (a real 6-host job read as 'stopped agreeing')."""
+    checks = _checks(3, 10)
+    for (step, sensor), by in checks.items():
+        if sensor == "params":
+            for r in by:
+                by[r] = (GOOD * (r + 7) + step, 0)
+    v = compare_replicas(checks, [0, 1, 2])
+    assert v.first_bad is None and v.agreed == 10  # the gradients' checks
+
+
 def test_two_replicas_have_no_majority_and_a_single_check_is_only_suspected():
     v = compare_replicas(_checks(2, 6, {1: BAD}, from_check=(3, "grads")), [0, 1])
     assert not v.majority and v.suspects == [0, 1]

@@ -34,7 +34,8 @@ def test_a_flipped_bit_on_one_replica_is_named_confirmed_and_dated(where, tmp_pa
     out, store = tmp_path / "out", tmp_path / "store"
     out.mkdir()
     done = run([*argus_run(store), *job("ddp", out, 4, "--fault", f"flip_{where}", "--fault-rank", "2",
-                                       "--fault-start", "5")], ARGUS_SDC_EVERY="1")
+                                       "--fault-start", "5", "--save-every", "3")],
+               ARGUS_SDC_EVERY="1")
     assert f"step 5: flipped bit 20 of {where}" in done.stdout + done.stderr
     res = results(out)
     assert len({res[r]["param_checksum_hex"] for r in (0, 1, 3)}) == 1  # the job really diverged on rank 2 only
@@ -45,6 +46,16 @@ def test_a_flipped_bit_on_one_replica_is_named_confirmed_and_dated(where, tmp_pa
     assert inc["action"] == "checkpoint_and_restart"
     seen = next(e for e in inc["evidence"] if e["kind"] == "replica_disagreement")
     assert seen["step"] == 5 and seen["sensor"] == ("params" if where == "param" else "grads")
+    # saved after steps 2, 5, 8 and 11, as the job's log says (each line read in the step that
+    # follows the save; the last, after the job's last step, in that step): the three saved from
+    # step 5 on are suspect, by path; the one before is where to resume
+    exposure = next(e for e in inc["evidence"] if e["kind"] == "exposure")
+    assert exposure["checkpoints_after"] == [6, 9, 11] and exposure["resume_from_step"] == 3, exposure
+    assert {p.rsplit("/", 1)[-1] for p in exposure["checkpoint_paths_after"]} == {
+        f"ckpt-step{s:06d}-rank{r}.pt" for s in (5, 8, 11) for r in range(4)}
+    assert {p.rsplit("/", 1)[-1] for p in exposure["resume_from_paths"]} == {f"ckpt-step000002-rank{r}.pt"
+                                                                            for r in range(4)}
+    assert len(list(out.glob("ckpt-step*-rank2.pt"))) == 4
 
 
 def test_a_gemm_computed_wrong_on_one_rank_is_caught_on_that_rank_and_confirmed_by_its_rerun(tmp_path):

@@ -125,6 +125,27 @@ def test_dataloader_workers_killed_gone_or_timed_out_are_dataloader_events():
     assert LogKind.DATALOADER not in FAIL_STOP_KINDS  # a warning: a host stall's evidence, not a stop by itself
 
 
+def test_checkpoint_saves_trainers_report_are_events_with_their_path():
+    """What trainers print when they save: the correctness plane names the suspect checkpoints
+    after a corruption by these paths (``analysis/sdc.py``)."""
+    from argus.joblog.signatures import SIGNATURES
+
+    s = LogScanner()
+    s.feed("stdout", b"[rank0]:Saving model checkpoint to /out/checkpoint-500\n"
+                     b"[rank1]: saving checkpoint at iteration     100 to /ckpt/megatron in torch format\n"
+                     b"[rank2]:[INFO] [engine.py:3000:_save_checkpoint] Saving model checkpoint: "
+                     b"/x/global_step100/mp_rank_00_model_states.pt\n"
+                     b"[rank3]:Epoch 0, global step 100: 'val_loss' reached 0.5, saving model to '/l/e=0.ckpt' as top 1\n"
+                     b"[rank3]:Saving the checkpoint (or staging if async is enabled).\n"  # no path: not one
+                     b"[rank3]:saving 12 samples to the cache\n")
+    got = _kinds(s)
+    assert [(r, k) for r, k, _ in got] == [(0, "checkpoint"), (1, "checkpoint"), (2, "checkpoint"), (3, "checkpoint")]
+    pattern = next(sig.pattern for sig in SIGNATURES if sig.kind == LogKind.CHECKPOINT)
+    assert [pattern.search(t).group("path") for _, _, t in got] == [
+        "/out/checkpoint-500", "/ckpt/megatron", "/x/global_step100/mp_rank_00_model_states.pt", "/l/e=0.ckpt"]
+    assert LogKind.CHECKPOINT not in FAIL_STOP_KINDS
+
+
 def test_a_long_line_of_signature_words_costs_one_pass():
     """Patterns with a wildcard between two words are atomic on the first: before, a 64 KiB line of
     ``NCCL INFO`` repeated took seconds to scan (every occurrence retried to the line's end), and the
@@ -132,9 +153,10 @@ def test_a_long_line_of_signature_words_costs_one_pass():
     import time
 
     s = LogScanner()
-    lines = [b"NCCL INFO " * 6500, b"ProcessGroupGloo " * 3800, b"NVRM: Xid (" * 5900, b"oom-kill: " * 6500]
+    lines = [b"NCCL INFO " * 6500, b"ProcessGroupGloo " * 3800, b"NVRM: Xid (" * 5900, b"oom-kill: " * 6500,
+             b"saving checkpoint " * 3600]
     t0 = time.process_time()
     for line in lines:
         s.feed("stdout", line[:MAX_LINE - 1] + b"\n")
     assert time.process_time() - t0 < 2.0  # was ~10 s; now a few ms
-    assert s.take()[1] == {(-1, "stdout"): 4}
+    assert s.take()[1] == {(-1, "stdout"): 5}
