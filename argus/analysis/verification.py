@@ -12,6 +12,12 @@ settled by measuring the suspect and a healthy peer with the same probe (``argus
 Each outcome is one small JSON file, ``verifications/<incident id>.json`` in the attempt's
 directory (incident ids are stable across re-runs of the diagnosis). :func:`apply` puts them on
 the incidents: a confirmed one may name a host to cordon, a refuted one never does.
+
+A cordon is a claim about someone's hardware, so it needs evidence from the hardware itself:
+an active check that confirmed it, or a hardware signal among the incident's evidence (a
+thermal throttle, a link trained down, port errors). Passive timing levels that agree (busy
+time and kernel time, or transfers and communicator kernels) make an incident ``confirmed``
+as a slowdown, and its action ``verify``: the cheap active check comes before the restart.
 """
 
 from __future__ import annotations
@@ -111,3 +117,9 @@ def apply(incidents: list[Incident], verifications: dict[str, Verification]) -> 
             inc.summary += f" — the hardware checked healthy ({v.reason}): look at the job, not the node"
         else:
             inc.summary += f" — verification inconclusive: {v.reason}"
+    for inc in incidents:
+        checked = any(e.get("kind") == "verification" and e.get("outcome") == Outcome.CONFIRMED for e in inc.evidence)
+        if inc.action == Action.CORDON_NODE and not checked and not any(e.get("level") == "hw" for e in inc.evidence):
+            inc.action = Action.VERIFY
+            inc.summary += (" — verify before cordoning (argus verify): the timings agree, but neither an active "
+                            "check nor a hardware signal has shown the hardware at fault yet")
