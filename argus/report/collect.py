@@ -317,13 +317,37 @@ class Gatherer:
 def _node_standings(attempt: Attempt, hosts: set[str]) -> list[dict[str, Any]]:
     """The job's hosts as the store's kept health checks judge them (none kept: empty). The
     attempt lives at ``<store>/runs/<run>/<attempt>``."""
+    from argus.healthcheck.records import stored_health
     from argus.healthcheck.standing import node_standings
 
     try:
         root = Path(attempt.path).parents[2]
-        return [n.to_json() for n in node_standings(root) if n.host in hosts]
+        nodes = [n.to_json() for n in node_standings(root) if n.host in hosts]
+        latest: dict[str, list[dict[str, Any]]] = {}
+        for _, doc in stored_health(root):  # newest first: the node's last check, figure by figure
+            host = str(doc.get("host"))
+            if host in hosts and host not in latest:
+                latest[host] = _figures(doc)
+            if len(latest) == len(hosts):
+                break
+        for n in nodes:
+            n["figures"] = latest.get(n["host"], [])
+        return nodes
     except Exception:  # noqa: BLE001 - the report stands without them
         return []
+
+
+#: figures of a node's last check shown in the report (failures first)
+MAX_NODE_FIGURES = 12
+
+
+def _figures(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A kept health document's verdicts as the report shows them: what was measured on what,
+    against the node's own baseline and its peers, and the verdict — failures first."""
+    rows = [v for v in doc.get("verdicts") or [] if isinstance(v, dict)]
+    rows.sort(key=lambda v: (v.get("status") != "fail", -(v.get("deficit") or 0.0)))
+    keep = ("metric", "subject", "value", "unit", "size_bytes", "baseline", "peers", "expected", "deficit", "status")
+    return [{k: v.get(k) for k in keep} for v in rows[:MAX_NODE_FIGURES]]
 
 
 def gather(attempt: Attempt, diagnosis: Any | None = None) -> ReportData:

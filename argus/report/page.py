@@ -212,10 +212,36 @@ def nodes_section(data: ReportData) -> str:
                     f'{"out of service" if out else "in service"}</span></td>'
                     f'<td>{esc(_utc(n.get("out_since_s")) if out else "")}</td><td>{esc(_utc(n.get("last_check_s")))}</td>'
                     f'<td>{esc(readmitted)}</td><td>{_list(list(n.get("failing") or []), 4)}</td></tr>')
+        figures = n.get("figures") or []
+        if figures:
+            rows.append(f'<tr class="node-figures"><td colspan="6"><details{" open" if out else ""}><summary>'
+                        f'last check: {len(figures)} figure(s), failures first</summary>{_figure_table(figures)}'
+                        "</details></td></tr>")
     return ("<h2>Node health</h2><table class=\"nodes\"><tr><th>node</th><th>standing</th><th>out since</th>"
             "<th>last check</th><th>re-admitted</th><th>failing</th></tr>" + "".join(rows) + "</table>"
             '<p class="muted">From the checks kept in the store (<span class="mono">argus healthcheck --store</span>);'
             " a node that failed stays out until a later check of it passes.</p>")
+
+
+def _figure_table(figures: list[dict[str, Any]]) -> str:
+    """A node's last check, figure by figure: measured, its own baseline, its peers' median (or
+    what the hardware says it should be), the deficit and the verdict."""
+    def num(v: Any) -> str:
+        return fmt(float(v), 3) if isinstance(v, (int, float)) else "—"
+
+    rows = []
+    for f in figures:
+        size = f" @{f['size_bytes']} B" if f.get("size_bytes") else ""
+        deficit = f.get("deficit")
+        short = f"{100 * float(deficit):.1f}%" if isinstance(deficit, (int, float)) else "—"
+        ref = f.get("peers") if f.get("expected") is None else f.get("expected")
+        sev = "critical" if f.get("status") == "fail" else "info"
+        rows.append(f'<tr><td class="mono">{esc(str(f.get("metric")) + size)}</td><td class="mono">'
+                    f'{esc(f.get("subject"))}</td><td>{num(f.get("value"))} {esc(f.get("unit") or "")}</td>'
+                    f'<td>{num(f.get("baseline"))}</td><td>{num(ref)}</td><td>{esc(short)}</td>'
+                    f'<td><span class="sev sev-{sev}">{esc(f.get("status"))}</span></td></tr>')
+    return ('<table class="node-figures"><tr><th>figure</th><th>subject</th><th>measured</th><th>baseline</th>'
+            f"<th>peers / expected</th><th>deficit</th><th>verdict</th></tr>{''.join(rows)}</table>")
 
 
 def _log_time(ts_ns: Any) -> str:

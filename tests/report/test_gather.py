@@ -70,8 +70,11 @@ def test_the_jobs_nodes_as_the_kept_health_checks_judge_them(simulated, tmp_path
     host = str(attempt.topology().hosts[0])
 
     def doc(h: str, at: float, status: str) -> dict:
-        return {"host": h, "started_s": at, "verdicts": [{"level": "gpu", "metric": "gemm_fp32_gflops",
-                                                          "subject": "device", "status": status}]}
+        return {"host": h, "started_s": at, "verdicts": [
+            {"level": "gpu", "metric": "gemm_fp32_gflops", "subject": "device", "status": status, "value": 41.5,
+             "unit": "GFLOP/s", "baseline": 80.0, "peers": None, "deficit": 0.48},
+            {"level": "node", "metric": "copy_gbs", "subject": "device", "status": "pass", "value": 9.9,
+             "unit": "GB/s", "baseline": 10.0, "peers": None, "deficit": 0.01}]}
 
     root = tmp_path / "S"
     save_health(root, doc(host, 100.0, "fail"))
@@ -81,6 +84,9 @@ def test_the_jobs_nodes_as_the_kept_health_checks_judge_them(simulated, tmp_path
     assert data.summary_json()["nodes"][0]["failing"] == ["gemm_fp32_gflops device"]
     html = render_report(data)
     assert "Node health" in html and "out of service" in html and "not-in-this-job" not in html
+    # and what the last check measured, failures first: the figure, its baseline, the deficit
+    assert [f["metric"] for f in data.nodes[0]["figures"]] == ["gemm_fp32_gflops", "copy_gbs"]
+    assert "41.5" in html and "48.0%" in html and "node-figures" in html
     save_health(root, doc(host, 200.0, "pass"))
     (node,) = gather(attempt).nodes
     assert node["standing"] == "in" and node["readmissions"] == [{"failed_s": 100.0, "readmitted_s": 200.0}]
