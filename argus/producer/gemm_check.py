@@ -6,7 +6,8 @@ float64, so a wrong output value shows as a column whose sums differ — by more
 own rounding may explain. That bound is rigorous, not tuned: each output element of a length-K
 reduction is within ``γ_K·(|x||W|ᵀ)`` of the exact value (``γ_K = K·u/(1 − K·u)``, ``u`` the unit
 round-off of the accumulation: fp32 for fp32/bf16/fp16 inputs, TF32's where CUDA allows it),
-plus the output's own rounding. A healthy GEMM never breaks it; a flipped bit in a
+plus the inputs' rounding where autocast cast them to a narrower output dtype, plus the
+output's own rounding. A healthy GEMM never breaks it; a flipped bit in a
 significant place does.
 
 A column that breaks it is checked again at once, deterministically: the same GEMM re-run on the
@@ -41,6 +42,17 @@ class GemmCheck:
     nonfinite: int  # NaN/Inf in the output (with finite inputs)
     violations: list[int]  # output columns whose sums broke the bound
     checked: bool  # False: the bound says nothing here (a reduction too long for the dtype, non-finite inputs)
+
+
+def _gamma(k: int, acc: float, out: float, cast: bool) -> float:
+    """The relative bound on a length-``k`` dot product's error: accumulation, plus the inputs'
+    rounding to the output's dtype where they were cast to it first (autocast: fp32 ``x`` and
+    ``W`` in, bf16 ``y`` out — each product then off by up to 2 units of the output's round-off)."""
+    return k * acc / (1 - k * acc) + (2 * out + out * out if cast else 0.0)
+
+
+def _cast(x: Any, weight: Any, y: Any) -> bool:
+    return x.dtype != y.dtype or weight.dtype != y.dtype
 
 
 def _unit_roundoff(x: Any, y: Any) -> tuple[float, float]:
@@ -96,7 +108,7 @@ def check_linear(x: Any, weight: Any, bias: Any, y: Any) -> GemmCheck:
     expect, scale = _bound_terms(x2, weight, bias)
     ys = y2.sum(0, dtype=torch.float64)
     ya = y2.abs().sum(0, dtype=torch.float64)
-    gamma = k * acc / (1 - k * acc)
+    gamma = _gamma(k, acc, out, _cast(x2, weight, y2))
     # the GEMM's rounding, the output's, and float64's own in these sums; twice over for margin
     bound = 2 * (gamma * scale + out * ya + (m + k) * 2.0 ** -52 * (scale + ya)) + 1e-300
     bad = ~((ys - expect).abs() <= bound)  # NaN counts as broken
@@ -122,7 +134,7 @@ def rerun(x: Any, weight: Any, bias: Any, y: Any, first: GemmCheck) -> int:
         ref += bias.detach()[cols.to(bias.device)].to("cpu", torch.float64)
     got = y.reshape(-1, n)[:, cols.to(y.device)].to("cpu", torch.float64)
     acc, out = _unit_roundoff(x, y)
-    gamma = k * acc / (1 - k * acc)
+    gamma = _gamma(k, acc, out, _cast(x, weight, y))
     tol = 2 * (gamma * (x2.abs() @ w.abs().T) + out * got.abs()) + 1e-300
     wrong = ~((got - ref).abs() <= tol)
     return RERUN_REPRODUCED if bool(wrong.any()) else RERUN_REFERENCE_AGREES

@@ -28,6 +28,20 @@ def test_a_healthy_gemm_never_breaks_the_bound(dtype, m, k, n):
             assert got.checked and got.violations == [] and got.nonfinite == 0, (dtype, m, k, n, scale)
 
 
+@pytest.mark.parametrize("m,k,n", [(256, 64, 96), (64, 1024, 32), (128, 512, 512)])
+def test_under_autocast_the_inputs_rounding_is_in_the_bound(m, k, n):
+    """fp32 inputs, bf16 output: the GEMM ran on the inputs rounded to bf16 — the bound allows
+    for it (a worst case, so a value merely zeroed can hide inside it), and a flipped exponent
+    bit that makes a value huge still breaks it."""
+    g = torch.Generator().manual_seed(k)
+    x, w, b = torch.randn(m, k, generator=g) * 3, torch.randn(n, k, generator=g), torch.randn(n, generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = F.linear(x, w, b)
+    assert y.dtype == torch.bfloat16 and check_linear(x, w, b, y).violations == []
+    small = int(torch.nonzero(y.reshape(-1).abs() < 1).flatten()[0])  # its top exponent bit is clear
+    assert check_linear(x, w, b, _flip(y, small, 14)).violations == [small % n]
+
+
 def _flip(y, index, bit):
     y = y.clone()
     y.view(-1).view(torch.int32 if y.element_size() == 4 else torch.int16)[index] ^= 1 << bit
