@@ -45,6 +45,8 @@ from typing import Iterator
 
 import numpy as np
 
+from argus import env as argus_env
+
 __all__ = ["MODES", "run_overhead"]
 
 MODES = ("none", "argus-semantic", "argus-ops", "argus", "profiler")
@@ -59,7 +61,7 @@ def _command(mode: str, store: Path, stats: Path, ranks: int, steps: int, op_eve
     job = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
            "-m", "argus.workloads.train_transformer", "--steps", str(steps), "--microbatches", "2",
            "--stats", str(stats), *MODELS[model]]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ARGUS_OP_SAMPLE_EVERY": str(op_every)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", argus_env.OP_SAMPLE_EVERY: str(op_every)}
     if mode == "none":
         return job, env
     if mode == "profiler":

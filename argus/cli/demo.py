@@ -24,6 +24,7 @@ import sys
 import time
 from pathlib import Path
 
+from argus import env as argus_env
 from argus.cli.progress import progress_bar, stderr_console
 
 __all__ = ["register"]
@@ -31,7 +32,7 @@ __all__ = ["register"]
 FAULTS = ("compute", "stall", "link", "none")
 #: One intra-op thread per rank (ranks share the cores); CPU ops of one step in 5: a short job
 #: needs kernel evidence in most windows (the always-on default is one in 50).
-JOB_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "ARGUS_OP_SAMPLE_EVERY": "5"}
+JOB_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", argus_env.OP_SAMPLE_EVERY: "5"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -146,7 +147,7 @@ def _train_link(args: argparse.Namespace, out: Path) -> int:
         for rank in range(hosts):
             env = {"RANK": str(rank), "WORLD_SIZE": str(hosts), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                    "MASTER_ADDR": cluster.ip(0), "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": cluster.ifname(rank),
-                   "ARGUS_HOST": cluster.host_name(rank), **JOB_ENV}
+                   argus_env.HOST: cluster.host_name(rank), **JOB_ENV}
             cmd = [sys.executable, "-m", "argus", "run", "--store", str(out), "--run-id", "demo", "--layout",
                    "pp=2,dp=3", "--", sys.executable, "-m", "argus.workloads.train_transformer", "--mode", "pipeline",
                    "--d-model", "64", "--layers", "1", "--vocab", "256", *_job_args(args, "none", 0)]

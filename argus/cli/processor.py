@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 
+from argus import env as argus_env
 from argus.processor.limits import MAX_PENDING_FRAME_BYTES
 
 __all__ = ["register"]
@@ -60,10 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--remote-write-native-histograms", action="store_true",
                    help="also send each kernel's duration sketch as a native histogram (Prometheus needs "
                         "--enable-feature=native-histograms, or it refuses the requests)")
-    p.add_argument("--hang-min-s", type=float, default=float(os.environ.get("ARGUS_HANG_MIN_S", 30.0)),
+    p.add_argument("--hang-min-s", type=float, default=float(os.environ.get(argus_env.HANG_MIN_S, 30.0)),
                    help="live hang detection: never call a stall a hang before this many seconds without progress "
                         "(default $ARGUS_HANG_MIN_S or 30)")
-    p.add_argument("--hang-step-factor", type=float, default=float(os.environ.get("ARGUS_HANG_STEP_FACTOR", 10.0)),
+    p.add_argument("--hang-step-factor", type=float, default=float(os.environ.get(argus_env.HANG_STEP_FACTOR, 10.0)),
                    help="… nor before this many median step times (default $ARGUS_HANG_STEP_FACTOR or 10)")
     p.add_argument("--mirror", metavar="URI",
                    help="also push the store to object storage (s3://bucket/prefix) every --mirror-interval seconds "

@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from argus import env as argus_env
+
 __all__ = ["register"]
 
 INJECT_DIR = Path(__file__).resolve().parent.parent / "producer" / "_inject"
@@ -39,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--order", help="rank order (default tp-cp-ep-dp-pp)")
     p.add_argument("--run-id", help="run id of every rank (default: $ARGUS_RUN_ID, Slurm's job id, else one the "
                                     "job's ranks agree on through their rendezvous store)")
-    p.add_argument("--host", default=os.environ.get("ARGUS_HOST") or socket.gethostname(),
+    p.add_argument("--host", default=os.environ.get(argus_env.HOST) or socket.gethostname(),
                    help="host name for this host's partition")
     p.add_argument("--socket", help="use the processor already listening on this socket")
     p.add_argument("--window-steps", type=int, default=5)
@@ -213,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
     # An id given here is every rank's; otherwise each rank proposes this host's name and the
     # job's ranks agree on one through their rendezvous store (producer/activation.py): hosts
     # started seconds apart still write one run.
-    given = args.run_id or os.environ.get("ARGUS_RUN_ID") or ""
+    given = args.run_id or os.environ.get(argus_env.RUN_ID) or ""
     run_id = given or time.strftime("run-%Y%m%d-%H%M%S")
     processor: subprocess.Popen | None = None
     if args.socket:
@@ -252,10 +254,10 @@ def run(args: argparse.Namespace) -> int:
             processor = None
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(INJECT_DIR), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
-    env["ARGUS_SOCKET"] = str(sock)
-    env["ARGUS_RUN_ID" if given else "ARGUS_RUN_ID_PROPOSAL"] = run_id
-    env["ARGUS_HOST"] = args.host
-    for flag, var in ((args.layout, "ARGUS_LAYOUT"), (args.order, "ARGUS_ORDER"), (args.kernels, "ARGUS_KERNELS")):
+    env[argus_env.SOCKET] = str(sock)
+    env[argus_env.RUN_ID if given else argus_env.RUN_ID_PROPOSAL] = run_id
+    env[argus_env.HOST] = args.host
+    for flag, var in ((args.layout, argus_env.LAYOUT), (args.order, argus_env.ORDER), (args.kernels, argus_env.KERNELS)):
         if flag:
             env[var] = flag
     joblog = None

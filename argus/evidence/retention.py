@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from argus import env as argus_env
 from argus.errors import ConfigError
 from argus.store.files import TMP_PREFIX
 
@@ -25,8 +26,8 @@ __all__ = ["RetentionPolicy", "enforce_retention", "DEFAULT_MAX_BYTES", "DEFAULT
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024  # ≈ 50 windows of 100k events (~10 MB each) per host
 DEFAULT_MAX_AGE_S = 24 * 3600.0  # a day: long enough to look at last night's incident
 STALE_TMP_S = 3600.0  # a hidden temp file older than this is a crashed writer's leftover
-ENV_MAX_BYTES = "ARGUS_EVIDENCE_MAX_BYTES"  # overrides max_bytes; "none" disables the size limit
-ENV_MAX_AGE_S = "ARGUS_EVIDENCE_MAX_AGE_S"  # overrides max_age_s; "none" disables the age limit
+ENV_MAX_BYTES = argus_env.EVIDENCE_MAX_BYTES  # overrides max_bytes; "none" disables the size limit
+ENV_MAX_AGE_S = argus_env.EVIDENCE_MAX_AGE_S  # overrides max_age_s; "none" disables the age limit
 
 
 @dataclass(kw_only=True, slots=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from argus import env as argus_env
 from argus.healthcheck.model import HealthReport, Measurement, Status, Verdict
 
 __all__ = ["DEFAULT_THRESHOLD", "LATENCY_BYTES", "default_dir", "baseline_path", "save_baseline", "load_baseline",
@@ -33,7 +34,7 @@ NOISE_K, NOISE_CAP = 2.0, 0.75  # a deficit must exceed twice the measured noise
 
 
 def default_dir() -> Path:
-    return Path(os.environ.get("ARGUS_HEALTHCHECK_DIR", Path.home() / ".argus" / "healthcheck"))
+    return Path(os.environ.get(argus_env.HEALTHCHECK_DIR, Path.home() / ".argus" / "healthcheck"))
 
 
 def baseline_path(directory: Path, host: str) -> Path:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from argus import env as argus_env
 from argus.healthcheck.model import Level, Measurement
 
 __all__ = ["BUS_FACTOR", "busbw", "net_measurements", "default_sizes"]
@@ -134,7 +135,7 @@ def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: 
                 fn = lambda: dist.all_reduce(x)  # noqa: E731
             rows.append((op, n * 4, _timed_collective(fn, sync, None, device, seconds)))
     hosts: list = [None] * world
-    dist.all_gather_object(hosts, os.environ.get("ARGUS_HOST") or _socket.gethostname())
+    dist.all_gather_object(hosts, os.environ.get(argus_env.HOST) or _socket.gethostname())
     first: dict[str, int] = {}
     for r, h in enumerate(hosts):
         first.setdefault(str(h), r)

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from argus import env as argus_env
 from argus.healthcheck.burn import BurnMonitor, PcieLink, merge_links, pcie_measurements
 from argus.healthcheck.collectives import default_sizes, measure, net_measurements, to_measurements
 from argus.healthcheck.gpus import local_gpus, nvml_versions
@@ -105,7 +106,7 @@ def run_checks(config: CheckConfig, progress: Callable[[str], None] | None = Non
     if torch is None:
         import torch
     gpus = local_gpus(torch)
-    report = HealthReport(os.environ.get("ARGUS_HOST") or socket.gethostname(), _device_name(gpus),
+    report = HealthReport(os.environ.get(argus_env.HOST) or socket.gethostname(), _device_name(gpus),
                           versions(torch, config.nvml), time.time(), gpus=gpus)
     t0 = time.perf_counter()
     where = launched()

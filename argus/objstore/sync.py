@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from argus import env as argus_env
 from argus.objstore.backends import LocalObjectStore, ObjectInfo, ObjectStore, ObjectStoreError, open_objstore
 from argus.store.commit import COMMITS_DIR
 from argus.store.files import write_bytes_atomic
@@ -40,7 +41,7 @@ from argus.store.files import write_bytes_atomic
 __all__ = ["SyncStats", "push", "pull", "enforce_remote_retention", "plan_retention", "evidence_host",
            "evidence_prefixes", "local_files", "is_private", "local_copy", "CACHE_ENV", "EVIDENCE_DIR"]
 
-CACHE_ENV = "ARGUS_CACHE_DIR"
+CACHE_ENV = argus_env.CACHE_DIR
 EVIDENCE_DIR = "evidence"  # runs/<run>/<attempt>/evidence/<host>/<window>-<nonce>.pftrace (processor/daemon.py)
 _METADATA = ("attempt.json", "argus-store.json")
 

@@ -70,6 +70,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from argus import env as argus_env
 from argus.wire.protocol import DROP_TABLES, DTYPES, Msg
 from argus.processor.samplers import Output, RankHandle, Sampler
 
@@ -80,7 +81,7 @@ SLOW_RECENT = 1.5  # … or the median of the last five this many ×
 MIN_REPORT_GAP_S = 1.0  # producers batch step records this often: silence shorter than 2× is normal
 log = logging.getLogger("argus.processor")
 
-PY_SPY_ENV = "ARGUS_PY_SPY"  # path of the py-spy executable (default: next to this Python, else on PATH)
+PY_SPY_ENV = argus_env.PY_SPY  # path of the py-spy executable (default: next to this Python, else on PATH)
 PLACE_GRACE_NS = 3_000_000_000  # place a sample without a covering step record after this long
 RUN_FLUSH_NS = 5_000_000_000  # hand on an aggregated run at least this often
 DUMP_TIMEOUT_S = 5.0

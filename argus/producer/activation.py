@@ -27,12 +27,14 @@ import os
 import sys
 from typing import Any, Callable
 
+from argus import env as argus_env
+
 __all__ = ["after_import", "agree_run_id", "arm", "RUN_ID_KEY", "TRACED_PID_ENV", "traced_ancestor",
            "wrap_init_process_group"]
 
 log = logging.getLogger("argus.producer")
 
-TRACED_PID_ENV = "ARGUS_TRACED_PID"  # set in a traced rank; its descendants are not ranks of their own
+TRACED_PID_ENV = argus_env.TRACED_PID  # set in a traced rank; its descendants are not ranks of their own
 RUN_ID_KEY = "argus/run_id"  # the key the ranks agree on a run id under, in the job's rendezvous store
 
 

@@ -26,6 +26,8 @@ import threading
 import warnings
 from typing import Any
 
+from argus import env as argus_env
+
 __all__ = ["init", "step", "phase", "shutdown", "runtime", "arm"]
 
 log = logging.getLogger("argus.producer")
@@ -113,7 +115,7 @@ def arm() -> None:
         from argus.producer.activation import after_import, arm as arm_activation
 
         arm_activation(lambda: _start_from_process_group({}))
-        if os.environ.get("ARGUS_FORCE") == "1" and multiprocessing.parent_process() is None:
+        if os.environ.get(argus_env.FORCE) == "1" and multiprocessing.parent_process() is None:
             after_import("torch", lambda _torch: _start({}))
     except Exception as exc:  # noqa: BLE001
         print(f"argus: not started: {exc}", file=sys.stderr)

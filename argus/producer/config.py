@@ -13,28 +13,29 @@ import socket
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping
 
+from argus import env as argus_env
 from argus.errors import ConfigError
 
 __all__ = ["ProducerConfig", "Identity", "resolve_config", "resolve_identity", "ENV"]
 
-#: field → environment variable
+#: field → environment variable (what each does: argus/env.py)
 ENV = {
-    "enabled": "ARGUS_ENABLE",  # 0/false disables everything (one boolean check per hook)
-    "socket_path": "ARGUS_SOCKET",  # processor socket (default /tmp/argus-$UID/processor.sock, wire/paths.py)
-    "layout": "ARGUS_LAYOUT",  # e.g. "pp=2,dp=2"; default pure data parallel
-    "order": "ARGUS_ORDER",  # rank order, default tp-cp-ep-dp-pp
-    "run_id": "ARGUS_RUN_ID",  # an id every rank is given (default: SLURM_JOB_ID, else agreed, see resolve_identity)
-    "run_id_proposal": "ARGUS_RUN_ID_PROPOSAL",  # what this rank proposes when the ranks agree on one (argus run)
-    "attempt_id": "ARGUS_ATTEMPT_ID",  # default TORCHELASTIC_RESTART_COUNT, else "0"
-    "host": "ARGUS_HOST",  # host name for the store (default: hostname)
-    "flush_interval_s": "ARGUS_FLUSH_S",  # the transport thread's tick: (re)connect, read controls
-    "buffer_events": "ARGUS_BUFFER_EVENTS",  # ring capacity per table (capped, see runtime.py); full: drop, count
-    "kernels": "ARGUS_KERNELS",  # auto | cupti | cpu_ops | off
-    "op_sample_every": "ARGUS_OP_SAMPLE_EVERY",  # CPU op source: capture one step in N
-    "module_patterns": "ARGUS_MODULE_PATTERNS",  # "phase=word|word;phase=word" (see below)
-    "stacks_hz": "ARGUS_STACKS_HZ",  # in-process stack sampling (0: only when the processor asks)
-    "sdc_every": "ARGUS_SDC_EVERY",  # digest replicas' gradients and parameters every N optimizer steps (0: off)
-    "sdc_gemms": "ARGUS_SDC_GEMMS",  # linear layers whose forward GEMM is checked on those steps (0: none, -1: all)
+    "enabled": argus_env.ENABLE,
+    "socket_path": argus_env.SOCKET,
+    "layout": argus_env.LAYOUT,
+    "order": argus_env.ORDER,
+    "run_id": argus_env.RUN_ID,
+    "run_id_proposal": argus_env.RUN_ID_PROPOSAL,
+    "attempt_id": argus_env.ATTEMPT_ID,
+    "host": argus_env.HOST,
+    "flush_interval_s": argus_env.FLUSH_S,
+    "buffer_events": argus_env.BUFFER_EVENTS,
+    "kernels": argus_env.KERNELS,
+    "op_sample_every": argus_env.OP_SAMPLE_EVERY,
+    "module_patterns": argus_env.MODULE_PATTERNS,
+    "stacks_hz": argus_env.STACKS_HZ,
+    "sdc_every": argus_env.SDC_EVERY,
+    "sdc_gemms": argus_env.SDC_GEMMS,
 }
 
 #: Module-level phases: phase name → words matched in the module's class name (lowercase).
@@ -92,7 +93,7 @@ def _parse_patterns(text: str) -> dict[str, tuple[str, ...]]:
             continue
         name, sep, words = item.partition("=")
         if not sep or not name.strip():
-            raise ConfigError(f"ARGUS_MODULE_PATTERNS item {item!r} is not phase=word|word")
+            raise ConfigError(f"{argus_env.MODULE_PATTERNS} item {item!r} is not phase=word|word")
         out[name.strip()] = tuple(w.strip().lower() for w in words.split("|") if w.strip())
     return out
 
@@ -170,7 +171,7 @@ def resolve_identity(config: ProducerConfig, environ: Mapping[str, str] | None =
         raise ConfigError(f"cannot read the rank from the environment: {exc}") from None
     if not 0 <= rank < world:
         raise ConfigError(f"rank {rank} is outside a world of {world}")
-    host = config.host or first("ARGUS_HOST", "SLURMD_NODENAME", default=socket.gethostname()) or "localhost"
+    host = config.host or first(argus_env.HOST, "SLURMD_NODENAME", default=socket.gethostname()) or "localhost"
     run_id = config.run_id or first("SLURM_JOB_ID", default="") or ""
     if not run_id:
         elastic = first("TORCHELASTIC_RUN_ID", default="") or ""

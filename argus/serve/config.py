@@ -8,13 +8,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from argus import env as argus_env
 from argus.errors import ConfigError
 
 __all__ = ["ServeConfig", "is_loopback", "ENV_TOKEN", "DEFAULT_PORT", "MIN_TOKEN_CHARS", "MAX_PENDING_CONNECTIONS",
            "MAX_CONNECTIONS", "PENDING_DEADLINE_S", "SOCKET_TIMEOUT_S"]
 
 DEFAULT_PORT = 8765
-ENV_TOKEN = "ARGUS_SERVE_TOKEN"  # the access token, when not given as --token (keeps it out of `ps`)
+ENV_TOKEN = argus_env.SERVE_TOKEN  # the access token, when not given as --token (keeps it out of `ps`)
 #: Shortest token accepted. 16 characters of even a lowercase-and-digits alphabet are ~82
 #: bits: not guessable over HTTP, while a one-word token falls to a dictionary in seconds.
 MIN_TOKEN_CHARS = 16

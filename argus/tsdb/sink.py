@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from argus import env as argus_env
 from argus.errors import ConfigError
 from argus.tsdb.remote_write import HEADERS, LabelCache, compress, encode_histogram_series, encode_write_request
 from argus.tsdb.series import AttemptClock, SeriesBatch, WindowJob, build_window_series
@@ -39,7 +40,7 @@ log = logging.getLogger("argus.tsdb")
 _ATTEMPTS_KEPT = 8  # attempts whose clock mapping and last stamps a sink remembers
 
 #: ``job`` label of every series when the caller does not name one.
-ENV_JOB = "ARGUS_TSDB_JOB"
+ENV_JOB = argus_env.TSDB_JOB
 
 #: Why a sink drops data (the ``reason`` of its ``drops`` rows, table ``remote_write``).
 DROP_REASONS = {

@@ -17,12 +17,13 @@ import stat
 import tempfile
 from pathlib import Path
 
+from argus import env as argus_env
 from argus.errors import ConfigError
 
 __all__ = ["SOCKET_ENV", "RING_DIR_ENV", "runtime_dir", "default_socket_path", "ring_dir", "check_private_dir"]
 
-SOCKET_ENV = "ARGUS_SOCKET"  # the processor's unix socket (argus run sets it for its job)
-RING_DIR_ENV = "ARGUS_RING_DIR"  # directory of the ranks' shared-memory rings
+SOCKET_ENV = argus_env.SOCKET  # the processor's unix socket (argus run sets it for its job)
+RING_DIR_ENV = argus_env.RING_DIR  # directory of the ranks' shared-memory rings
 
 
 def check_private_dir(path: Path) -> Path:

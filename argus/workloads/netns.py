@@ -34,6 +34,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from argus import env as argus_env
+
 __all__ = [
     "DEFAULT_PREFIX_BASE",
     "JobTimeout",
@@ -346,7 +348,7 @@ def launch_job(cluster: NamespaceCluster, script: str | os.PathLike, args: Seque
                     "RANK": str(rank),
                     "LOCAL_RANK": str(rank % nproc_per_host),
                     "GLOO_SOCKET_IFNAME": cluster.ifname(host),
-                    "ARGUS_HOST": cluster.host_name(host),
+                    argus_env.HOST: cluster.host_name(host),
                     **(env or {}),
                 }
                 # Files, not pipes: a rank that fills a pipe would block while we wait on another.
