@@ -36,7 +36,7 @@ from argus.analysis.job_log import with_job_log
 from argus.analysis.sdc import checkpoints_from_log, sdc_incidents
 from argus.analysis.signals import HwSignals, load_hw_signals
 from argus.errors import ConfigError, StoreError
-from argus.store import Attempt
+from argus.store import WINDOW_STEPS, Attempt
 from argus.topology import GROUP_KINDS
 
 __all__ = ["DiagnoseConfig", "Diagnosis", "diagnose"]
@@ -171,7 +171,7 @@ def _windows(attempt: Attempt, steps: np.ndarray, window_steps: int | None) -> l
         rows = attempt.sql("SELECT DISTINCT start_step, end_step FROM kernel_summaries").to_pylist()
         lengths = [r["end_step"] - r["start_step"] + 1 for r in rows
                    if r["start_step"] is not None and r["end_step"] is not None]
-        window_steps = min(max([5, *lengths]), MAX_WINDOW_STEPS)
+        window_steps = min(max([WINDOW_STEPS, *lengths]), MAX_WINDOW_STEPS)
     hi = int(np.max(steps))
     firsts = np.unique(np.asarray(steps, np.int64) // window_steps) * window_steps
     return [(int(a), min(int(a) + window_steps - 1, hi)) for a in firsts]

@@ -14,7 +14,9 @@ import json
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
+from argus.cli.defaults import config_default
 from argus.cli.progress import stderr_console, stdout_console
 from argus.text import term
 
@@ -22,7 +24,10 @@ __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from argus.drill import DrillKind
+    from argus.drill import Drill, DrillKind
+
+    def default(name: str) -> Any:
+        return config_default(Drill, name)
 
     p = sub.add_parser("drill", help="inject a real fault into a job and check Argus catches, names and pages it",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -31,18 +36,23 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "every 100 ms from then on), hang (stopped for good), processor (SIGKILL this host's "
                         "processor), link (throttle host RANK's link mid-job: a pipeline job on network "
                         "namespaces, one rank a host; needs root)")
-    p.add_argument("--rank", type=int, default=1, help="rank to drill (default 1)")
+    p.add_argument("--rank", type=int, default=default("rank"), help=f"rank to drill (default {default('rank')})")
     p.add_argument("--store", help="store directory (default ./argus-drills)")
     p.add_argument("--ranks", type=int, default=4, help="bundled job: processes (default 4)")
     p.add_argument("--steps", type=int, default=40, help="bundled job: steps (default 40)")
-    p.add_argument("--hosts", type=int, default=6, help="link: namespace hosts, one rank each (default 6)")
+    p.add_argument("--hosts", type=int, default=default("hosts"),
+                   help=f"link: namespace hosts, one rank each (default {default('hosts')})")
     p.add_argument("--layout", help="link: the job's layout (default pp=2,dp=HOSTS/2)")
-    p.add_argument("--rate", default="20mbit", help="link: the throttled host's rate (tc tbf, default 20mbit)")
-    p.add_argument("--after-steps", type=int, default=5, help="inject once this many steps are done (default 5)")
-    p.add_argument("--duration", type=float, default=15.0, help="stall-rank: seconds the rank is frozen (default 15)")
-    p.add_argument("--hang-min-s", type=float, default=10.0,
-                   help="the processor's live hang threshold for the drill's run (default 10)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds a stage may take (default 300)")
+    p.add_argument("--rate", default=default("rate"),
+                   help=f"link: the throttled host's rate (tc tbf, default {default('rate')})")
+    p.add_argument("--after-steps", type=int, default=default("after_steps"),
+                   help=f"inject once this many steps are done (default {default('after_steps')})")
+    p.add_argument("--duration", type=float, default=default("duration_s"),
+                   help=f"stall-rank: seconds the rank is frozen (default {default('duration_s'):g})")
+    p.add_argument("--hang-min-s", type=float, default=default("hang_min_s"),
+                   help=f"the processor's live hang threshold for the drill's run (default {default('hang_min_s'):g})")
+    p.add_argument("--timeout", type=float, default=default("timeout_s"),
+                   help=f"seconds a stage may take (default {default('timeout_s'):g})")
     p.add_argument("--alertmanager", metavar="URL", help="check the alert reaches this Alertmanager")
     p.add_argument("--webhook", metavar="URL", help="check the alert reaches this webhook")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

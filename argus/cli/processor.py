@@ -5,67 +5,87 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import socket
+from typing import Any
 
 from argus import env as argus_env
-from argus.processor.limits import MAX_PENDING_FRAME_BYTES
+from argus.cli.defaults import config_default
 
 __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from argus.processor import HangConfig, ProcessorConfig
+    from argus.tsdb import RemoteWriteConfig
+
+    def default(name: str) -> Any:
+        return config_default(ProcessorConfig, name)
+
+    max_pending_mb = default("max_pending_frame_bytes") / (1 << 20)
+    remote_queue, remote_backoff, heartbeat = (config_default(RemoteWriteConfig, name)
+                                               for name in ("queue_windows", "max_backoff_s", "heartbeat_s"))
+    hang_min_s, hang_step_factor = config_default(HangConfig, "min_s"), config_default(HangConfig, "step_factor")
     p = sub.add_parser("processor", help="run the per-host processor daemon",
                        description="Ingest local ranks' batches over a unix socket, window and compress them, "
                                    "and write the store and Perfetto evidence. SIGTERM flushes and exits.")
     p.add_argument("--store", required=True, help="store directory (created if new or empty)")
     p.add_argument("--socket", help="unix socket path (default $ARGUS_SOCKET or /tmp/argus-$UID/processor.sock)")
-    p.add_argument("--host", default=socket.gethostname(), help="host name for the store partition (default: hostname)")
-    p.add_argument("--window-steps", type=int, default=5, help="steps per window (default 5)")
-    p.add_argument("--window-timeout", type=float, default=30.0, help="close a window after this many seconds")
-    p.add_argument("--max-buffered-events", type=int, default=20_000_000, help="memory cap; beyond it batches are dropped")
-    p.add_argument("--max-pending-frame-mb", type=float, default=MAX_PENDING_FRAME_BYTES / (1 << 20),
+    p.add_argument("--host", default=default("host"), help="host name for the store partition (default: hostname)")
+    p.add_argument("--window-steps", type=int, default=default("window_steps"),
+                   help=f"steps per window (default {default('window_steps')})")
+    p.add_argument("--window-timeout", type=float, default=default("window_timeout_s"),
+                   help="close a window after this many seconds")
+    p.add_argument("--max-buffered-events", type=int, default=default("max_buffered_events"),
+                   help="memory cap; beyond it batches are dropped")
+    p.add_argument("--max-pending-frame-mb", type=float, default=max_pending_mb,
                    help="memory cap on unfinished frames over all connections; the client that passes it is "
-                        f"dropped (default {MAX_PENDING_FRAME_BYTES >> 20})")
+                        f"dropped (default {max_pending_mb:g})")
     p.add_argument("--max-connections", type=int, help="connections served at once; more are closed and counted "
                                                        "(default: half of RLIMIT_NOFILE, at most 1024)")
     p.add_argument("--raw-kernels", action="store_true", help="also store raw kernel events (small jobs)")
     p.add_argument("--no-evidence", action="store_true", help="do not write Perfetto evidence files")
-    p.add_argument("--evidence-interval", type=float, default=10.0,
+    p.add_argument("--evidence-interval", type=float, default=default("evidence_interval_s"),
                    help="seconds between evidence files of normal windows (slow windows always get one; 0: every "
                         "window)")
-    p.add_argument("--evidence-max-mb", type=float, default=512.0, help="evidence retention by size per host")
-    p.add_argument("--evidence-max-age-h", type=float, default=24.0, help="evidence retention by age")
+    p.add_argument("--evidence-max-mb", type=float, default=default("evidence_max_bytes") / (1 << 20),
+                   help="evidence retention by size per host")
+    p.add_argument("--evidence-max-age-h", type=float, default=default("evidence_max_age_s") / 3600,
+                   help="evidence retention by age")
     p.add_argument("--no-fsync", action="store_true", help="skip fsync on commit (tests, tmpfs)")
-    p.add_argument("--stack-hz", type=float, default=0.5,
-                   help="py-spy stack samples per second per rank (default 0.5: a dump costs ~8 ms of CPU)")
-    p.add_argument("--suspect-stack-hz", type=float, default=10.0,
-                   help="stack samples per second for a rank under suspicion: stalled, or a slow last step (default 10)")
+    p.add_argument("--stack-hz", type=float, default=default("stack_hz"),
+                   help=f"py-spy stack samples per second per rank (default {default('stack_hz'):g}: a dump costs "
+                        "~8 ms of CPU)")
+    p.add_argument("--suspect-stack-hz", type=float, default=default("suspect_stack_hz"),
+                   help="stack samples per second for a rank under suspicion: stalled, or a slow last step "
+                        f"(default {default('suspect_stack_hz'):g})")
     p.add_argument("--no-stacks", action="store_true", help="do not sample the ranks' stacks with py-spy")
     p.add_argument("--no-host-counters", action="store_true",
                    help="do not sample this host's pressure and port counters (for jobs that do not run on this "
                         "host: a simulator or a replay feeding the processor)")
-    p.add_argument("--hw-interval", type=float, default=5.0,
-                   help="seconds between NVML GPU telemetry samples (default 5; off without NVML)")
+    p.add_argument("--hw-interval", type=float, default=default("hw_interval_s"),
+                   help=f"seconds between NVML GPU telemetry samples (default {default('hw_interval_s'):g}; off "
+                        "without NVML)")
     p.add_argument("--remote-write", action="append", default=[], metavar="URL",
                    help="also send each window's series to this Prometheus remote-write endpoint (repeatable), e.g. "
                         "http://127.0.0.1:8428/api/v1/write; see docs/tsdb.md")
     p.add_argument("--remote-write-job", help="job label of the series (default $ARGUS_TSDB_JOB, else 'argus')")
-    p.add_argument("--remote-write-queue", type=int, default=16,
-                   help="windows waiting per TSDB before the oldest is dropped (default 16)")
-    p.add_argument("--remote-write-max-backoff", type=float, default=5.0,
-                   help="longest wait between retries of a request, seconds (default 5)")
-    p.add_argument("--remote-write-heartbeat", type=float, default=15.0, metavar="S",
+    p.add_argument("--remote-write-queue", type=int, default=remote_queue,
+                   help=f"windows waiting per TSDB before the oldest is dropped (default {remote_queue})")
+    p.add_argument("--remote-write-max-backoff", type=float, default=remote_backoff,
+                   help=f"longest wait between retries of a request, seconds (default {remote_backoff:g})")
+    p.add_argument("--remote-write-heartbeat", type=float, default=heartbeat, metavar="S",
                    help="send the processor's liveness series (argus_processor_heartbeat_seconds, its jobs' ranks "
                         "connected and last step) at least every S seconds: the absence alert rules watch them "
-                        "(default 15)")
+                        f"(default {heartbeat:g})")
     p.add_argument("--remote-write-native-histograms", action="store_true",
                    help="also send each kernel's duration sketch as a native histogram (Prometheus needs "
                         "--enable-feature=native-histograms, or it refuses the requests)")
-    p.add_argument("--hang-min-s", type=float, default=float(os.environ.get(argus_env.HANG_MIN_S, 30.0)),
+    p.add_argument("--hang-min-s", type=float, default=float(os.environ.get(argus_env.HANG_MIN_S, hang_min_s)),
                    help="live hang detection: never call a stall a hang before this many seconds without progress "
-                        "(default $ARGUS_HANG_MIN_S or 30)")
-    p.add_argument("--hang-step-factor", type=float, default=float(os.environ.get(argus_env.HANG_STEP_FACTOR, 10.0)),
-                   help="… nor before this many median step times (default $ARGUS_HANG_STEP_FACTOR or 10)")
+                        f"(default ${argus_env.HANG_MIN_S} or {hang_min_s:g})")
+    p.add_argument("--hang-step-factor", type=float,
+                   default=float(os.environ.get(argus_env.HANG_STEP_FACTOR, hang_step_factor)),
+                   help=f"… nor before this many median step times (default ${argus_env.HANG_STEP_FACTOR} or "
+                        f"{hang_step_factor:g})")
     p.add_argument("--mirror", metavar="URI",
                    help="also push the store to object storage (s3://bucket/prefix) every --mirror-interval seconds "
                         "and at exit; this host's evidence there is kept within the same retention, a budget of "

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from argus import env as argus_env
+from argus.cli.defaults import config_default
 
 __all__ = ["register"]
 
@@ -34,6 +35,9 @@ INJECT_DIR = Path(__file__).resolve().parent.parent / "producer" / "_inject"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from argus.processor import HangConfig, ProcessorConfig
+
+    hang_min_s, hang_step_factor = config_default(HangConfig, "min_s"), config_default(HangConfig, "step_factor")
     p = sub.add_parser("run", help="run a training command with tracing injected (zero code change)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--store", default="argus-store", help="store directory (default ./argus-store)")
@@ -44,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=os.environ.get(argus_env.HOST) or socket.gethostname(),
                    help="host name for this host's partition")
     p.add_argument("--socket", help="use the processor already listening on this socket")
-    p.add_argument("--window-steps", type=int, default=5)
+    p.add_argument("--window-steps", type=int, default=config_default(ProcessorConfig, "window_steps"))
     p.add_argument("--raw-kernels", action="store_true", help="keep raw kernel/op events too")
     p.add_argument("--kernels", choices=["auto", "cupti", "cpu_ops", "off"], help="kernel channel (default auto)")
     p.add_argument("--no-stacks", action="store_true", help="processor: do not sample stacks")
@@ -53,9 +57,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--remote-write-job", help="processor: job label of the series (default 'argus')")
     p.add_argument("--mirror", metavar="URI", help="processor: also push the store to s3://bucket/prefix")
     p.add_argument("--hang-min-s", type=float, help="processor: seconds without progress before a hang is recorded "
-                                                     "(default $ARGUS_HANG_MIN_S or 30)")
+                                                     f"(default ${argus_env.HANG_MIN_S} or {hang_min_s:g})")
     p.add_argument("--hang-step-factor", type=float, help="processor: … and at least this many median step times "
-                                                           "(default $ARGUS_HANG_STEP_FACTOR or 10)")
+                                                           f"(default ${argus_env.HANG_STEP_FACTOR} or "
+                                                           f"{hang_step_factor:g})")
     p.add_argument("--no-job-log", action="store_true",
                    help="leave the command's stdout/stderr as they are (default: passed through unchanged while "
                         "known lines — NCCL warnings, timeouts, CUDA errors, OOM, exceptions, killed ranks — are "

@@ -4,24 +4,37 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
+from argus.cli.defaults import config_default
 from argus.cli.progress import progress_bar, stderr_console
 from argus.sim import SCENARIOS, SimConfig, simulate_to_store
 
 __all__ = ["register_simulate", "register_scenarios", "add_sim_options", "config_from_args"]
 
 
-def add_sim_options(p: argparse.ArgumentParser, ranks: int = 64, steps: int = 20) -> None:
+def _default(name: str) -> Any:
+    return config_default(SimConfig, name)
+
+
+def add_sim_options(p: argparse.ArgumentParser, ranks: int | None = None, steps: int | None = None) -> None:
+    """The job-shape flags of ``SimConfig``, their defaults its own (``ranks``/``steps``: a caller's)."""
+    ranks = _default("ranks") if ranks is None else ranks
+    steps = _default("steps") if steps is None else steps
     p.add_argument("--ranks", type=int, default=ranks, help=f"world size (default {ranks})")
     p.add_argument("--steps", type=int, default=steps, help=f"training steps (default {steps})")
-    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=int, default=_default("seed"), help=f"random seed (default {_default('seed')})")
     p.add_argument("--layout", help="parallel layout, e.g. 'tp=2,pp=4,dp=8' (default: a realistic MoE layout)")
     p.add_argument("--order", help="rank order, fastest axis first (default tp-cp-ep-dp-pp)")
-    p.add_argument("--gpus-per-host", type=int, default=8, help="ranks per host (default 8)")
-    p.add_argument("--layers", type=int, default=4, help="transformer layers per pipeline stage (default 4)")
-    p.add_argument("--microbatches", type=int, default=8, help="microbatches per step (default 8)")
-    p.add_argument("--virtual-stages", type=int, default=1,
-                   help="model chunks per pipeline stage: > 1 runs Megatron's interleaved 1F1B schedule (default 1)")
+    p.add_argument("--gpus-per-host", type=int, default=_default("gpus_per_host"),
+                   help=f"ranks per host (default {_default('gpus_per_host')})")
+    p.add_argument("--layers", type=int, default=_default("layers"),
+                   help=f"transformer layers per pipeline stage (default {_default('layers')})")
+    p.add_argument("--microbatches", type=int, default=_default("microbatches"),
+                   help=f"microbatches per step (default {_default('microbatches')})")
+    p.add_argument("--virtual-stages", type=int, default=_default("virtual_stages"),
+                   help="model chunks per pipeline stage: > 1 runs Megatron's interleaved 1F1B schedule "
+                        f"(default {_default('virtual_stages')})")
     p.add_argument("--kernels", action="store_true", help="also store raw kernel events (small runs)")
     p.add_argument("--megatron-groups", action="store_true",
                    help="Megatron's own groups at the step's tail: the grad-norm all-reduce over MODEL_PARALLEL "
@@ -31,8 +44,8 @@ def add_sim_options(p: argparse.ArgumentParser, ranks: int = 64, steps: int = 20
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     return SimConfig(ranks=args.ranks, steps=args.steps, seed=args.seed, layout=args.layout, order=args.order,
                      gpus_per_host=args.gpus_per_host, layers=args.layers, microbatches=args.microbatches,
-                     kernels=args.kernels, megatron_groups=getattr(args, "megatron_groups", False),
-                     virtual_stages=getattr(args, "virtual_stages", 1))
+                     kernels=args.kernels, megatron_groups=getattr(args, "megatron_groups", _default("megatron_groups")),
+                     virtual_stages=getattr(args, "virtual_stages", _default("virtual_stages")))
 
 
 def register_simulate(sub: argparse._SubParsersAction) -> None:

@@ -6,6 +6,7 @@ import argparse
 import signal
 import threading
 
+from argus.cli.defaults import config_default
 from argus.cli.progress import stderr_console
 from argus.text import term
 
@@ -13,6 +14,8 @@ __all__ = ["register"]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from argus.evidence.retention import RetentionPolicy
+
     p = sub.add_parser("sync", help="copy a store to/from object storage (s3://bucket/prefix)",
                        description="Upload the files a bucket lacks (SRC a store directory, DST s3://...), or "
                                    "download them (SRC s3://..., DST a directory). Files are immutable, so this "
@@ -26,9 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dst")
     p.add_argument("--watch", action="store_true", help="keep pushing every --interval seconds until interrupted")
     p.add_argument("--interval", type=float, default=30.0)
-    p.add_argument("--evidence-max-mb", type=float, default=512.0,
+    p.add_argument("--evidence-max-mb", type=float, default=config_default(RetentionPolicy, "max_bytes") / (1 << 20),
                    help="evidence kept in the bucket per host (0: no limit)")
-    p.add_argument("--evidence-max-age-h", type=float, default=24.0, help="evidence age limit (0: no limit)")
+    p.add_argument("--evidence-max-age-h", type=float, default=config_default(RetentionPolicy, "max_age_s") / 3600,
+                   help="evidence age limit (0: no limit)")
     p.add_argument("--state-dir", help="with --watch: where the mirror keeps its ledger (default SRC/.argus-mirror); "
                                        "a writable directory when SRC is mounted read-only")
     p.set_defaults(func=run)

@@ -18,13 +18,15 @@ import numpy as np
 import pyarrow as pa
 
 from argus.wire.protocol import CATEGORIES, GPU_STEP_PHASE, GROUP_KINDS, KINDS, RERUNS, SENSORS, TABLES_BY_MSG, Msg
-from argus.store import WindowData
+from argus.store import WINDOW_STEPS, WindowData
 from argus.store import conform
 from argus.store.dictionary import first_seen_dictionary
 
-__all__ = ["WindowAssembler", "RankInfo"]
+__all__ = ["WindowAssembler", "RankInfo", "WINDOW_TIMEOUT_S"]
 
 _DATA = tuple(TABLES_BY_MSG)
+#: A window open this long closes whatever its ranks reported (``argus processor --window-timeout``).
+WINDOW_TIMEOUT_S = 30.0
 #: Largest step number taken (~10**12; a job runs 10**7 steps at most). A record past it is
 #: dropped and counted: one at 2**63-1 would open a window no reader could enumerate to.
 MAX_STEP = 1 << 40
@@ -81,9 +83,9 @@ class _Window:
 
 
 class WindowAssembler:
-    def __init__(self, window_steps: int = 5, timeout_s: float = 30.0, max_events: int = 20_000_000,
-                 close_lag_steps: int = 1, clock: Callable[[], float] = time.monotonic, keep_steps: int = 256,
-                 host: str = ""):
+    def __init__(self, window_steps: int = WINDOW_STEPS, timeout_s: float = WINDOW_TIMEOUT_S,
+                 max_events: int = 20_000_000, close_lag_steps: int = 1,
+                 clock: Callable[[], float] = time.monotonic, keep_steps: int = 256, host: str = ""):
         self.host = host
         self.window_steps = window_steps
         self.timeout_s = timeout_s

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from argus.errors import ArgusError, ConfigError, ProtocolError
-from argus.processor.assembler import RankInfo, WindowAssembler
+from argus.processor.assembler import WINDOW_TIMEOUT_S, RankInfo, WindowAssembler
 from argus.processor.cpu_time import CpuTimeSampler
 from argus.processor.hangs import HangConfig, HangWatch, RankView
 from argus.processor.hardware import HardwareSampler
@@ -45,7 +45,7 @@ from argus.processor.limits import (ACCEPT_BACKOFF_S, ATTEMPT_IDLE_S, ATTEMPT_RE
                                     DropReason, HelloRefused, default_max_connections, drop_reason)
 from argus.processor.samplers import Output, Samplers
 from argus.processor.stacks import StackSampler, find_py_spy, parse_dump, run_dump
-from argus.store import FLIGHT_RECORDER_DIR, WindowData, WindowWriter
+from argus.store import FLIGHT_RECORDER_DIR, WINDOW_STEPS, WindowData, WindowWriter
 from argus.store import Attempt, Store
 from argus.store.files import write_bytes_atomic
 from argus.topology import RunIdentity, Topology, parse_layout
@@ -65,8 +65,8 @@ class ProcessorConfig:
     store: Path
     socket_path: Path = field(default_factory=default_socket_path)
     host: str = field(default_factory=socket.gethostname)
-    window_steps: int = 5
-    window_timeout_s: float = 30.0
+    window_steps: int = WINDOW_STEPS
+    window_timeout_s: float = WINDOW_TIMEOUT_S
     max_buffered_events: int = 20_000_000
     queue_windows: int = 4
     raw_kernels: bool = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from argus.errors import ConfigError
+from argus.store.window import WINDOW_STEPS
 from argus.sim.workload import Workload
 from argus.topology import Layout, parse_layout
 
@@ -48,7 +49,7 @@ class SimConfig:
     seed: int = 0
     kernels: bool = False  # write raw kernel events to the store (small runs)
     summaries: bool = True  # write compressed kernel summaries and sketches per window
-    window_steps: int = 5  # steps per window of kernel summaries (as the processor's default)
+    window_steps: int = WINDOW_STEPS  # steps per window of kernel summaries (as the processor's default)
     clock_skew_ms: float = 2.0  # per-host clock offsets, uniform in ±this
     warmup_steps: int = 2  # first steps are slower for everyone (allocator, autotuning)
     checkpoint_every: int = 10  # a checkpoint-save step every N steps (0: never)

@@ -14,7 +14,11 @@ import pyarrow as pa
 
 from argus.store.attempt import Attempt
 
-__all__ = ["WindowData", "WindowWriter", "WindowStats"]
+__all__ = ["WINDOW_STEPS", "WindowData", "WindowWriter", "WindowStats"]
+
+#: Steps per window unless configured: the processor's windows, the simulator's summaries and the
+#: analysis's smallest window all default to it (``argus processor --window-steps``).
+WINDOW_STEPS = 5
 
 
 @dataclass
