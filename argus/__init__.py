@@ -10,7 +10,7 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "init", "phase", "shutdown", "step"]
 
 
-def init(**options):  # noqa: ANN001, ANN201 - thin front: the producer loads only when called
+def init(**options):  # thin front: the producer loads only when called
     """Start tracing this training process (``import argus; argus.init()``). Never raises."""
     from argus.producer.api import init as _init
 
@@ -24,7 +24,7 @@ def step() -> None:
     _step()
 
 
-def phase(name: str, category: str = "compute"):  # noqa: ANN201
+def phase(name: str, category: str = "compute"):
     """``with argus.phase("name"):`` or ``@argus.phase("name")``: a user-defined phase."""
     from argus.producer.api import phase as _phase
 

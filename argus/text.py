@@ -42,7 +42,7 @@ def visible(value: object) -> str:
     as its Python escape (``"\\x1b]0;x\\x07"``), so it can neither act on a terminal nor hide."""
     try:
         s = value if isinstance(value, str) else str(value)
-    except Exception:  # a hostile __str__: show the type rather than raise into the caller
+    except Exception:  # noqa: BLE001 - a hostile __str__: show the type rather than raise into the caller
         s = f"<unprintable {type(value).__name__}>"
     return _INVISIBLE.sub(_escape_char, s)
 

@@ -54,7 +54,7 @@ def _records(n: int, distinct: int, seed: int) -> list[Any]:
     names = [f"_ZN2at6native{len(str(i)) + 7}kernel_{i}ILi4EEEviT0_" for i in range(distinct)]
     out = []
     t = 0
-    for i in range(n):
+    for _ in range(n):
         t += int(rng.integers(2_000, 20_000))
         r = rng.random()
         if r < 0.9:

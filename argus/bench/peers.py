@@ -426,7 +426,7 @@ def _tool_row(prefix: str, results: list[ToolResult], classes: bool) -> dict[str
     faulty = [r for r in answered if r.precision is not None]
     healthy = [r for r in answered if r.false_alarm is not None]
     peaks = [r.peak_extra_mb for r in results if r.peak_extra_mb is not None]
-    mean_of: Callable[[Callable[[ToolResult], Any]], float | None] = (
+    mean_of: Callable[[Callable[[ToolResult], Any]], float | None] = (  # noqa: E731
         lambda get: _mean([float(get(r)) for r in faulty]))
     return {
         f"{prefix}_precision": mean_of(lambda r: r.precision),

@@ -75,7 +75,7 @@ def cluster_bounds(logd: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
     return cuts
 
 
-def _cut_rows(logd, starts, sizes, rows, lo, span, h, min_side, G, config, cuts) -> None:
+def _cut_rows(logd, starts, sizes, rows, lo, span, h, min_side, G, config, cuts) -> None:  # noqa: N803 - G: the number of groups, as in the formulas
     r_start, r_size = starts[rows], sizes[rows]
     grid_lo = lo[rows] - 3 * h[rows]
     dx = span[rows] / G

@@ -32,7 +32,7 @@ class _PlainUnpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self.path = path
 
-    def find_class(self, module: str, name: str) -> Any:  # noqa: ARG002 - every global is refused
+    def find_class(self, module: str, name: str) -> Any:  # every global is refused
         raise FlightRecorderError(
             f"{self.path}: refused: the file names a Python object ({module}.{name}) to build; a Flight "
             f"Recorder dump holds only plain data, and nothing from an untrusted file is imported or run")

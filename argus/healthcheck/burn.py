@@ -158,7 +158,7 @@ class BurnMonitor:
             max_mhz, slow_c = self._limits.get(uuid, (None, None))
 
             def add(metric: str, value: float, unit: str) -> None:
-                out.append(Measurement(Level.GPU, metric, subject, float(value), unit))
+                out.append(Measurement(Level.GPU, metric, subject, float(value), unit))  # noqa: B023 - called in this iteration
 
             clocks = per.get("sm_clock_mhz", [])
             if clocks:

@@ -124,15 +124,15 @@ def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: 
             x = torch.ones(n, device=device)
             if op == "all_gather":
                 fn = lambda: dist.all_gather_into_tensor(torch.empty(n * world, device=device), x) if cuda \
-                    else dist.all_gather([torch.empty_like(x) for _ in range(world)], x)  # noqa: E731
+                    else dist.all_gather([torch.empty_like(x) for _ in range(world)], x)  # noqa: E731, B023
             elif op == "reduce_scatter":
-                fn = lambda: dist.reduce_scatter_tensor(torch.empty(n // world, device=device), x)  # noqa: E731
+                fn = lambda: dist.reduce_scatter_tensor(torch.empty(n // world, device=device), x)  # noqa: E731, B023
             elif op == "all_to_all":
-                fn = lambda: dist.all_to_all_single(torch.empty_like(x), x)  # noqa: E731
+                fn = lambda: dist.all_to_all_single(torch.empty_like(x), x)  # noqa: E731, B023
             elif op == "broadcast":
-                fn = lambda: dist.broadcast(x, 0)  # noqa: E731
+                fn = lambda: dist.broadcast(x, 0)  # noqa: E731, B023
             else:
-                fn = lambda: dist.all_reduce(x)  # noqa: E731
+                fn = lambda: dist.all_reduce(x)  # noqa: E731, B023
             rows.append((op, n * 4, _timed_collective(fn, sync, None, device, seconds)))
     hosts: list = [None] * world
     dist.all_gather_object(hosts, os.environ.get(argus_env.HOST) or _socket.gethostname())

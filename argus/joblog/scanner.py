@@ -103,7 +103,7 @@ class LogScanner:
                 if buf:
                     self._line(stream, buf.decode("utf-8", "replace").rstrip("\r"))
                     buf.clear()
-            for (stream, rank), tb in list(self._tracebacks.items()):
+            for (stream, rank), _tb in list(self._tracebacks.items()):
                 del self._tracebacks[(stream, rank)]
 
     def take(self) -> tuple[list[LogEvent], dict[tuple[int, str], int]]:

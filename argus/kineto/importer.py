@@ -172,7 +172,7 @@ def read_traces(files: Sequence[str | Path], jobs: int | None = None,
             for fut in as_completed(futures):
                 try:
                     res = fut.result()
-                except Exception as exc:  # the worker died (killed for memory?): that file fails, not the import
+                except Exception as exc:  # noqa: BLE001 - the worker died (killed for memory?): that file fails, not the import
                     res = Failure(futures[fut], f"{futures[fut]}: the parsing process failed ({type(exc).__name__}: {exc})")
                 (failures if isinstance(res, Failure) else traces).append(res)  # type: ignore[arg-type]
                 if on_bytes is not None:

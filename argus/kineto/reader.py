@@ -406,13 +406,13 @@ def read_trace(path: str | Path, on_bytes: Callable[[int], None] | None = None) 
     try:
         with raw:
             _scan(ijson.items(capture, "traceEvents.item", use_float=True), c)
-    except Exception as exc:  # ijson, gzip, zlib, limit and malformed-event errors all name the file
+    except Exception as exc:  # noqa: BLE001 - ijson, gzip, zlib, limit and malformed-event errors all name the file
         raise IngestError(f"{path}: {_problem(exc, capture.total)}") from None
     try:
         return _assemble(path, c, capture, t0)
     except IngestError:
         raise
-    except Exception as exc:  # a value the checks above missed: this file fails, the others still import
+    except Exception as exc:  # noqa: BLE001 - a value the checks above missed: this file fails, the others still import
         raise IngestError(f"{path}: cannot use the trace's values ({type(exc).__name__}: {exc})") from None
 
 

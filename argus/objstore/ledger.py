@@ -78,7 +78,7 @@ class Ledger:
             raw = read_regular_bytes(self.path, _MAX_LEDGER_BYTES)
         except FileNotFoundError:
             return False
-        except Exception as exc:  # StoreError (not a regular file, too large), OSError
+        except Exception as exc:  # noqa: BLE001 - StoreError (not a regular file, too large), OSError
             log.warning("mirror ledger %s unreadable (%s): listing the bucket once to rebuild it", self.path, exc)
             return False
         lines = raw.split(b"\n")

@@ -133,7 +133,7 @@ def step() -> None:
         rt.fail(f"step() failed ({exc})")
 
 
-class phase(contextlib.ContextDecorator):
+class phase(contextlib.ContextDecorator):  # noqa: N801 - public API: argus.phase is used like a function
     """``with argus.phase("name"):`` or ``@argus.phase("name")``: a user-defined phase."""
 
     def __init__(self, name: str, category: str = "compute"):

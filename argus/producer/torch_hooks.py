@@ -189,7 +189,7 @@ class TorchHooks:
         hooks = self
 
         @functools.wraps(original)
-        def __next__(it: Any) -> Any:
+        def __next__(it: Any) -> Any:  # noqa: N807 - it replaces the iterator's own __next__
             rt = hooks.rt
             if not rt.active or hooks.is_compiling() or not rt.on_main_thread():
                 return original(it)

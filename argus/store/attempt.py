@@ -241,13 +241,13 @@ class Attempt:
             for f in self.files(table):
                 try:
                     pq.read_table(f, schema=TABLES[table].schema)
-                except Exception as exc:  # pyarrow raises several types for corrupt pages
+                except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for corrupt pages
                     self._damaged(f, f"{f}: corrupt Parquet data ({type(exc).__name__}: {exc})"[:400])
                     found.append(self._damage[f])
         return found
 
     def read(self, table: str, columns: list[str] | None = None,
-             steps: tuple[int, int] | None = None, filter: ds.Expression | None = None) -> pa.Table:
+             steps: tuple[int, int] | None = None, filter: ds.Expression | None = None) -> pa.Table:  # noqa: A002 - pyarrow's name for it
         """Read ``table`` (optionally a column subset, an inclusive step range, a filter)."""
         files = self.files(table)  # validates the table name
         spec = TABLES[table]

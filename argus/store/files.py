@@ -125,7 +125,7 @@ def check_table_file(path: Path, table_name: str) -> pq.FileMetaData:
                          "Argus belong here); move it out of the store")
     try:
         meta = pq.read_metadata(path)
-    except Exception as exc:  # pyarrow raises several types for corrupt files
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for corrupt files
         raise StoreError(f"{path}: unreadable Parquet file ({exc}); it may be truncated or corrupt — "
                          "move it aside to read the rest of the store") from None
     kv = meta.metadata or {}

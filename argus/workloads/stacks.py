@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None) -> None:
     f = Faults(a, rank)
     try:
         run_stack(a, rank, world, f, res)
-    except BaseException as exc:  # hang: the waiting ranks time out here; keep what they did
+    except BaseException as exc:  # noqa: BLE001 - hang: the waiting ranks time out here; keep what they did
         res["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"
         res["gc_pauses_s"] = f.gc_pauses
         _write(a, res, t0)

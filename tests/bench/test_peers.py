@@ -58,7 +58,7 @@ def test_one_scenario_runs_through_both_tools_and_is_scored(tmp_path):
     assert rows[0]["hta_variants"] == {run.hta_variant: 1}
 
 
-def test_hta_on_ncclDevKernel_names_escalates_to_the_widened_name_test(tmp_path):
+def test_hta_on_ncclDevKernel_names_escalates_to_the_widened_name_test(tmp_path):  # noqa: N802 - the kernel's own name
     """Without ``hta_compat`` HTA 0.5 as shipped finds no communication kernel (upstream issue #360)."""
     pytest.importorskip("hta.trace_analysis", reason="HolisticTraceAnalysis not installed")
     from argus.bench.peers import hta_stragglers

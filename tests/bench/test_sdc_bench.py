@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from argus.cli.main import main  # noqa: E402
+from argus.cli.main import main
 
 
 def test_the_bench_measures_each_sensor(capsys):

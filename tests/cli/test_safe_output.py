@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-pytestmark = pytest.mark.parallel_ok  # hostile names through the CLI: nothing is timed
-
 from argus.report.svg import esc
 from argus.text import MAX_TERMINAL_CHARS, term, visible
+
+pytestmark = pytest.mark.parallel_ok  # hostile names through the CLI: nothing is timed
 
 REPO = Path(__file__).resolve().parents[2]
 OSC = "\x1b]0;pwned\x07"

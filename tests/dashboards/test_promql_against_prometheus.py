@@ -86,7 +86,7 @@ def test_every_panel_query_runs_and_the_main_ones_have_data(loaded):
     base, run_id, (start, end) = loaded
     empty = []
     for panel in PANELS:
-        for legend, expr in panel.exprs:
+        for _legend, expr in panel.exprs:
             doc = _query_range(base, substitute(expr, JOB, run_id, ".*"), start, end)
             assert doc["status"] == "success", (panel.title, expr, doc)
             if not doc["data"]["result"]:

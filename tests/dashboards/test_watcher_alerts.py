@@ -94,7 +94,7 @@ class _Gate:
         gate = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if gate.broken:
                     self.send_response(503)

@@ -55,8 +55,8 @@ def test_every_container_writes_only_where_it_may():
         mounts = {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]}
 
         def writable(path: str) -> bool:
-            owner = max((m for m in mounts if path == m or path.startswith(m.rstrip("/") + "/")), key=len)
-            return not mounts[owner]
+            owner = max((m for m in mounts if path == m or path.startswith(m.rstrip("/") + "/")), key=len)  # noqa: B023
+            return not mounts[owner]  # noqa: B023
 
         if args.command == "sync" and args.watch:
             state = args.state_dir or str(Path(args.src) / ".argus-mirror")

@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from argus.store import Store  # noqa: E402
-from tests.e2e.jobs import STEPS, argus_run, job, results, run  # noqa: E402
+from argus.store import Store
+from tests.e2e.jobs import STEPS, argus_run, job, results, run
 
 pytestmark = pytest.mark.parallel_ok
 

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.e2e.jobs import env  # noqa: E402
+from tests.e2e.jobs import env
 
 
 class _Hook:
@@ -23,7 +23,7 @@ class _Hook:
         hook = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 hook.posts.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
                 self.send_response(200)
                 self.end_headers()

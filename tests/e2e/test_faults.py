@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from argus.store import Store  # noqa: E402
-from tests.e2e.jobs import STEPS, argus_run, diagnose, env, job, only, run  # noqa: E402
+from argus.store import Store
+from tests.e2e.jobs import STEPS, argus_run, diagnose, env, job, only, run
 
 
 def _evidence(inc: dict) -> dict:
@@ -97,7 +97,7 @@ def test_a_rank_killed_mid_step_keeps_everything_up_to_the_kill(tmp_path):
 class _Webhook(http.server.BaseHTTPRequestHandler):
     received: list = []
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         _Webhook.received.append(json.loads(body))
         self.send_response(200)

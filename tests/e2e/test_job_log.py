@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from argus.store import Store  # noqa: E402
-from tests.e2e.jobs import env  # noqa: E402
+from argus.store import Store
+from tests.e2e.jobs import env
 
 JOB = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4",
        str(Path(__file__).with_name("log_job.py"))]

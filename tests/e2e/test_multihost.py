@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from argus.store import Store  # noqa: E402
-from tests.e2e.jobs import MODEL, STEPS, env  # noqa: E402
+from argus.store import Store
+from tests.e2e.jobs import MODEL, STEPS, env
 
 
 def _free_port() -> int:

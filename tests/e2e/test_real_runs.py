@@ -18,8 +18,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from argus.workloads.netns import NamespaceCluster, available, cleanup_stale, launch_job  # noqa: E402
-from tests.e2e.jobs import same_hardware  # noqa: E402
+from argus.workloads.netns import NamespaceCluster, available, cleanup_stale, launch_job
+from tests.e2e.jobs import same_hardware
 
 WORKLOAD = [sys.executable, "-m", "argus.workloads.train_transformer"]
 STEPS = ["--steps", "30", "--microbatches", "2"]

@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from argus.store import Store  # noqa: E402
-from tests.e2e.jobs import STEPS, argus_run, diagnose, job, processor_status, results, run  # noqa: E402
+from argus.store import Store
+from tests.e2e.jobs import STEPS, argus_run, diagnose, job, processor_status, results, run
 
 #: 4 ranks where the stack has groups to tell apart; 2 for the compile stacks (a first compile
 #: takes ~10 s a process on 2 cores) and for the DataLoader (2 workers a rank: 4 ranks would be

@@ -20,7 +20,7 @@ from argus.healthcheck.run import CheckConfig, run_checks
 
 pytest.importorskip("pynvml")
 
-from tests.healthcheck.test_burn import BurningNvml  # noqa: E402
+from tests.healthcheck.test_burn import BurningNvml
 
 
 class VirtualClock:

@@ -49,7 +49,7 @@ def test_export_then_import_gives_back_the_same_steps_phases_and_kernels(tmp_pat
                     assert abs(x[col] - y[col]) < 1000, (table, col, x, y)  # within 1 µs (exact in practice)
             assert {k: v for k, v in x.items() if not k.endswith("_ns")} == \
                    {k: v for k, v in y.items() if not k.endswith("_ns")}, table
-    comm = lambda att: sum(r["count"] for r in att.read("kernel_summaries").to_pylist() if r["category"] == "comm")
+    comm = lambda att: sum(r["count"] for r in att.read("kernel_summaries").to_pylist() if r["category"] == "comm")  # noqa: E731
     assert comm(dst) == sum(1 for r in rows(src, "kernels") if r["name"].startswith("nccl")) > 0
     assert "8 ranks of 8" in capsys.readouterr().out
 

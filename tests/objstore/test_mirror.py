@@ -115,7 +115,7 @@ def test_hosts_sharing_a_bucket_each_keep_their_own_budget(tmp_path):
     assert _remote_traces(bucket, "host-b") == _names(range(3, 6), "host-b")
     assert ma.stats.deleted == 2 and mb.stats.deleted == 0
     # tables of both hosts are all there, and retention never re-uploads what it deleted
-    for store, host in ((a, "host-a"), (b, "host-b")):
+    for _store, host in ((a, "host-a"), (b, "host-b")):
         assert len(bucket.list(f"runs/{RUN.run_id}/0/steps/{host}")) == 3
     assert ma.once().copied == 0 and mb.once().copied == 0
 

@@ -20,8 +20,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from argus.cli.run import INJECT_DIR  # noqa: E402
-from argus.wire import FrameReader, Msg  # noqa: E402
+from argus.cli.run import INJECT_DIR
+from argus.wire import FrameReader, Msg
 
 
 class _Listener:

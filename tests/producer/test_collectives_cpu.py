@@ -8,9 +8,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from argus.producer.collectives import CollectiveTracker, _Group  # noqa: E402
-from argus.producer.recorder import Recorder  # noqa: E402
-from argus.wire import Msg, RingReader, RingWriter, group_key  # noqa: E402
+from argus.producer.collectives import CollectiveTracker, _Group
+from argus.producer.recorder import Recorder
+from argus.wire import Msg, RingReader, RingWriter, group_key
 
 
 class FakeFuture:

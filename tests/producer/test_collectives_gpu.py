@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from argus.producer.collectives import CollectiveTracker  # noqa: E402
-from argus.producer.recorder import Recorder  # noqa: E402
-from argus.wire import Msg, RingReader, RingWriter, group_key  # noqa: E402
+from argus.producer.collectives import CollectiveTracker
+from argus.producer.recorder import Recorder
+from argus.wire import Msg, RingReader, RingWriter, group_key
 
 
 class FakeTimer:

@@ -18,7 +18,7 @@ from argus.workloads.train_transformer import Stage  # noqa: E402
 def _train(model, opt, steps, microbatches, ddp=None):
     net = ddp or model
     for _ in range(steps):
-        for mb in range(microbatches):
+        for _mb in range(microbatches):
             x = torch.randint(0, 64, (2, 16))
             loss = F.cross_entropy(net(x).view(-1, 64), x.view(-1))
             loss.backward()
