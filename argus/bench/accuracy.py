@@ -15,6 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -96,7 +97,7 @@ def summarize(scores: list[RunScore]) -> list[dict]:
         rows.append({
             "bench": "accuracy", "scenario": scenario, "ranks": ranks, "runs": len(group),
             "precision": mean([s.precision for s in faulty]), "recall": mean([s.recall for s in faulty]),
-            "class_accuracy": mean([float(s.class_ok) for s in faulty]),
+            "class_accuracy": mean([float(cast(bool, s.class_ok)) for s in faulty]),  # set when scored
             "false_incident_rate": mean([float(s.false_incident) for s in healthy]),
             "info_incidents": sum(s.info_incidents for s in group),
             "delay_steps_mean": mean([s.delay_steps for s in faulty if s.delay_steps is not None]),

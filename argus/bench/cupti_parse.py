@@ -99,7 +99,8 @@ def run(records: int = 50_000, distinct: int = 40, repeats: int = 5, seed: int =
     a, b = _per_record(acts, names.name_id, 0), src.rows(acts)
     if not (np.array_equal(a, b)):
         raise AssertionError("the two parses disagree")
-    old, new = [], []
+    old: list[float] = []
+    new: list[float] = []
     for _ in range(repeats):
         for fn, into in ((lambda: _per_record(acts, names.name_id, 0), old), (lambda: src.rows(acts), new)):
             t0 = time.perf_counter()

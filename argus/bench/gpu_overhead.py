@@ -117,8 +117,8 @@ def _capture(source: str, first: int, count: int, batch: int, out: Path) -> None
             time.sleep(0.05)  # completed buffers arrive on CUPTI's thread
             ring.settle()
             names += reader.new_names()
-            rows = reader.drain(settled=False).get(Msg.KERNELS)
-            rows = rows[rows["kind"] == 0] if rows is not None else []
+            drained = reader.drain(settled=False).get(Msg.KERNELS)
+            rows = drained[drained["kind"] == 0] if drained is not None else []
             per_step.append([(normalize(names[int(r["name"])]), int(r["dur_ns"])) for r in rows])
         cupti.stop()
     else:

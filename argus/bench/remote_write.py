@@ -128,6 +128,7 @@ def run(windows: int = 40, url: str | None = None, ranks: int = 8, window_steps:
             raise ConfigError(f"argus bench remote-write: {url} does not take remote write ({exc})") from None
     if url is None:
         server = subprocess.Popen([sys.executable, "-c", _DISCARD], stdout=subprocess.PIPE, text=True)
+        assert server.stdout is not None  # stdout=PIPE
         url = f"http://127.0.0.1:{server.stdout.readline().strip()}/api/v1/write"
     try:
         sink = RemoteWriteSink(RemoteWriteConfig(url=url, job="bench", queue_windows=windows + 1)).start()

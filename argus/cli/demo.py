@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from argus import env as argus_env
 from argus.cli.progress import progress_bar, stderr_console
@@ -102,7 +103,7 @@ def _train_local(args: argparse.Namespace, out: Path) -> int:
     return _follow(cmd, args.steps)
 
 
-def _follow(cmd: list[str], steps: int, **popen: object) -> int:
+def _follow(cmd: list[str], steps: int, **popen: Any) -> int:
     """Run the job, advancing a progress bar on rank 0's ``{"step": n}`` lines."""
     env = {**os.environ, **JOB_ENV}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **popen)

@@ -690,10 +690,10 @@ def _encode_slices(ev: _Events, order: np.ndarray, prefix: bytes = b"") -> bytea
         arg.raw(_tag(1, 0) + _varint_bytes(name_iid), where=where)  # name_iid
         if name_iid == _STATUS:
             arg.raw(_tag(17, 0) + _varint_bytes(_UNFINISHED_IID), where=where)  # string_value_iid
-        elif name_iid == _GROUP:
-            arg.varint(17, values, where=where, index=i)  # string_value_iid
         else:
-            arg.varint(4, values, where=where, index=i)  # int_value
+            assert values is not None  # only the status annotation has none
+            # string_value_iid for the group, int_value for the others
+            arg.varint(17 if name_iid == _GROUP else 4, values, where=where, index=i)
         te.message(4, arg, where=where)  # debug_annotations
     for kind, rows_of_kind in ((pb.TrackEvent.TYPE_SLICE_BEGIN, begin), (pb.TrackEvent.TYPE_SLICE_END, ~begin)):
         te.raw(_tag(9, 0) + _varint_bytes(kind), where=rows_of_kind)  # type

@@ -329,12 +329,12 @@ def build_phases(c: Collected, base_ns: int, index: StepIndex, pgs: dict[str, tu
     gpu_only_names: set[str] = set()
     for j in np.flatnonzero(on_gpu):
         a = ann[j]
-        i = cpu_of.get((a[0], a[3])) if a[3] >= 0 else None
-        if i is None:
+        cpu_i = cpu_of.get((a[0], a[3])) if a[3] >= 0 else None
+        if cpu_i is None:
             gpu_only_names.add(a[0])
         else:
-            twin[j] = i
-            replaced[i] = True
+            twin[j] = cpu_i
+            replaced[cpu_i] = True
     keep = on_gpu | ~replaced
     if gpu_only_names:  # no ids to pair by: prefer the GPU spans of that name wholesale
         keep &= on_gpu | ~np.fromiter((a[0] in gpu_only_names for a in ann), bool, n)
