@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_WHERE = {"Processor": "daemon", "ProcessorConfig": "daemon", "HangConfig": "hangs"}
+_WHERE = {"Processor": "daemon", "ProcessorConfig": "config", "HangConfig": "hangs", "ProcessorStatus": "status",
+          "read_status": "status", "status_path": "status"}
 
 __all__ = sorted(_WHERE)
 
