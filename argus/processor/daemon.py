@@ -26,7 +26,6 @@ import socket
 import threading
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,18 +37,19 @@ from argus.processor.attempts import AttemptState
 from argus.processor.config import ProcessorConfig
 from argus.processor.connection import Connection, parse_names
 from argus.processor.cpu_time import CpuTimeSampler
-from argus.processor.hangs import HangWatch, RankView
+from argus.processor.hang_patrol import HangPatrol
 from argus.processor.hardware import HardwareSampler
 from argus.processor.host_counters import HostCountersSampler
 from argus.processor.limits import ACCEPT_BACKOFF_S, ATTEMPT_RETRY_S, MAX_REFUSED, DropReason, HelloRefused, drop_reason
 from argus.processor.listener import listen
 from argus.processor.samplers import Output, Samplers
-from argus.processor.stacks import StackSampler, find_py_spy, parse_dump, run_dump
+from argus.processor.rings import Rings
+from argus.processor.stacks import StackSampler
 from argus.processor.status import FlushProgress, ProcessorStatus, status_path
 from argus.processor.writer import WriterThread
-from argus.store import FLIGHT_RECORDER_DIR, Store
+from argus.store import Store
 from argus.topology import RunIdentity, parse_layout
-from argus.wire import DROP_TABLES, KINDS, TABLES_BY_MSG, Msg, RingReader, decode_array, decode_json, encode_json
+from argus.wire import DROP_TABLES, KINDS, TABLES_BY_MSG, Msg, decode_array, decode_json, encode_json
 from argus.wire.client import peer_uid
 from argus.wire.hello import Hello, parse_hello
 
@@ -95,12 +95,10 @@ class Processor:
             samplers.insert(0, StackSampler(hz=config.stack_hz, suspect_hz=config.suspect_stack_hz,
                                             py_spy=config.py_spy))
         self._samplers = Samplers(samplers)
-        self._py_spy = find_py_spy(config.py_spy)
-        self._hangs = HangWatch(config.hang, config.host, dump=self._main_stack)
-        self._departed: dict[tuple[tuple[str, str], int], RankView] = {}
-        self._orphans: list[tuple[Path, int]] = []
+        self._rings = Rings(self.status, self._records, self._note_drop)
+        self._patrol = HangPatrol(config.hang, config.host, config.py_spy, self._rings, self.status)
+        self._hangs = self._patrol.watch
         self._cpu_time = CpuTimeSampler()  # CPU ops timed in CPU time (cpu_time.py)
-        self._next_hang_check = 0.0
         self._stopping = False
         self._tsdb: TsdbExporter | None = None
         if config.remote_write:  # imported only when asked for: the TSDB path is optional
@@ -159,7 +157,7 @@ class Processor:
         self._stopping = True
         for conn in list(self._conns.values()):
             self._drain(conn)
-            self._drain_ring(conn, final=True)
+            self._rings.drain(conn, final=True)
         self._feed(self._samplers.close(time.time_ns()))
         for key, st in self._attempts.items():
             for idx in st.assembler.ready({}, final=True):
@@ -180,7 +178,7 @@ class Processor:
                 self.config.socket_path.unlink()
             except FileNotFoundError:
                 pass
-        self._reap_rings()
+        self._rings.reap()
         self._cpu_time.stop()
         self.status.stopping = None
         self._write_status(force=True)
@@ -360,136 +358,6 @@ class Processor:
             self._samplers.steps_reported(conn.token, records)
             self._hangs.steps_reported(conn.attempt_key, records)
 
-    # -- rings -----------------------------------------------------------------------------
-    def _open_ring(self, conn: Connection, path: Any, pid: Any) -> None:
-        try:
-            conn.ring = RingReader(str(path), expect_pid=int(pid) if pid is not None else None)
-        except Exception as exc:  # noqa: BLE001 - the rank's socket records still flow
-            self.status.ring_errors += 1
-            log.warning("rank %s: cannot read its ring %s (%s); its records are lost",
-                        conn.info.rank if conn.info else "?", path, exc)
-
-    def _drain_ring(self, conn: Connection, final: bool = False) -> None:
-        """Everything the rank wrote into its ring since the last pass (``final``: all of it,
-        the writer is gone or we are stopping)."""
-        ring = conn.ring
-        if ring is None or conn.info is None:
-            return
-        try:
-            names = ring.new_names()
-            if names:
-                conn.add_names(names)
-            for msg, records in ring.drain(settled=not final).items():
-                self._records(conn, msg, records)
-            for msg, n in ring.new_drops().items():
-                self._note_drop(conn, TABLES_BY_MSG[msg], n, 0, "producer_buffer_full")
-        except Exception as exc:  # noqa: BLE001 - a ring is the rank's file: it never ends the processor
-            self.status.garbage_frames += 1
-            self.status.ring_errors += 1
-            log.warning("rank %d: bad ring contents (%r); no longer reading it", conn.info.rank, exc)
-            ring.close()
-            conn.ring = None
-
-    def _release_ring(self, conn: Connection) -> None:
-        """Last drain of a departed rank's ring; the file goes once its writer is gone. A rank
-        that did not shut down cleanly stays in its job's hang view with its last state."""
-        ring = conn.ring
-        if ring is None:
-            return
-        if not self._stopping:
-            self._drain_ring(conn, final=True)
-        if conn.ring is None:
-            return
-        self._note_producer_cpu(conn)
-        conn.ring = None
-        assert conn.info is not None and conn.attempt_key is not None
-        try:
-            last = ring.inflight.read()
-        except ProtocolError:
-            last = None
-        if not ring.closed_by_writer and last is not None:
-            self._departed[(conn.attempt_key, conn.info.rank)] = RankView(
-                conn.attempt_key, conn.info.rank, conn.pid, lambda: last, conn.name_of(), alive=False)
-        gone = ring.closed_by_writer or not _alive(ring.pid)
-        ring.close(unlink=gone)
-        if not gone:
-            self._orphans.append((ring.path, ring.pid))  # removed once its writer is gone
-
-    def _reap_rings(self) -> None:
-        """Ring files of departed ranks whose processes were still exiting when they left."""
-        keep = []
-        for path, pid in self._orphans:
-            if _alive(pid):
-                keep.append((path, pid))
-            else:
-                path.unlink(missing_ok=True)
-        self._orphans = keep
-
-    # -- hangs -----------------------------------------------------------------------------
-    def _main_stack(self, pid: int) -> str | None:
-        """The main thread's folded stack (one ``py-spy dump``), for a hang snapshot."""
-        if self._py_spy is None:
-            return None
-        kind, text = run_dump(self._py_spy, pid)
-        if kind != "ok":
-            return None
-        threads = parse_dump(text, pid)
-        main = [f for name, f in threads if name == "MainThread"] or [f for _, f in threads[:1]]
-        if not main:
-            return None
-        return ";".join(f for f in main[0].split(";") if "argus/producer/" not in f)  # the user's frames
-
-    def _watch_hangs(self) -> None:
-        now = time.monotonic()
-        if now < self._next_hang_check:
-            return
-        self._next_hang_check = now + 0.5
-        self._reap_rings()
-        views = []
-        for conn in self._conns.values():
-            if conn.ring is None or conn.info is None or conn.attempt_key is None:
-                continue
-            info, id_map, ring = conn.info, conn.id_map, conn.ring
-            views.append(RankView(conn.attempt_key, info.rank, conn.pid, ring.inflight.read,
-                                  lambda i, info=info, id_map=id_map: info.names[id_map[i]]
-                                  if 0 <= i < len(id_map) else ""))
-        live = {(v.key, v.rank) for v in views}
-        jobs = {v.key for v in views}
-        for k in [k for k in self._departed if k[0] not in jobs]:
-            del self._departed[k]  # the job is over on this host
-        views += [v for k, v in self._departed.items() if k not in live]
-        try:
-            found = self._hangs.check(views)
-        except Exception as exc:  # noqa: BLE001 - e.g. a ring truncated under us: skip this check
-            self.status.hang_check_errors += 1
-            log.warning("hang check failed (%r)", exc)
-            return
-        for key, cols in found.items():
-            st = self._attempts.get(key)
-            if st is None:
-                continue
-            try:
-                window = max(st.assembler.windows, default=0)
-                st.store.partition.write("hangs", cols, window=window)
-                self.status.hang_snapshots += 1
-            except Exception as exc:  # noqa: BLE001 - keep serving
-                log.exception("cannot write the hang snapshot of %s/%s: %s", key[0], key[1], exc)
-            self._ask_flight_recorder(key, st)
-
-    def _ask_flight_recorder(self, key: tuple[str, str], st: Any) -> None:
-        """A hang: ask the job's ranks here for their Flight Recorder rings (PyTorch's record of
-        every recent collective: who entered which, in sequence), written into the attempt for
-        the diagnosis (``analysis/hangs.py``) — the evidence NCCL writes only on its timeout,
-        gloo never, taken while the job is stuck."""
-        doc = {"flight_recorder": {"dir": str(st.attempt.path / FLIGHT_RECORDER_DIR)}}
-        for conn in list(self._conns.values()):
-            if conn.attempt_key == key and conn.info is not None:
-                try:
-                    self._send(conn, encode_json(Msg.CONTROL, doc))
-                    self.status.flight_recorder_asked += 1
-                except Exception:  # noqa: BLE001 - a closed connection: that rank cannot answer
-                    pass
-
     def _hello(self, conn: Connection, hello: Hello) -> None:
         """Admit a rank: every field was validated (``parse_hello``) and the layout is checked
         against the attempt before anything is allocated for it or written to disk."""
@@ -514,7 +382,7 @@ class Processor:
         conn.attempt_key = key
         conn.pid = hello.pid
         if hello.ring:
-            self._open_ring(conn, hello.ring, conn.pid)
+            self._rings.open(conn, hello.ring, conn.pid)
         if hello.kernels == "cpu_ops" and conn.pid is not None and hello.tid is not None:
             ring = conn.ring
             conn.cpu_timed = self._cpu_time.add(conn.token, conn.pid, hello.tid, hello.clock_offset_ns,
@@ -550,7 +418,7 @@ class Processor:
 
     def _close(self, conn: Connection, reason: str | None) -> None:
         if conn.info is not None and conn.attempt_key in self._attempts:
-            self._release_ring(conn)
+            self._rings.release(conn, stopping=self._stopping)
             self._hangs.rank_left(conn)
         if conn.cpu_timed:
             self._cpu_time.remove(conn.token)
@@ -610,8 +478,8 @@ class Processor:
         self._sweep()
         for conn in list(self._conns.values()):
             if conn.ring is not None:
-                self._drain_ring(conn)
-        self._watch_hangs()
+                self._rings.drain(conn)
+        self._patrol.check(self._conns.values(), self._attempts, self._send)
         self._feed(self._samplers.collect(time.time_ns()))
         self._control()
         for conn in list(self._conns.values()):
@@ -706,15 +574,6 @@ class Processor:
         if not conn.send(frame):
             self.status.acks_dropped += 1  # a client that stopped reading loses ACKs, nothing else
 
-    def _note_producer_cpu(self, conn: Connection) -> None:
-        """The CPU the rank's producer threads report in its in-flight block (for benchmarks)."""
-        if conn.ring is not None and conn.info is not None:
-            try:
-                cpu = conn.ring.inflight.read().argus_cpu_ns
-            except ProtocolError:  # the ring shrank: the next drain pass drops it
-                return
-            self.status.producer_cpu_s[str(conn.info.rank)] = round(cpu / 1e9, 4)
-
     def _note_liveness(self) -> None:
         """The snapshot the sinks' heartbeats send (built here, on the loop's thread)."""
         from argus.tsdb.sink import Liveness
@@ -734,7 +593,7 @@ class Processor:
             return
         self._last_status = now
         for conn in self._conns.values():
-            self._note_producer_cpu(conn)
+            self._rings.note_producer_cpu(conn)
         if self._tsdb is not None:
             self._note_liveness()
         own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -751,21 +610,3 @@ class Processor:
         if self._tsdb is not None:
             s.remote_write = self._tsdb.stats()
         s.write(status_path(self.config.store, self.config.host))
-
-
-def _alive(pid: int) -> bool:
-    """Does process ``pid`` still run (a zombie does not)?"""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
