@@ -1,6 +1,7 @@
 """The per-host processor: the daemon that drains its ranks' rings and sockets, windows,
 compresses and writes the store, and watches for hangs. The wire it speaks is ``argus.wire``;
-the window writer it shares with the offline importers is ``argus.store.WindowWriter``.
+the window pipeline it shares with the offline importers is ``argus.ingest`` (into
+``argus.store.WindowWriter``).
 
 Names resolve lazily: importing this package loads neither the daemon nor its store
 dependencies (pyarrow, DuckDB).

@@ -1,13 +1,18 @@
 """The per-host processor daemon: ingest ranks' batches, window them, compress, write.
 
-One thread runs a ``selectors`` loop over a unix socket: it accepts ranks, reassembles
-frames and decodes them with ``np.frombuffer`` into the window assembler. A second thread
-writes closed windows (compression, Parquet, Perfetto evidence) so a slow disk never stalls
-ingestion; the hand-off queue is bounded and what cannot be held is dropped and counted.
-The processor's own samplers (stacks with py-spy, GPU telemetry with NVML; ``samplers.py``)
-run on their own threads and hand their records to the loop through a queue it drains each
-cycle; their strings go into the ranks' name tables, so a client's name ids are mapped to
-table indices once the two interleave.
+The daemon is the composition of the parts, each in its own module, and the protocol that
+joins them (HELLO, names, records, drops, FLUSH, BYE):
+
+* ``connections.py`` — the ``selectors`` loop's sockets: accept, admission limits, frames;
+* ``rings.py`` — the ranks' shared-memory rings, drained every cycle;
+* ``hang_patrol.py`` — live hang detection over the rings' in-flight blocks;
+* ``samplers.py`` — the processor's own samplers (py-spy stacks, NVML, host counters) on
+  their threads, their records handed to the loop through a queue it drains each cycle;
+* ``attempts.py`` — per run attempt: the window assembler, the rank table, its exporters;
+* ``writer.py`` — the writer thread: closed windows (``argus.ingest.ClosedWindow``) through
+  the store, TSDB and evidence exporters, so a slow disk never stalls ingestion; the hand-off
+  queue is bounded and what cannot be held is dropped and counted;
+* ``status.py`` — the status file, one typed record.
 
 Failure model: a rank that disconnects or sends a malformed frame is logged and dropped;
 the others continue. SIGTERM/SIGINT flush every open window before exit. A crash loses at
@@ -16,13 +21,10 @@ most the open windows: every closed window is on disk before it is acknowledged.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import resource
-import selectors
 import signal
-import socket
 import threading
 import time
 from dataclasses import asdict
@@ -36,12 +38,12 @@ from argus.processor.assembler import RankInfo
 from argus.processor.attempts import AttemptState
 from argus.processor.config import ProcessorConfig
 from argus.processor.connection import Connection, parse_names
+from argus.processor.connections import Connections
 from argus.processor.cpu_time import CpuTimeSampler
 from argus.processor.hang_patrol import HangPatrol
 from argus.processor.hardware import HardwareSampler
 from argus.processor.host_counters import HostCountersSampler
-from argus.processor.limits import ACCEPT_BACKOFF_S, ATTEMPT_RETRY_S, MAX_REFUSED, DropReason, HelloRefused, drop_reason
-from argus.processor.listener import listen
+from argus.processor.limits import ATTEMPT_RETRY_S, MAX_REFUSED, DropReason, HelloRefused
 from argus.processor.samplers import Output, Samplers
 from argus.processor.rings import Rings
 from argus.processor.stacks import StackSampler
@@ -50,7 +52,6 @@ from argus.processor.writer import WriterThread
 from argus.store import Store
 from argus.topology import RunIdentity, parse_layout
 from argus.wire import DROP_TABLES, KINDS, TABLES_BY_MSG, Msg, decode_array, decode_json, encode_json
-from argus.wire.client import peer_uid
 from argus.wire.hello import Hello, parse_hello
 
 __all__ = ["ProcessorConfig", "Processor"]
@@ -68,26 +69,14 @@ class Processor:
         self.config = config
         self.store = Store.create(config.store)
         self._stop = threading.Event()
-        self._sel = selectors.DefaultSelector()
-        self._conns: dict[int, Connection] = {}
         self._attempts: dict[tuple[str, str], AttemptState] = {}
         self.status = ProcessorStatus(started=time.time(), pid=os.getpid(), host=config.host,
                                       socket=str(config.socket_path))
-        self._pending_bytes = 0  # bytes of unfinished frames over all connections
-        self._rx = bytearray(1 << 20)  # every socket read lands here first (one loop thread)
-        self._rx_view = memoryview(self._rx)
-        self._accept_paused_until = 0.0  # fd exhaustion: the listener rests until then
+        self._connections = Connections(config, self.status, self._dispatch, self._let_go, self._note_drop)
         self._refused: dict[tuple[str, str], tuple[float, str]] = {}  # attempt → (retry at, why)
-        self._next_sweep = 0.0
-        # the writer wakes the loop when a window is on disk, so its ACK leaves at once
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._last_status = 0.0
         self._last_window_wall = 0.0
         self._liveness: Any = None
-        self._listener: socket.socket | None = None
         samplers: list[Any] = [HardwareSampler(interval_s=config.hw_interval_s)]
         if config.host_counters:
             samplers.append(HostCountersSampler(interval_s=config.hw_interval_s, root=config.host_root))
@@ -109,7 +98,16 @@ class Processor:
             self._liveness = Liveness(config.host)  # replaced by the loop; read by the sinks' threads
             self._tsdb = TsdbExporter([RemoteWriteSink(c, liveness=lambda: self._liveness) for c in config.remote_write],
                                       config.host, self._partitions, config.remote_write_flush_s)
-        self._writer = WriterThread(config.queue_windows, self._attempts, self._tsdb, self.status, self._wake)
+        self._writer = WriterThread(config.queue_windows, self._attempts, self._tsdb, self.status,
+                                    self._connections.wake)
+
+    @property
+    def _conns(self) -> dict[int, Connection]:
+        return self._connections.by_fd
+
+    @property
+    def _pending_bytes(self) -> int:
+        return self._connections.pending_bytes
 
     # -- lifecycle -----------------------------------------------------------------------
     def stop(self) -> None:
@@ -120,8 +118,7 @@ class Processor:
             signal.signal(sig, lambda *_: self.stop())
 
     def _listen(self) -> None:
-        self._listener = listen(self.config.socket_path)
-        self._sel.register(self._listener, selectors.EVENT_READ, None)
+        self._connections.listen()
 
     def _partitions(self) -> dict[tuple[str, str], Any]:
         """The store partition of every attempt served now (where TSDB drops are recorded)."""
@@ -139,7 +136,7 @@ class Processor:
         log.info("processor on %s writing %s (host %s)", self.config.socket_path, self.config.store, self.config.host)
         try:
             while not self._stop.is_set():
-                self._poll(0.1)
+                self._connections.poll(0.1)
                 self._cycle()
         finally:
             self._shutdown()
@@ -155,8 +152,8 @@ class Processor:
 
     def _shutdown(self) -> None:
         self._stopping = True
-        for conn in list(self._conns.values()):
-            self._drain(conn)
+        for conn in self._connections.values():
+            self._connections.drain(conn)
             self._rings.drain(conn, final=True)
         self._feed(self._samplers.close(time.time_ns()))
         for key, st in self._attempts.items():
@@ -168,143 +165,19 @@ class Processor:
         if self._tsdb is not None:
             self._tsdb.close()
         self._handle_done()
-        for conn in list(self._conns.values()):
-            self._close(conn, reason=None)
-        if self._listener is not None:
-            if not self._accept_paused_until:  # while paused (fd exhaustion) it is not registered
-                self._sel.unregister(self._listener)
-            self._listener.close()
-            try:
-                self.config.socket_path.unlink()
-            except FileNotFoundError:
-                pass
+        for conn in self._connections.values():
+            self._connections.close(conn, reason=None)
+        self._connections.close_listener(self.config.socket_path)
         self._rings.reap()
         self._cpu_time.stop()
         self.status.stopping = None
         self._write_status(force=True)
-        self._sel.unregister(self._wake_r)
-        self._wake_r.close()
-        self._wake_w.close()
+        self._connections.close_wake()
         log.info("processor stopped: %d windows written", self.status.windows_written)
 
-    # -- socket loop ---------------------------------------------------------------------
-    def _poll(self, timeout: float) -> None:
-        for key, _ in self._sel.select(timeout):
-            if key.data == "wake":
-                try:
-                    self._wake_r.recv(4096)
-                except OSError:
-                    pass
-            elif key.data is None:
-                self._accept()
-            else:
-                self._read(key.data)
-
-    def _accept(self) -> None:
-        assert self._listener is not None
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # EMFILE/ENFILE/ENOBUFS/ENOMEM: rest, keep serving the connected
-                self.status.accept_errors += 1
-                if self.status.accept_errors in (1, 10, 100, 1000):
-                    log.warning("cannot accept a connection (%s); pausing %.1f s", errno.errorcode.get(
-                        exc.errno or 0, exc), ACCEPT_BACKOFF_S)
-                self._sel.unregister(self._listener)
-                self._accept_paused_until = time.monotonic() + ACCEPT_BACKOFF_S
-                return
-            self.status.connections += 1
-            try:
-                uid = peer_uid(sock)
-            except OSError:
-                uid = None
-            if uid is not None and os.getuid() != 0 and uid != os.getuid():
-                self._count_drop(DropReason.FOREIGN_PEER)
-                sock.close()
-                continue
-            if len(self._conns) >= self.config.max_connections:
-                self._count_drop(DropReason.TOO_MANY_CONNECTIONS)
-                sock.close()
-                continue
-            sock.setblocking(False)
-            conn = Connection(sock)
-            self._conns[sock.fileno()] = conn
-            self._sel.register(sock, selectors.EVENT_READ, conn)
-
-    def _resume_accept(self) -> None:
-        if self._accept_paused_until and time.monotonic() >= self._accept_paused_until and self._listener:
-            self._accept_paused_until = 0.0
-            self._sel.register(self._listener, selectors.EVENT_READ, None)
-
-    def _count_drop(self, reason: DropReason) -> bool:
-        """Count a dropped client; True when it is worth a log line (the first ten of a reason,
-        then every power of ten: a flood of hostile clients does not fill the log)."""
-        n = self.status.count_drop(str(reason))
-        return n <= 10 or str(n).strip("0") == "1"
-
-    def _sweep(self) -> None:
-        """Close connections that never said HELLO within ``hello_timeout_s``."""
-        now = time.monotonic()
-        if now < self._next_sweep:
-            return
-        self._next_sweep = now + min(1.0, self.config.hello_timeout_s / 2)
-        for conn in [c for c in self._conns.values() if c.info is None and now - c.since > self.config.hello_timeout_s]:
-            self._count_drop(DropReason.HELLO_TIMEOUT)
-            self._close(conn, reason=None)
-
-    def _read(self, conn: Connection) -> None:
-        """One ``recv`` into the loop's buffer (``recv(1 MiB)`` allocates and faults in a
-        fresh MiB per call, ~16 µs: 8% of the processor's CPU with many small frames)."""
-        try:
-            got = conn.sock.recv_into(self._rx)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            got = 0
-        if not got:
-            self._close(conn, reason="disconnected")
-            return
-        conn.rx.feed(bytes(self._rx_view[:got]))
-        self._drain(conn)
-        if conn.sock.fileno() < 0:
-            return
-        self._pending_bytes += conn.rx.pending_bytes - conn.held
-        conn.held = conn.rx.pending_bytes
-        if self._pending_bytes > self.config.max_pending_frame_bytes:
-            if self._count_drop(DropReason.FRAME_BUDGET):
-                log.warning("%s holds %d bytes of an unfinished frame with %d held in all (limit %d); dropping it",
-                            conn.who, conn.held, self._pending_bytes, self.config.max_pending_frame_bytes)
-            self._note_drop(conn, "frames", 0, 1, "frame_budget")
-            self._close(conn, reason=None)
-
-    def _drain(self, conn: Connection) -> None:
-        """Handle every complete frame in the connection's buffer."""
-        try:
-            for msg, payload in conn.rx.frames():
-                if conn.sock.fileno() < 0:
-                    return
-                self.status.frames += 1
-                self._dispatch(conn, msg, payload)
-        except Exception as exc:  # noqa: BLE001 - whatever a client causes drops that client only
-            reason = drop_reason(exc)
-            self.status.garbage_frames += 1
-            if not self._count_drop(reason):
-                pass
-            elif reason == DropReason.INTERNAL:
-                log.exception("frame from %s failed (%r); dropping the connection", conn.who, exc)
-            else:
-                log.warning("%s from %s (%s); dropping the connection (%d so far)", reason, conn.who, exc,
-                            self.status.dropped_clients[str(reason)])
-            try:
-                self._note_drop(conn, "frames", 0, 1, "malformed")
-            except Exception:  # noqa: BLE001
-                pass
-            conn.rx.clear()
-            self._close(conn, reason=None)
-
+    # -- the protocol ------------------------------------------------------------------------
     def _dispatch(self, conn: Connection, msg: Msg, payload: bytes) -> None:
+        """One complete frame of a client (``Connections`` drops the client if this raises)."""
         if msg == Msg.HELLO:
             try:
                 hello = parse_hello(decode_json(payload))
@@ -335,7 +208,7 @@ class Processor:
             conn.flushes.append((seq, pending))
             self._maybe_ack_flushes(conn)
         elif msg == Msg.BYE:
-            self._close(conn, reason=None)
+            self._connections.close(conn, reason=None)
         else:
             raise ProtocolError(f"unexpected {msg.name} from a client")
 
@@ -416,7 +289,8 @@ class Processor:
         self.status.note_run(f"{key[0]}/{key[1]}", MAX_REFUSED)  # every run/attempt its ranks wrote (argus run says which)
         return st
 
-    def _close(self, conn: Connection, reason: str | None) -> None:
+    def _let_go(self, conn: Connection) -> None:
+        """A connection closes: its rank leaves (ring, hang view, CPU timing, samplers)."""
         if conn.info is not None and conn.attempt_key in self._attempts:
             self._rings.release(conn, stopping=self._stopping)
             self._hangs.rank_left(conn)
@@ -424,19 +298,6 @@ class Processor:
             self._cpu_time.remove(conn.token)
             conn.cpu_timed = False
         self._feed(self._samplers.rank_left(conn.token))
-        if conn.sock.fileno() in self._conns:
-            self._sel.unregister(conn.sock)
-            del self._conns[conn.sock.fileno()]
-        if reason == "disconnected":
-            self.status.disconnects += 1
-            if conn.rx.pending_bytes:  # a batch cut off mid-frame
-                self._note_drop(conn, "frames", 0, 1, "disconnected")
-            if conn.info is not None:
-                log.warning("rank %d disconnected", conn.info.rank)
-        self._pending_bytes -= conn.held
-        conn.held = 0
-        conn.rx.clear()
-        conn.sock.close()
 
     def _note_drop(self, conn: Connection, table: str, events: int, batches: int, reason: str) -> None:
         key = conn.attempt_key  # a client that never said HELLO is counted here, not in another run
@@ -474,8 +335,8 @@ class Processor:
 
     # -- windows -------------------------------------------------------------------------
     def _cycle(self) -> None:
-        self._resume_accept()
-        self._sweep()
+        self._connections.resume_accept()
+        self._connections.sweep()
         for conn in list(self._conns.values()):
             if conn.ring is not None:
                 self._rings.drain(conn)
@@ -537,13 +398,6 @@ class Processor:
             windows_left=self._writer.backlog + sum(len(st.assembler.windows) for st in self._attempts.values()),
             busy_until=time.time() + busy_s)
         self._write_status(force=True)
-
-    def _wake(self) -> None:
-        """The writer wakes the loop when a window is on disk, so its ACK leaves at once."""
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:  # full (the loop is behind anyway) or closed at shutdown
-            pass
 
     def _handle_done(self) -> None:
         for done in self._writer.written():
