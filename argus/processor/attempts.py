@@ -48,7 +48,7 @@ class AttemptState:
         data, ranks = self.assembler.take(index)
         topology_rows = None
         if self.new_ranks:
-            topology_rows = self.topology.rows(sorted(set(self.new_ranks)))
+            topology_rows = self.topology.rows(np.array(sorted(set(self.new_ranks)), dtype=np.int64))
             self.new_ranks.clear()
         topo = self.topology
         places = {int(r): RankPlace(str(topo.hosts[r]), int(topo.local_ranks[r]), str(topo.gpu_uuids[r]))

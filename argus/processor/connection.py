@@ -100,7 +100,7 @@ class Connection:
         """Validate the client's name ids and map them to name-table indices (in place)."""
         assert self.info is not None
         for fld in ("name", "frames", "thread", "metric"):
-            if fld in records.dtype.names and len(records):
+            if fld in (records.dtype.names or ()) and len(records):
                 ids = records[fld]
                 top = int(ids.max())
                 if ids.min() < 0 or top >= len(self.id_map):
