@@ -75,6 +75,8 @@ def _command(mode: str, store: Path, stats: Path, ranks: int, steps: int, op_eve
 
 
 def _one(mode: str, ranks: int, steps: int, op_every: int, model: str) -> dict:
+    from argus.processor.status import read_all_statuses
+
     with tempfile.TemporaryDirectory(prefix="argus-overhead-") as tmp:
         stats, store = Path(tmp) / "stats", Path(tmp) / "store"
         stats.mkdir()
@@ -89,20 +91,20 @@ def _one(mode: str, ranks: int, steps: int, op_every: int, model: str) -> dict:
         docs = [json.loads(p.read_text()) for p in sorted(stats.glob("rank*.json"))]
         if len(docs) != ranks:
             raise RuntimeError(f"{mode}: {len(docs)} of {ranks} ranks reported their statistics")
-        procs = [json.loads(p.read_text()) for p in sorted((store / "processors").glob("*.json"))]
+        procs = read_all_statuses(store)
     skip = max(steps // 10, 1)
     step_s = np.median(np.array([d["step_s"][skip:] for d in docs]), axis=0)  # the job's pace per step
     growth = []
     for d in docs:
         rss = [v for s, v in d["rss_mb"] if s > steps // 2]
         growth.append(rss[-1] - rss[0] if len(rss) >= 2 else float("nan"))
-    threads = sum(float(v) for p in procs for v in (p.get("producer_cpu_s") or {}).values())
+    threads = sum(float(v) for p in procs for v in (p.producer_cpu_s or {}).values())
     return {"mode": mode, "step_s": step_s.tolist(), "wall_s": wall,
             "cpu_s": (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime),
             "peak_rss_mb": max(d["peak_rss_mb"] for d in docs), "rss_growth_mb": float(np.nanmax(growth)),
-            "processor_cpu_s": sum(float(p.get("cpu_s", 0.0)) for p in procs),
-            "processor_startup_cpu_s": sum(float(p.get("startup_cpu_s", 0.0)) for p in procs),
-            "pyspy_cpu_s": sum(float(p.get("children_cpu_s", 0.0)) for p in procs),
+            "processor_cpu_s": sum(float(p.cpu_s or 0.0) for p in procs),
+            "processor_startup_cpu_s": sum(float(p.startup_cpu_s or 0.0) for p in procs),
+            "pyspy_cpu_s": sum(float(p.children_cpu_s or 0.0) for p in procs),
             "producer_threads_cpu_s": threads, "train_cpu_s": sum(d["cpu_s"] for d in docs) - threads}
 
 

@@ -84,37 +84,37 @@ PROCESSOR_FLUSH_MAX_S = 120.0
 
 def _ranks_seen(store: str, host: str) -> int | None:
     """Ranks that connected to this host's processor, from its status file (None: unknown)."""
-    import json
+    from argus.processor.status import read_status
 
+    status = read_status(store, host)
     try:
-        doc = json.loads((Path(store) / "processors" / f"{host}.json").read_text())
-        return int(doc.get("ranks_seen", 0))
-    except (OSError, ValueError, TypeError):
+        return None if status is None else int(status.ranks_seen)
+    except (ValueError, TypeError):
         return None
 
 
 def _runs_seen(store: str, host: str) -> list[str]:
     """The run ids this host's ranks wrote, from its processor's status file."""
-    import json
+    from argus.processor.status import read_status
 
+    status = read_status(store, host)
     try:
-        doc = json.loads((Path(store) / "processors" / f"{host}.json").read_text())
-        return sorted({str(key).split("/")[0] for key in doc.get("runs", [])})
-    except (OSError, ValueError, TypeError, AttributeError):
+        return sorted({str(key).split("/")[0] for key in status.runs}) if status is not None else []
+    except (ValueError, TypeError, AttributeError):
         return []
 
 
 def _losses(store: str, host: str, runs: list[str]) -> list[str]:
     """What this host's processor lost or could not write, in sentences (empty: nothing):
     windows it failed to write, and the records the store's ``drops`` table counts for it."""
-    import json
+    from argus.processor.status import read_status
 
     out: list[str] = []
+    status = read_status(store, host)
     try:
-        doc = json.loads((Path(store) / "processors" / f"{host}.json").read_text())
-    except (OSError, ValueError):
-        doc = {}
-    errors = int(doc.get("write_errors", 0) or 0) if isinstance(doc, dict) else 0
+        errors = int(status.write_errors or 0) if status is not None else 0
+    except (ValueError, TypeError):
+        errors = 0
     if errors:
         out.append(f"could not write {errors} window(s) into the store (its log says why)")
     try:
@@ -140,14 +140,16 @@ def _losses(store: str, host: str, runs: list[str]) -> list[str]:
 def _flush_progress(store: str, host: str) -> tuple[object, float]:
     """What changes while the stopping processor makes progress, and until when it is busy
     in a bounded wait of its own (wall clock; 0 when none)."""
-    import json
+    from argus.processor.status import read_status
 
+    status = read_status(store, host)
+    if status is None:
+        return None, 0.0
+    stopping = status.stopping
     try:
-        doc = json.loads((Path(store) / "processors" / f"{host}.json").read_text())
-        stopping = doc.get("stopping") or {}
-        return ((doc.get("windows_written"), doc.get("write_errors"), stopping.get("windows_left")),
-                float(stopping.get("busy_until") or 0.0))
-    except (OSError, ValueError, TypeError, AttributeError):
+        return ((status.windows_written, status.write_errors, stopping.windows_left if stopping else None),
+                float((stopping.busy_until if stopping else 0.0) or 0.0))
+    except (ValueError, TypeError):
         return None, 0.0
 
 

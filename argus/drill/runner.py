@@ -18,10 +18,13 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from argus.drill.kinds import EXPECT, DrillKind
 from argus.errors import ArgusError
+
+if TYPE_CHECKING:
+    from argus.processor.status import ProcessorStatus
 
 __all__ = ["Drill", "DrillResult", "Stage", "run_drill", "bundled_job", "bundled_link_job"]
 
@@ -89,11 +92,10 @@ def bundled_link_job(hosts: int = 6, steps: int = 30) -> list[str]:
             "--microbatches", "2", "--d-model", "64", "--layers", "1", "--vocab", "256", "--fault", "none"]
 
 
-def _status(store: Path, host: str) -> dict[str, Any]:
-    try:
-        return json.loads((store / "processors" / f"{host}.json").read_text())
-    except (OSError, ValueError):
-        return {}
+def _status(store: Path, host: str) -> ProcessorStatus:
+    from argus.processor.status import ProcessorStatus, read_status
+
+    return read_status(store, host) or ProcessorStatus()
 
 
 def _steps_done(store: Path, run_id: str) -> int:
@@ -172,9 +174,9 @@ def _drive(d: Drill, res: DrillResult, job: subprocess.Popen, log_path: Path) ->
     if job.poll() is not None:
         raise ArgusError(f"the job ended before the drill could start (exit {job.returncode}; its log: {log_path})")
     status = _status(d.store, d.host)
-    pids = {int(r): int(p) for p, r in (status.get("rank_pids") or {}).items()}
+    pids = {int(r): int(p) for p, r in (status.rank_pids or {}).items()}
     if d.kind == DrillKind.PROCESSOR:
-        target = int(status.get("pid") or 0)
+        target = int(status.pid or 0)
         if not target:
             raise ArgusError("this run's processor did not say its pid")
     else:

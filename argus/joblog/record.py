@@ -8,11 +8,9 @@ saw.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -114,19 +112,24 @@ class JobLog:
 
     def _load_pids(self) -> None:
         """pid → rank of every rank that connected to this host's processor (its status file)."""
+        from argus.processor.status import read_status
+
+        status = read_status(self.store, self.host)
         try:
-            doc = json.loads((Path(self.store) / "processors" / f"{self.host}.json").read_text())
-            self._pids.update({int(p): int(r) for p, r in (doc.get("rank_pids") or {}).items()})
-        except (OSError, ValueError, TypeError, AttributeError):
+            if status is not None:
+                self._pids.update({int(p): int(r) for p, r in (status.rank_pids or {}).items()})
+        except (ValueError, TypeError, AttributeError):
             pass
 
     def _attempt(self, runs: Callable[[], list[str]] | None = None) -> Any:
         from argus.store import Store
 
+        from argus.processor.status import read_status
+
+        status = read_status(self.store, self.host)
         try:
-            doc = json.loads((Path(self.store) / "processors" / f"{self.host}.json").read_text())
-            keys = [str(k).split("/") for k in doc.get("runs", [])]
-        except (OSError, ValueError, TypeError, AttributeError):
+            keys = [str(k).split("/") for k in status.runs] if status is not None else []
+        except (TypeError, AttributeError):
             return None
         if not keys:
             return None

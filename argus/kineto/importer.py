@@ -378,7 +378,9 @@ def _nothing_imported(failures: Sequence[Failure]) -> NoReturn:
 
 def _write_windows(attempt: Attempt, per_rank: list[_RankTables], result: ImportResult,
                    on_window: Callable[[int], None] | None) -> None:
-    """One window per profiler step, through the live processor's writer."""
+    """One window per profiler step, through the live processor's writer (kernels compressed
+    as the processor's store exporter does)."""
+    from argus.ingest import write_window
     from argus.store import WindowData, WindowWriter
 
     writer = WindowWriter(attempt, WRITER_ID, raw_kernels=True)
@@ -389,7 +391,7 @@ def _write_windows(attempt: Attempt, per_rank: list[_RankTables], result: Import
             steps=_concat([s[step] for s, _, _ in per_rank if step in s]),
             phases=_concat([p[step] for _, p, _ in per_rank if step in p]),
             kernels=_concat([k[step] for _, _, k in per_rank if step in k]))
-        stats = writer.write(data)
+        stats = write_window(writer, data)
         for table, n in stats.rows.items():
             result.rows[table] = result.rows.get(table, 0) + n
         result.windows += 1

@@ -1,13 +1,18 @@
 """The per-host processor daemon: ingest ranks' batches, window them, compress, write.
 
-One thread runs a ``selectors`` loop over a unix socket: it accepts ranks, reassembles
-frames and decodes them with ``np.frombuffer`` into the window assembler. A second thread
-writes closed windows (compression, Parquet, Perfetto evidence) so a slow disk never stalls
-ingestion; the hand-off queue is bounded and what cannot be held is dropped and counted.
-The processor's own samplers (stacks with py-spy, GPU telemetry with NVML; ``samplers.py``)
-run on their own threads and hand their records to the loop through a queue it drains each
-cycle; their strings go into the ranks' name tables, so a client's name ids are mapped to
-table indices once the two interleave.
+The daemon is the composition of the parts, each in its own module, and the protocol that
+joins them (HELLO, names, records, drops, FLUSH, BYE):
+
+* ``connections.py`` — the ``selectors`` loop's sockets: accept, admission limits, frames;
+* ``rings.py`` — the ranks' shared-memory rings, drained every cycle;
+* ``hang_patrol.py`` — live hang detection over the rings' in-flight blocks;
+* ``samplers.py`` — the processor's own samplers (py-spy stacks, NVML, host counters) on
+  their threads, their records handed to the loop through a queue it drains each cycle;
+* ``attempts.py`` — per run attempt: the window assembler, the rank table, its exporters;
+* ``writer.py`` — the writer thread: closed windows (``argus.ingest.ClosedWindow``) through
+  the store, TSDB and evidence exporters, so a slow disk never stalls ingestion; the hand-off
+  queue is bounded and what cannot be held is dropped and counted;
+* ``status.py`` — the status file, one typed record.
 
 Failure model: a rank that disconnects or sends a malformed frame is logged and dropped;
 the others continue. SIGTERM/SIGINT flush every open window before exit. A crash loses at
@@ -16,138 +21,45 @@ most the open windows: every closed window is on disk before it is acknowledged.
 
 from __future__ import annotations
 
-import errno
-import json
 import logging
 import os
-import queue
 import resource
-import selectors
 import signal
-import socket
-import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
-from argus.errors import ArgusError, ConfigError, ProtocolError
-from argus.processor.assembler import WINDOW_TIMEOUT_S, RankInfo, WindowAssembler
+from argus.errors import ArgusError, ProtocolError
+from argus.ingest import TsdbExporter
+from argus.processor.assembler import RankInfo
+from argus.processor.attempts import AttemptState
+from argus.processor.config import ProcessorConfig
+from argus.processor.connection import Connection, parse_names
+from argus.processor.connections import Connections
 from argus.processor.cpu_time import CpuTimeSampler
-from argus.processor.hangs import HangConfig, HangWatch, RankView
+from argus.processor.hang_patrol import HangPatrol
 from argus.processor.hardware import HardwareSampler
 from argus.processor.host_counters import HostCountersSampler
-from argus.processor.limits import (ACCEPT_BACKOFF_S, ATTEMPT_IDLE_S, ATTEMPT_RETRY_S, HELLO_TIMEOUT_S,
-                                    MAX_NAME_CHARS, MAX_NAME_TABLE_BYTES, MAX_PENDING_FRAME_BYTES, MAX_REFUSED,
-                                    DropReason, HelloRefused, default_max_connections, drop_reason)
+from argus.processor.limits import ATTEMPT_RETRY_S, MAX_REFUSED, DropReason, HelloRefused
 from argus.processor.samplers import Output, Samplers
-from argus.processor.stacks import StackSampler, find_py_spy, parse_dump, run_dump
-from argus.store import FLIGHT_RECORDER_DIR, WINDOW_STEPS, WindowData, WindowWriter
-from argus.store import Attempt, Store
-from argus.store.files import write_bytes_atomic
-from argus.topology import RunIdentity, Topology, parse_layout
-from argus.wire import (DROP_TABLES, KINDS, TABLES_BY_MSG, FrameReader, Msg, RingReader, check_private_dir,
-                        decode_array, decode_json, default_socket_path, encode_json, runtime_dir)
-from argus.wire.client import peer_uid
+from argus.processor.rings import Rings
+from argus.processor.stacks import StackSampler
+from argus.processor.status import FlushProgress, ProcessorStatus, status_path
+from argus.processor.writer import WriterThread
+from argus.store import Store
+from argus.topology import RunIdentity, parse_layout
+from argus.wire import DROP_TABLES, KINDS, TABLES_BY_MSG, Msg, decode_array, decode_json, encode_json
 from argus.wire.hello import Hello, parse_hello
-from argus.wire.ring import OVERFLOW_NAME
 
 __all__ = ["ProcessorConfig", "Processor"]
 
 log = logging.getLogger("argus.processor")
 
 
-@dataclass(kw_only=True)
-class ProcessorConfig:
-    store: Path
-    socket_path: Path = field(default_factory=default_socket_path)
-    host: str = field(default_factory=socket.gethostname)
-    window_steps: int = WINDOW_STEPS
-    window_timeout_s: float = WINDOW_TIMEOUT_S
-    max_buffered_events: int = 20_000_000
-    queue_windows: int = 4
-    raw_kernels: bool = False
-    evidence: bool = True
-    evidence_max_bytes: int = 512 << 20
-    evidence_max_age_s: float = 24 * 3600.0
-    evidence_interval_s: float = 10.0  # evidence for a normal window at most this often (slow ones always)
-    status_interval_s: float = 2.0
-    durable: bool = True
-    stacks: bool = True  # sample local ranks' Python stacks with py-spy
-    stack_hz: float = 0.5  # always-on rate per rank: one py-spy dump ≈ 8 ms CPU (argus bench overhead)
-    suspect_stack_hz: float = 10.0  # rate for ranks under suspicion (stalled, slow last step)
-    py_spy: str | None = None  # py-spy executable (default: $ARGUS_PY_SPY, next to Python, PATH)
-    hw_interval_s: float = 5.0  # NVML telemetry and host counters period (NVML: off without it)
-    host_root: str = "/"  # where the host counters' /proc and /sys are (host_counters.py; tests: a fake tree)
-    host_counters: bool = True  # off for jobs that are not this host's (a simulator or a replay feeding it)
-    remote_write: list[Any] = field(default_factory=list)  # argus.tsdb.RemoteWriteConfig per TSDB
-    remote_write_flush_s: float = 10.0  # at shutdown, time the sinks get to send what is queued
-    hang: HangConfig = field(default_factory=HangConfig)  # live hang detection (processor/hangs.py)
-    attempt_idle_s: float = ATTEMPT_IDLE_S  # an attempt with nothing to serve this long is released
-    max_pending_frame_bytes: int = MAX_PENDING_FRAME_BYTES  # unfinished frames, all connections (limits.py)
-    max_connections: int = field(default_factory=default_max_connections)  # beyond it: accepted, closed, counted
-    hello_timeout_s: float = HELLO_TIMEOUT_S  # a connection without a HELLO by then is closed (limits.py)
-
-    def __post_init__(self) -> None:
-        self.store, self.socket_path = Path(self.store), Path(self.socket_path)
-        if self.window_steps < 1 or self.window_timeout_s <= 0 or self.max_buffered_events < 1:
-            raise ConfigError("window_steps, window_timeout_s and max_buffered_events must be positive")
-        if self.queue_windows < 1:
-            raise ConfigError("queue_windows must be at least 1")
-        if not self.host or "/" in self.host or self.host.startswith("."):
-            raise ConfigError(f"host name {self.host!r} cannot name a store partition")
-        if not 0 < self.stack_hz <= 100 or not 0 < self.suspect_stack_hz <= 100:
-            raise ConfigError(f"stack_hz ({self.stack_hz}) and suspect_stack_hz ({self.suspect_stack_hz}) "
-                              "must be in (0, 100]")
-        if self.hw_interval_s <= 0:
-            raise ConfigError(f"hw_interval_s must be positive, not {self.hw_interval_s}")
-        if self.remote_write_flush_s < 0:
-            raise ConfigError(f"remote_write_flush_s must not be negative, not {self.remote_write_flush_s}")
-        if self.max_pending_frame_bytes < 1 or self.max_connections < 1 or self.hello_timeout_s <= 0:
-            raise ConfigError("max_pending_frame_bytes, max_connections and hello_timeout_s must be positive")
-
-
 _CPU_OP = KINDS.index("cpu_op")
-_OUTBOX_LIMIT = 256 << 10  # a client that stops reading its ACKs loses them beyond this
-
-
-@dataclass
-class _Conn:
-    sock: socket.socket
-    rx: FrameReader = field(default_factory=FrameReader)
-    tx: bytearray = field(default_factory=bytearray)
-    info: RankInfo | None = None
-    attempt_key: tuple[str, str] | None = None
-    flushes: list[tuple[int, set[tuple[tuple[str, str], int]]]] = field(default_factory=list)
-    token: int = field(default_factory=Samplers.new_token)
-    # client name id → index in info.names (samplers append to the same table); ids below
-    # ``identity`` map to themselves, so most batches need no translation
-    id_map: list[int] = field(default_factory=list)
-    identity: int = 0
-    _id_array: np.ndarray | None = None
-    ring: RingReader | None = None  # the rank's shared-memory ring (from its HELLO)
-    pid: int | None = None
-    cpu_timed: bool = False  # its CPU ops are converted to CPU time (cpu_time.py)
-    since: float = field(default_factory=time.monotonic)  # when it connected (HELLO_TIMEOUT_S)
-    held: int = 0  # bytes of its unfinished frame counted in Processor._pending_bytes
-    name_bytes: int = 0  # characters of names it added (MAX_NAME_TABLE_BYTES)
-    overflow_index: int = 0  # index of OVERFLOW_NAME in info.names once the table is full
-
-
-@dataclass
-class _AttemptState:
-    attempt: Attempt
-    assembler: WindowAssembler
-    writer: WindowWriter
-    topology: Topology
-    new_ranks: list[int] = field(default_factory=list)
-    evidence_last: float = float("-inf")  # monotonic time of the last evidence file
-    evidence_recent: list[float] = field(default_factory=list)  # median step time of recent windows
-    in_flight: int = 0  # windows handed to the writer and not yet done
-    idle_since: float | None = None  # monotonic time it last had nothing: no rank, window or write
 
 
 class Processor:
@@ -157,32 +69,14 @@ class Processor:
         self.config = config
         self.store = Store.create(config.store)
         self._stop = threading.Event()
-        self._sel = selectors.DefaultSelector()
-        self._conns: dict[int, _Conn] = {}
-        self._attempts: dict[tuple[str, str], _AttemptState] = {}
-        self._work: queue.Queue = queue.Queue(maxsize=config.queue_windows)
-        self._done: queue.Queue = queue.Queue()
-        self._writer = threading.Thread(target=self._write_loop, name="argus-writer", daemon=True)
-        self.stats: dict[str, Any] = {"started": time.time(), "pid": os.getpid(), "host": config.host,
-                                      "socket": str(config.socket_path), "connections": 0, "ranks_seen": 0,
-                                      "frames": 0, "events": 0, "garbage_frames": 0, "disconnects": 0,
-                                      "windows_written": 0, "acked": [], "write_errors": 0,
-                                      "dropped_clients": {}, "accept_errors": 0, "refused_attempts": {}, "runs": []}
-        self._pending_bytes = 0  # bytes of unfinished frames over all connections
-        self._rx = bytearray(1 << 20)  # every socket read lands here first (one loop thread)
-        self._rx_view = memoryview(self._rx)
-        self._accept_paused_until = 0.0  # fd exhaustion: the listener rests until then
+        self._attempts: dict[tuple[str, str], AttemptState] = {}
+        self.status = ProcessorStatus(started=time.time(), pid=os.getpid(), host=config.host,
+                                      socket=str(config.socket_path))
+        self._connections = Connections(config, self.status, self._dispatch, self._let_go, self._note_drop)
         self._refused: dict[tuple[str, str], tuple[float, str]] = {}  # attempt → (retry at, why)
-        self._next_sweep = 0.0
-        # the writer wakes the loop when a window is on disk, so its ACK leaves at once
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._last_status = 0.0
         self._last_window_wall = 0.0
         self._liveness: Any = None
-        self._listener: socket.socket | None = None
         samplers: list[Any] = [HardwareSampler(interval_s=config.hw_interval_s)]
         if config.host_counters:
             samplers.append(HostCountersSampler(interval_s=config.hw_interval_s, root=config.host_root))
@@ -190,21 +84,30 @@ class Processor:
             samplers.insert(0, StackSampler(hz=config.stack_hz, suspect_hz=config.suspect_stack_hz,
                                             py_spy=config.py_spy))
         self._samplers = Samplers(samplers)
-        self._py_spy = find_py_spy(config.py_spy)
-        self._hangs = HangWatch(config.hang, config.host, dump=self._main_stack)
-        self._departed: dict[tuple[tuple[str, str], int], RankView] = {}
-        self._orphans: list[tuple[Path, int]] = []
+        self._rings = Rings(self.status, self._records, self._note_drop)
+        self._patrol = HangPatrol(config.hang, config.host, config.py_spy, self._rings, self.status)
+        self._hangs = self._patrol.watch
         self._cpu_time = CpuTimeSampler()  # CPU ops timed in CPU time (cpu_time.py)
-        self._next_hang_check = 0.0
         self._stopping = False
-        self._sinks: list[Any] = []
+        self._tsdb: TsdbExporter | None = None
         if config.remote_write:  # imported only when asked for: the TSDB path is optional
             from argus.tsdb import RemoteWriteSink
 
             from argus.tsdb.sink import Liveness
 
             self._liveness = Liveness(config.host)  # replaced by the loop; read by the sinks' threads
-            self._sinks = [RemoteWriteSink(c, liveness=lambda: self._liveness) for c in config.remote_write]
+            self._tsdb = TsdbExporter([RemoteWriteSink(c, liveness=lambda: self._liveness) for c in config.remote_write],
+                                      config.host, self._partitions, config.remote_write_flush_s)
+        self._writer = WriterThread(config.queue_windows, self._attempts, self._tsdb, self.status,
+                                    self._connections.wake)
+
+    @property
+    def _conns(self) -> dict[int, Connection]:
+        return self._connections.by_fd
+
+    @property
+    def _pending_bytes(self) -> int:
+        return self._connections.pending_bytes
 
     # -- lifecycle -----------------------------------------------------------------------
     def stop(self) -> None:
@@ -215,50 +118,25 @@ class Processor:
             signal.signal(sig, lambda *_: self.stop())
 
     def _listen(self) -> None:
-        path = self.config.socket_path
-        _private_parent(path)
-        if path.exists():
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(str(path))
-                probe.close()
-                raise ArgusError(f"{path}: another processor is already listening there")
-            except (ConnectionRefusedError, FileNotFoundError):
-                path.unlink()  # stale socket of a dead processor
-            finally:
-                probe.close()
-        lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.unlink(missing_ok=True)
-        try:
-            lst.bind(str(tmp))  # bound and listening before the path appears: whoever sees it can connect
-            os.chmod(tmp, 0o600)
-            lst.listen(256)
-            os.replace(tmp, path)
-        except OSError:  # e.g. the temporary name is past the 108-byte limit: bind in place
-            tmp.unlink(missing_ok=True)
-            lst.close()
-            lst = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            lst.bind(str(path))
-            os.chmod(path, 0o600)
-            lst.listen(256)
-        lst.setblocking(False)
-        self._listener = lst
-        self._sel.register(lst, selectors.EVENT_READ, None)
+        self._connections.listen()
+
+    def _partitions(self) -> dict[tuple[str, str], Any]:
+        """The store partition of every attempt served now (where TSDB drops are recorded)."""
+        return {key: st.store.partition for key, st in self._attempts.items()}
 
     def serve_forever(self) -> None:
         self._preload()
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        self.stats["startup_cpu_s"] = round(ru.ru_utime + ru.ru_stime, 3)  # imports: paid once per host
+        self.status.startup_cpu_s = round(ru.ru_utime + ru.ru_stime, 3)  # imports: paid once per host
         self._listen()
         self._writer.start()
         self._samplers.start()
-        for sink in self._sinks:
-            sink.start()
+        if self._tsdb is not None:
+            self._tsdb.start()
         log.info("processor on %s writing %s (host %s)", self.config.socket_path, self.config.store, self.config.host)
         try:
             while not self._stop.is_set():
-                self._poll(0.1)
+                self._connections.poll(0.1)
                 self._cycle()
         finally:
             self._shutdown()
@@ -274,162 +152,32 @@ class Processor:
 
     def _shutdown(self) -> None:
         self._stopping = True
-        for conn in list(self._conns.values()):
-            self._drain(conn)
-            self._drain_ring(conn, final=True)
+        for conn in self._connections.values():
+            self._connections.drain(conn)
+            self._rings.drain(conn, final=True)
         self._feed(self._samplers.close(time.time_ns()))
         for key, st in self._attempts.items():
             for idx in st.assembler.ready({}, final=True):
                 self._enqueue(key, idx, block=True)
-        self._put_stopping(None)
-        while self._writer.is_alive():
-            self._writer.join(timeout=0.5)
-            self._heartbeat()
-        self._heartbeat(busy_s=self.config.remote_write_flush_s if self._sinks else 0.0)
-        self._close_sinks()
+        self._writer.put_stopping(None, self._heartbeat)
+        self._writer.join(self._heartbeat)
+        self._heartbeat(busy_s=self.config.remote_write_flush_s if self._tsdb is not None else 0.0)
+        if self._tsdb is not None:
+            self._tsdb.close()
         self._handle_done()
-        for conn in list(self._conns.values()):
-            self._close(conn, reason=None)
-        if self._listener is not None:
-            if not self._accept_paused_until:  # while paused (fd exhaustion) it is not registered
-                self._sel.unregister(self._listener)
-            self._listener.close()
-            try:
-                self.config.socket_path.unlink()
-            except FileNotFoundError:
-                pass
-        self._reap_rings()
+        for conn in self._connections.values():
+            self._connections.close(conn, reason=None)
+        self._connections.close_listener(self.config.socket_path)
+        self._rings.reap()
         self._cpu_time.stop()
-        self.stats.pop("stopping", None)
+        self.status.stopping = None
         self._write_status(force=True)
-        self._sel.unregister(self._wake_r)
-        self._wake_r.close()
-        self._wake_w.close()
-        log.info("processor stopped: %d windows written", self.stats["windows_written"])
+        self._connections.close_wake()
+        log.info("processor stopped: %d windows written", self.status.windows_written)
 
-    # -- socket loop ---------------------------------------------------------------------
-    def _poll(self, timeout: float) -> None:
-        for key, _ in self._sel.select(timeout):
-            if key.data == "wake":
-                try:
-                    self._wake_r.recv(4096)
-                except OSError:
-                    pass
-            elif key.data is None:
-                self._accept()
-            else:
-                self._read(key.data)
-
-    def _accept(self) -> None:
-        assert self._listener is not None
-        while True:
-            try:
-                sock, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # EMFILE/ENFILE/ENOBUFS/ENOMEM: rest, keep serving the connected
-                self.stats["accept_errors"] += 1
-                if self.stats["accept_errors"] in (1, 10, 100, 1000):
-                    log.warning("cannot accept a connection (%s); pausing %.1f s", errno.errorcode.get(
-                        exc.errno or 0, exc), ACCEPT_BACKOFF_S)
-                self._sel.unregister(self._listener)
-                self._accept_paused_until = time.monotonic() + ACCEPT_BACKOFF_S
-                return
-            self.stats["connections"] += 1
-            try:
-                uid = peer_uid(sock)
-            except OSError:
-                uid = None
-            if uid is not None and os.getuid() != 0 and uid != os.getuid():
-                self._count_drop(DropReason.FOREIGN_PEER)
-                sock.close()
-                continue
-            if len(self._conns) >= self.config.max_connections:
-                self._count_drop(DropReason.TOO_MANY_CONNECTIONS)
-                sock.close()
-                continue
-            sock.setblocking(False)
-            conn = _Conn(sock)
-            self._conns[sock.fileno()] = conn
-            self._sel.register(sock, selectors.EVENT_READ, conn)
-
-    def _resume_accept(self) -> None:
-        if self._accept_paused_until and time.monotonic() >= self._accept_paused_until and self._listener:
-            self._accept_paused_until = 0.0
-            self._sel.register(self._listener, selectors.EVENT_READ, None)
-
-    def _count_drop(self, reason: DropReason) -> bool:
-        """Count a dropped client; True when it is worth a log line (the first ten of a reason,
-        then every power of ten: a flood of hostile clients does not fill the log)."""
-        drops = self.stats["dropped_clients"]
-        n = drops[str(reason)] = drops.get(str(reason), 0) + 1
-        return n <= 10 or str(n).strip("0") == "1"
-
-    def _sweep(self) -> None:
-        """Close connections that never said HELLO within ``hello_timeout_s``."""
-        now = time.monotonic()
-        if now < self._next_sweep:
-            return
-        self._next_sweep = now + min(1.0, self.config.hello_timeout_s / 2)
-        for conn in [c for c in self._conns.values() if c.info is None and now - c.since > self.config.hello_timeout_s]:
-            self._count_drop(DropReason.HELLO_TIMEOUT)
-            self._close(conn, reason=None)
-
-    def _read(self, conn: _Conn) -> None:
-        """One ``recv`` into the loop's buffer (``recv(1 MiB)`` allocates and faults in a
-        fresh MiB per call, ~16 µs: 8% of the processor's CPU with many small frames)."""
-        try:
-            got = conn.sock.recv_into(self._rx)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            got = 0
-        if not got:
-            self._close(conn, reason="disconnected")
-            return
-        conn.rx.feed(bytes(self._rx_view[:got]))
-        self._drain(conn)
-        if conn.sock.fileno() < 0:
-            return
-        self._pending_bytes += conn.rx.pending_bytes - conn.held
-        conn.held = conn.rx.pending_bytes
-        if self._pending_bytes > self.config.max_pending_frame_bytes:
-            if self._count_drop(DropReason.FRAME_BUDGET):
-                log.warning("%s holds %d bytes of an unfinished frame with %d held in all (limit %d); dropping it",
-                            self._who(conn), conn.held, self._pending_bytes, self.config.max_pending_frame_bytes)
-            self._note_drop(conn, "frames", 0, 1, "frame_budget")
-            self._close(conn, reason=None)
-
-    @staticmethod
-    def _who(conn: _Conn) -> str:
-        return f"rank {conn.info.rank}" if conn.info else "an unidentified client"
-
-    def _drain(self, conn: _Conn) -> None:
-        """Handle every complete frame in the connection's buffer."""
-        try:
-            for msg, payload in conn.rx.frames():
-                if conn.sock.fileno() < 0:
-                    return
-                self.stats["frames"] += 1
-                self._dispatch(conn, msg, payload)
-        except Exception as exc:  # noqa: BLE001 - whatever a client causes drops that client only
-            reason = drop_reason(exc)
-            self.stats["garbage_frames"] += 1
-            if not self._count_drop(reason):
-                pass
-            elif reason == DropReason.INTERNAL:
-                log.exception("frame from %s failed (%r); dropping the connection", self._who(conn), exc)
-            else:
-                log.warning("%s from %s (%s); dropping the connection (%d so far)", reason, self._who(conn), exc,
-                            self.stats["dropped_clients"][str(reason)])
-            try:
-                self._note_drop(conn, "frames", 0, 1, "malformed")
-            except Exception:  # noqa: BLE001
-                pass
-            conn.rx.clear()
-            self._close(conn, reason=None)
-
-    def _dispatch(self, conn: _Conn, msg: Msg, payload: bytes) -> None:
+    # -- the protocol ------------------------------------------------------------------------
+    def _dispatch(self, conn: Connection, msg: Msg, payload: bytes) -> None:
+        """One complete frame of a client (``Connections`` drops the client if this raises)."""
         if msg == Msg.HELLO:
             try:
                 hello = parse_hello(decode_json(payload))
@@ -440,7 +188,7 @@ class Processor:
         if conn.info is None:
             raise ProtocolError(f"{msg.name} before HELLO")
         if msg == Msg.NAMES:
-            self._add_names(conn, _parse_names(decode_json(payload), len(conn.id_map)))
+            conn.add_names(parse_names(decode_json(payload), len(conn.id_map)))
         elif msg in TABLES_BY_MSG:
             self._records(conn, msg, decode_array(msg, payload))
         elif msg == Msg.DROPS:
@@ -460,198 +208,30 @@ class Processor:
             conn.flushes.append((seq, pending))
             self._maybe_ack_flushes(conn)
         elif msg == Msg.BYE:
-            self._close(conn, reason=None)
+            self._connections.close(conn, reason=None)
         else:
             raise ProtocolError(f"unexpected {msg.name} from a client")
 
-    def _add_names(self, conn: _Conn, names: list[str]) -> None:
-        """The client's next name ids (in order) → indices of the rank's name table."""
-        assert conn.info is not None
-        for name in names:
-            conn.name_bytes += len(name)
-            if conn.name_bytes > MAX_NAME_TABLE_BYTES:  # past the cap: the overflow name, as in the ring
-                if conn.name_bytes - len(name) <= MAX_NAME_TABLE_BYTES:
-                    log.warning("%s: name table past %d bytes; further names read %r", self._who(conn),
-                                MAX_NAME_TABLE_BYTES, OVERFLOW_NAME)
-                    conn.info.names.append(OVERFLOW_NAME)
-                    conn.overflow_index = len(conn.info.names) - 1
-                conn.id_map.append(conn.overflow_index)
-                conn._id_array = None
-                continue
-            index = len(conn.info.names)
-            if conn.identity == len(conn.id_map) == index:
-                conn.identity += 1
-            conn.id_map.append(index)
-            conn.info.names.append(name)
-        conn._id_array = None
-
-    def _records(self, conn: _Conn, msg: Msg, records: np.ndarray) -> None:
+    def _records(self, conn: Connection, msg: Msg, records: np.ndarray) -> None:
         """One batch of a rank's records (from its socket or its ring) into the windows."""
-        self._check_names(conn, msg, records)
+        conn.map_names(msg, records)
         if msg == Msg.KERNELS and conn.cpu_timed:
             ops = records["kind"] == _CPU_OP
             if ops.any():
                 cpu = self._cpu_time.cpu_durations(conn.token, records["start_ns"][ops], records["dur_ns"][ops])
                 if cpu is not None:
-                    self.stats["cpu_ops_cpu_timed"] = self.stats.get("cpu_ops_cpu_timed", 0) + int(ops.sum())
-                    self.stats["cpu_ops_wall_ns"] = self.stats.get("cpu_ops_wall_ns", 0) + int(
-                        records["dur_ns"][ops].sum())
-                    self.stats["cpu_ops_cpu_ns"] = self.stats.get("cpu_ops_cpu_ns", 0) + int(cpu.sum())
+                    self.status.cpu_ops_cpu_timed += int(ops.sum())
+                    self.status.cpu_ops_wall_ns += int(records["dur_ns"][ops].sum())
+                    self.status.cpu_ops_cpu_ns += int(cpu.sum())
                     records["dur_ns"][ops] = cpu
         st = self._attempts[conn.attempt_key]  # type: ignore[index]
         st.assembler.add(conn.info, msg, records)
-        self.stats["events"] += len(records)
+        self.status.events += len(records)
         if msg == Msg.STEPS:
             self._samplers.steps_reported(conn.token, records)
             self._hangs.steps_reported(conn.attempt_key, records)
 
-    # -- rings -----------------------------------------------------------------------------
-    def _open_ring(self, conn: _Conn, path: Any, pid: Any) -> None:
-        try:
-            conn.ring = RingReader(str(path), expect_pid=int(pid) if pid is not None else None)
-        except Exception as exc:  # noqa: BLE001 - the rank's socket records still flow
-            self.stats["ring_errors"] = self.stats.get("ring_errors", 0) + 1
-            log.warning("rank %s: cannot read its ring %s (%s); its records are lost",
-                        conn.info.rank if conn.info else "?", path, exc)
-
-    def _drain_ring(self, conn: _Conn, final: bool = False) -> None:
-        """Everything the rank wrote into its ring since the last pass (``final``: all of it,
-        the writer is gone or we are stopping)."""
-        ring = conn.ring
-        if ring is None or conn.info is None:
-            return
-        try:
-            names = ring.new_names()
-            if names:
-                self._add_names(conn, names)
-            for msg, records in ring.drain(settled=not final).items():
-                self._records(conn, msg, records)
-            for msg, n in ring.new_drops().items():
-                self._note_drop(conn, TABLES_BY_MSG[msg], n, 0, "producer_buffer_full")
-        except Exception as exc:  # noqa: BLE001 - a ring is the rank's file: it never ends the processor
-            self.stats["garbage_frames"] += 1
-            self.stats["ring_errors"] = self.stats.get("ring_errors", 0) + 1
-            log.warning("rank %d: bad ring contents (%r); no longer reading it", conn.info.rank, exc)
-            ring.close()
-            conn.ring = None
-
-    def _release_ring(self, conn: _Conn) -> None:
-        """Last drain of a departed rank's ring; the file goes once its writer is gone. A rank
-        that did not shut down cleanly stays in its job's hang view with its last state."""
-        ring = conn.ring
-        if ring is None:
-            return
-        if not self._stopping:
-            self._drain_ring(conn, final=True)
-        if conn.ring is None:
-            return
-        self._note_producer_cpu(conn)
-        conn.ring = None
-        assert conn.info is not None and conn.attempt_key is not None
-        try:
-            last = ring.inflight.read()
-        except ProtocolError:
-            last = None
-        if not ring.closed_by_writer and last is not None:
-            names, id_map = list(conn.info.names), list(conn.id_map)
-            self._departed[(conn.attempt_key, conn.info.rank)] = RankView(
-                conn.attempt_key, conn.info.rank, conn.pid, lambda: last,
-                lambda i: names[id_map[i]] if 0 <= i < len(id_map) else "", alive=False)
-        gone = ring.closed_by_writer or not _alive(ring.pid)
-        ring.close(unlink=gone)
-        if not gone:
-            self._orphans.append((ring.path, ring.pid))  # removed once its writer is gone
-
-    def _reap_rings(self) -> None:
-        """Ring files of departed ranks whose processes were still exiting when they left."""
-        keep = []
-        for path, pid in self._orphans:
-            if _alive(pid):
-                keep.append((path, pid))
-            else:
-                path.unlink(missing_ok=True)
-        self._orphans = keep
-
-    # -- hangs -----------------------------------------------------------------------------
-    def _main_stack(self, pid: int) -> str | None:
-        """The main thread's folded stack (one ``py-spy dump``), for a hang snapshot."""
-        if self._py_spy is None:
-            return None
-        kind, text = run_dump(self._py_spy, pid)
-        if kind != "ok":
-            return None
-        threads = parse_dump(text, pid)
-        main = [f for name, f in threads if name == "MainThread"] or [f for _, f in threads[:1]]
-        if not main:
-            return None
-        return ";".join(f for f in main[0].split(";") if "argus/producer/" not in f)  # the user's frames
-
-    def _watch_hangs(self) -> None:
-        now = time.monotonic()
-        if now < self._next_hang_check:
-            return
-        self._next_hang_check = now + 0.5
-        self._reap_rings()
-        views = []
-        for conn in self._conns.values():
-            if conn.ring is None or conn.info is None or conn.attempt_key is None:
-                continue
-            info, id_map, ring = conn.info, conn.id_map, conn.ring
-            views.append(RankView(conn.attempt_key, info.rank, conn.pid, ring.inflight.read,
-                                  lambda i, info=info, id_map=id_map: info.names[id_map[i]]
-                                  if 0 <= i < len(id_map) else ""))
-        live = {(v.key, v.rank) for v in views}
-        jobs = {v.key for v in views}
-        for k in [k for k in self._departed if k[0] not in jobs]:
-            del self._departed[k]  # the job is over on this host
-        views += [v for k, v in self._departed.items() if k not in live]
-        try:
-            found = self._hangs.check(views)
-        except Exception as exc:  # noqa: BLE001 - e.g. a ring truncated under us: skip this check
-            self.stats["hang_check_errors"] = self.stats.get("hang_check_errors", 0) + 1
-            log.warning("hang check failed (%r)", exc)
-            return
-        for key, cols in found.items():
-            st = self._attempts.get(key)
-            if st is None:
-                continue
-            try:
-                window = max(st.assembler.windows, default=0)
-                st.writer.writer.write("hangs", cols, window=window)
-                self.stats["hang_snapshots"] = self.stats.get("hang_snapshots", 0) + 1
-            except Exception as exc:  # noqa: BLE001 - keep serving
-                log.exception("cannot write the hang snapshot of %s/%s: %s", key[0], key[1], exc)
-            self._ask_flight_recorder(key, st)
-
-    def _ask_flight_recorder(self, key: tuple[str, str], st: Any) -> None:
-        """A hang: ask the job's ranks here for their Flight Recorder rings (PyTorch's record of
-        every recent collective: who entered which, in sequence), written into the attempt for
-        the diagnosis (``analysis/hangs.py``) — the evidence NCCL writes only on its timeout,
-        gloo never, taken while the job is stuck."""
-        doc = {"flight_recorder": {"dir": str(st.attempt.path / FLIGHT_RECORDER_DIR)}}
-        for conn in list(self._conns.values()):
-            if conn.attempt_key == key and conn.info is not None:
-                try:
-                    self._send(conn, encode_json(Msg.CONTROL, doc))
-                    self.stats["flight_recorder_asked"] = self.stats.get("flight_recorder_asked", 0) + 1
-                except Exception:  # noqa: BLE001 - a closed connection: that rank cannot answer
-                    pass
-
-    def _check_names(self, conn: _Conn, msg: Msg, records: np.ndarray) -> None:
-        """Validate the client's name ids and map them to name-table indices (in place)."""
-        assert conn.info is not None
-        for fld in ("name", "frames", "thread", "metric"):
-            if fld in records.dtype.names and len(records):
-                ids = records[fld]
-                top = int(ids.max())
-                if ids.min() < 0 or top >= len(conn.id_map):
-                    raise ProtocolError(f"{msg.name} refers to name id {top} never sent")
-                if top >= conn.identity:
-                    if conn._id_array is None:
-                        conn._id_array = np.asarray(conn.id_map, dtype=np.int32)
-                    records[fld] = conn._id_array[ids]
-
-    def _hello(self, conn: _Conn, hello: Hello) -> None:
+    def _hello(self, conn: Connection, hello: Hello) -> None:
         """Admit a rank: every field was validated (``parse_hello``) and the layout is checked
         against the attempt before anything is allocated for it or written to disk."""
         if conn.info is not None:
@@ -675,20 +255,20 @@ class Processor:
         conn.attempt_key = key
         conn.pid = hello.pid
         if hello.ring:
-            self._open_ring(conn, hello.ring, conn.pid)
+            self._rings.open(conn, hello.ring, conn.pid)
         if hello.kernels == "cpu_ops" and conn.pid is not None and hello.tid is not None:
             ring = conn.ring
             conn.cpu_timed = self._cpu_time.add(conn.token, conn.pid, hello.tid, hello.clock_offset_ns,
                                                 ring.inflight.op_capture if ring is not None else None)
         self._samplers.rank_joined(conn.token, conn.info, key, hello.to_doc())
-        self.stats["ranks_seen"] += 1
+        self.status.ranks_seen += 1
         if hello.pid is not None:  # argus run's job log names a line's rank by its pid (NCCL's prefix)
-            pids = self.stats.setdefault("rank_pids", {})
+            pids = self.status.rank_pids
             if len(pids) < 4096:
                 pids[str(hello.pid)] = rank
         log.info("rank %d of %s/%s connected (pid %s)", rank, key[0], key[1], hello.pid)
 
-    def _open_attempt(self, key: tuple[str, str], layout: Any) -> _AttemptState:
+    def _open_attempt(self, key: tuple[str, str], layout: Any) -> AttemptState:
         """The run's attempt (opened or created); a corrupt, foreign or differing
         ``attempt.json`` refuses the run (logged once per ``ATTEMPT_RETRY_S``), never the daemon."""
         now = time.monotonic()
@@ -700,52 +280,29 @@ class Processor:
         except Exception as exc:  # noqa: BLE001 - whatever the file holds, only this run is refused
             why = f"run {key[0]}/{key[1]} refused: its attempt in {self.config.store} cannot be used ({exc})"
             self._refused[key] = (now + ATTEMPT_RETRY_S, why)
-            self.stats["refused_attempts"][f"{key[0]}/{key[1]}"] = str(exc)[:500]
+            self.status.refused_attempts[f"{key[0]}/{key[1]}"] = str(exc)[:500]
             log.error("%s", why)
             raise HelloRefused(why, DropReason.ATTEMPT_REFUSED) from None
         self._refused.pop(key, None)
-        self.stats["refused_attempts"].pop(f"{key[0]}/{key[1]}", None)
-        world = layout.world_size
-        st = _AttemptState(attempt=attempt,
-                           assembler=WindowAssembler(self.config.window_steps, self.config.window_timeout_s,
-                                                     self.config.max_buffered_events, host=self.config.host),
-                           writer=WindowWriter(attempt, self.config.host, raw_kernels=self.config.raw_kernels,
-                                               durable=self.config.durable),
-                           topology=Topology(layout=layout, hosts=np.full(world, "unknown", dtype=object),
-                                             local_ranks=np.full(world, -1),
-                                             gpu_uuids=np.full(world, "", dtype=object)))
-        self._attempts[key] = st
-        if f"{key[0]}/{key[1]}" not in self.stats["runs"] and len(self.stats["runs"]) < MAX_REFUSED:
-            self.stats["runs"].append(f"{key[0]}/{key[1]}")  # every run/attempt its ranks wrote (argus run says which)
+        self.status.refused_attempts.pop(f"{key[0]}/{key[1]}", None)
+        st = self._attempts[key] = AttemptState.open(attempt, layout, self.config)
+        self.status.note_run(f"{key[0]}/{key[1]}", MAX_REFUSED)  # every run/attempt its ranks wrote (argus run says which)
         return st
 
-    def _close(self, conn: _Conn, reason: str | None) -> None:
+    def _let_go(self, conn: Connection) -> None:
+        """A connection closes: its rank leaves (ring, hang view, CPU timing, samplers)."""
         if conn.info is not None and conn.attempt_key in self._attempts:
-            self._release_ring(conn)
+            self._rings.release(conn, stopping=self._stopping)
             self._hangs.rank_left(conn)
         if conn.cpu_timed:
             self._cpu_time.remove(conn.token)
             conn.cpu_timed = False
         self._feed(self._samplers.rank_left(conn.token))
-        if conn.sock.fileno() in self._conns:
-            self._sel.unregister(conn.sock)
-            del self._conns[conn.sock.fileno()]
-        if reason == "disconnected":
-            self.stats["disconnects"] += 1
-            if conn.rx.pending_bytes:  # a batch cut off mid-frame
-                self._note_drop(conn, "frames", 0, 1, "disconnected")
-            if conn.info is not None:
-                log.warning("rank %d disconnected", conn.info.rank)
-        self._pending_bytes -= conn.held
-        conn.held = 0
-        conn.rx.clear()
-        conn.sock.close()
 
-    def _note_drop(self, conn: _Conn, table: str, events: int, batches: int, reason: str) -> None:
+    def _note_drop(self, conn: Connection, table: str, events: int, batches: int, reason: str) -> None:
         key = conn.attempt_key  # a client that never said HELLO is counted here, not in another run
         if key is None or key not in self._attempts:
-            self.stats.setdefault("drops_before_hello", 0)
-            self.stats["drops_before_hello"] += max(events, batches)
+            self.status.drops_before_hello += max(events, batches)
             return
         rank = conn.info.rank if conn.info else -1
         self._attempts[key].assembler.note_drop(-1, rank, table, events, batches, reason)
@@ -766,7 +323,7 @@ class Processor:
                                            int(row["batches"]), "queue_full")
                 continue
             st.assembler.add(handle.info, msg, records)
-            self.stats["sampled_records"] = self.stats.get("sampled_records", 0) + len(records)
+            self.status.sampled_records += len(records)
 
     def _control(self) -> None:
         """Send the samplers' requests (``Msg.CONTROL``) to their ranks."""
@@ -774,21 +331,21 @@ class Processor:
             conn = next((c for c in self._conns.values() if c.token == token), None)
             if conn is not None:
                 self._send(conn, encode_json(Msg.CONTROL, doc))
-                self.stats["controls_sent"] = self.stats.get("controls_sent", 0) + 1
+                self.status.controls_sent += 1
 
     # -- windows -------------------------------------------------------------------------
     def _cycle(self) -> None:
-        self._resume_accept()
-        self._sweep()
+        self._connections.resume_accept()
+        self._connections.sweep()
         for conn in list(self._conns.values()):
             if conn.ring is not None:
-                self._drain_ring(conn)
-        self._watch_hangs()
+                self._rings.drain(conn)
+        self._patrol.check(self._conns.values(), self._attempts, self._send)
         self._feed(self._samplers.collect(time.time_ns()))
         self._control()
         for conn in list(self._conns.values()):
             if conn.tx:
-                self._push(conn)
+                conn.push()
         for key, st in self._attempts.items():
             for idx in st.assembler.ready(self._active(key), final=not self._active(key)):
                 if not self._enqueue(key, idx, block=False):
@@ -811,206 +368,65 @@ class Processor:
                 st.idle_since = now
             elif now - st.idle_since >= self.config.attempt_idle_s:
                 del self._attempts[key]
-                self.stats["attempts_forgotten"] = self.stats.get("attempts_forgotten", 0) + 1
+                self.status.attempts_forgotten += 1
                 log.info("attempt %s/%s idle for %.0f s: released", key[0], key[1], now - st.idle_since)
         if len(self._refused) > MAX_REFUSED:
             for key in [k for k, (retry_at, _) in self._refused.items() if retry_at <= now]:
                 del self._refused[key]
-                self.stats["refused_attempts"].pop(f"{key[0]}/{key[1]}", None)
+                self.status.refused_attempts.pop(f"{key[0]}/{key[1]}", None)
 
     def _enqueue(self, key: tuple[str, str], index: int, block: bool) -> bool:
         """Hand a closed window to the writer; when the writer is behind (and not shutting
         down) the window stays buffered, and the assembler's memory cap counts what it drops."""
-        if not block and self._work.full():
+        if not block and self._writer.full:
             return False
         st = self._attempts[key]
-        data, ranks = st.assembler.take(index)
-        topo_rows = None
-        if st.new_ranks:
-            topo_rows = st.topology.rows(sorted(set(st.new_ranks)))
-            st.new_ranks.clear()
+        window = st.close_window(index, self.config.host)
         st.in_flight += 1
         if block:
-            self._put_stopping((key, data, ranks, topo_rows))
+            self._writer.put_stopping(window, self._heartbeat)
         else:
-            self._work.put((key, data, ranks, topo_rows))  # only this thread puts: there is room
+            self._writer.offer(window)  # only this thread puts: there is room
         return True
-
-    def _put_stopping(self, item: Any) -> None:
-        """Queue for the writer while shutting down, writing the heartbeat while it is full."""
-        while True:
-            try:
-                self._work.put(item, timeout=0.5)
-                return
-            except queue.Full:
-                self._heartbeat()
 
     def _heartbeat(self, busy_s: float = 0.0) -> None:
         """The status file while flushing at shutdown: ``argus run`` reads its progress
         (windows written, windows left) to tell a slow flush from a stuck processor;
         ``busy_until`` covers a bounded wait in which no window moves (TSDB sinks)."""
         self._handle_done()
-        self.stats["stopping"] = {"windows_left": self._work.qsize() + sum(
-            len(st.assembler.windows) for st in self._attempts.values()),
-            "busy_until": time.time() + busy_s}
+        self.status.stopping = FlushProgress(
+            windows_left=self._writer.backlog + sum(len(st.assembler.windows) for st in self._attempts.values()),
+            busy_until=time.time() + busy_s)
         self._write_status(force=True)
 
-    def _write_loop(self) -> None:
-        while True:
-            item = self._work.get()
-            if item is None:
-                return
-            key, data, ranks, topo_rows = item
-            st = self._attempts[key]
-            try:
-                if topo_rows is not None:
-                    st.writer.writer.write("topology", topo_rows, window=data.window)
-                stats = st.writer.write(data)
-                self._remote_write(key, st, data, ranks, stats)
-                if self.config.evidence and self._evidence_due(st, data):
-                    self._write_evidence(st, data)
-                self._done.put((key, data.window, data.start_step, data.end_step, ranks, stats.rows))
-                self._wake()
-            except Exception as exc:  # keep serving: a failed window is logged and counted
-                self.stats["write_errors"] += 1
-                log.exception("writing window %d failed: %s", data.window, exc)
-                self._done.put((key, data.window, data.start_step, data.end_step, set(), None))
-                self._wake()
-
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:  # full (the loop is behind anyway) or closed at shutdown
-            pass
-
-    def _remote_write(self, key: tuple[str, str], st: _AttemptState, data: WindowData, ranks: set[int],
-                      stats: Any) -> None:
-        """Hand the window to each TSDB sink (a queue append) and store what they dropped."""
-        if not self._sinks:
-            return
-        try:  # the window is in the store already: nothing here may cost its acknowledgement
-            from argus.tsdb import WindowJob
-
-            topo = st.topology
-            info = {int(r): (str(topo.hosts[r]), int(topo.local_ranks[r]), str(topo.gpu_uuids[r])) for r in ranks}
-            job = WindowJob(run_id=key[0], attempt_id=key[1], host=self.config.host, layout=st.attempt.layout,
-                            ranks=info, window=data.window, start_step=data.start_step, end_step=data.end_step,
-                            steps=data.steps, phases=data.phases, hw=data.hw, drops=data.drops,
-                            summaries=stats.kernel_summaries, sketches=stats.kernel_sketches)
-            for sink in self._sinks:
-                sink.submit(job)
-            self._store_sink_drops(key, st)
-        except Exception as exc:
-            self.stats["remote_write_errors"] = self.stats.get("remote_write_errors", 0) + 1
-            log.exception("remote write of window %d not queued: %s", data.window, exc)
-
-    def _store_sink_drops(self, key: tuple[str, str], st: _AttemptState) -> None:
-        rows = [(w, ev, b, reason) for sink in self._sinks for w, ev, b, reason in sink.take_drops(key)]
-        if rows:
-            st.writer.writer.write("drops", {
-                "window": [r[0] for r in rows], "rank": [-1] * len(rows), "host": [self.config.host] * len(rows),
-                "table": ["remote_write"] * len(rows), "events": [r[1] for r in rows],
-                "batches": [r[2] for r in rows], "reason": [r[3] for r in rows]}, window=max(r[0] for r in rows))
-
-    def _close_sinks(self) -> None:
-        """Flush the sinks (bounded), then record their last drops."""
-        for sink in self._sinks:
-            sink.close(timeout_s=self.config.remote_write_flush_s)
-        for key, st in self._attempts.items():
-            try:
-                self._store_sink_drops(key, st)
-            except Exception as exc:  # shutting down: log, never raise
-                log.warning("cannot record remote-write drops: %s", exc)
-
-    def _evidence_due(self, st: _AttemptState, data: WindowData) -> bool:
-        """A window's Perfetto trace costs a few ms to build: write one when the window's steps
-        are slow against the recent ones (what an analysis will want to open), else at most
-        every ``evidence_interval_s``."""
-        step_s = float("nan")
-        if data.steps is not None and data.steps.num_rows:
-            import numpy as np
-
-            d = (data.steps.column("end_ns").to_numpy() - data.steps.column("start_ns").to_numpy()) / 1e9
-            step_s = float(np.median(d)) if d.size else float("nan")
-        recent = st.evidence_recent
-        slow = bool(recent) and step_s == step_s and step_s > 1.3 * sorted(recent)[len(recent) // 2]
-        if step_s == step_s:
-            recent.append(step_s)
-            del recent[:-32]
-        now = time.monotonic()
-        if slow or now - st.evidence_last >= self.config.evidence_interval_s:
-            st.evidence_last = now
-            return True
-        return False
-
-    def _write_evidence(self, st: _AttemptState, data: WindowData) -> None:
-        try:
-            from argus.evidence import enforce_retention, write_perfetto_trace
-        except ImportError:  # evidence module not available: keep summaries flowing
-            return
-        directory = st.attempt.path / "evidence" / self.config.host
-        directory.mkdir(parents=True, exist_ok=True)
-        hosts = {int(r): str(h) for r, h in enumerate(st.topology.hosts) if h != "unknown"}
-        path = directory / f"{data.window:09d}-{os.urandom(4).hex()}.pftrace"
-        write_perfetto_trace(path, phases=data.phases, kernels=data.kernels, hosts=hosts,
-                             title=f"{st.attempt.identity.run_id} window {data.window} ({self.config.host})")
-        enforce_retention(directory, max_bytes=self.config.evidence_max_bytes, max_age_s=self.config.evidence_max_age_s)
-
     def _handle_done(self) -> None:
-        while True:
-            try:
-                key, window, start, end, ranks, rows = self._done.get_nowait()
-            except queue.Empty:
-                return
-            done = self._attempts.get(key)
-            if done is not None:
-                done.in_flight -= 1
-            if rows is None:
+        for done in self._writer.written():
+            st = self._attempts.get(done.key)
+            if st is not None:
+                st.in_flight -= 1
+            if done.rows is None:
                 continue
-            self.stats["windows_written"] += 1
+            ack = done.ack()
+            self.status.note_ack(ack)
             self._last_window_wall = time.time()
-            ack = {"window": window, "start_step": start, "end_step": end, "rows": rows}
-            self.stats["acked"] = (self.stats["acked"] + [ack])[-50:]
             for conn in list(self._conns.values()):
-                if conn.attempt_key != key or conn.info is None:
+                if conn.attempt_key != done.key or conn.info is None:
                     continue
-                if conn.info.rank in ranks:
+                if conn.info.rank in done.ranks:
                     self._send(conn, encode_json(Msg.ACK, ack))
                 for _, pending in conn.flushes:
-                    pending.discard((key, window))
+                    pending.discard((done.key, done.window))
                 self._maybe_ack_flushes(conn)
 
-    def _maybe_ack_flushes(self, conn: _Conn) -> None:
+    def _maybe_ack_flushes(self, conn: Connection) -> None:
         done = [seq for seq, pending in conn.flushes if not pending]
         conn.flushes = [(s, p) for s, p in conn.flushes if p]
         for seq in done:
             self._send(conn, encode_json(Msg.ACK, {"seq": seq}))
 
-    def _send(self, conn: _Conn, frame: bytes) -> None:
-        """Queue a frame and push what the socket takes now: never block the loop on a client."""
-        if len(conn.tx) + len(frame) > _OUTBOX_LIMIT:
-            self.stats["acks_dropped"] = self.stats.get("acks_dropped", 0) + 1
-            return  # a client that stopped reading loses ACKs, nothing else
-        conn.tx += frame
-        self._push(conn)
-
-    def _push(self, conn: _Conn) -> None:
-        try:
-            sent = conn.sock.send(conn.tx)
-            del conn.tx[:sent]
-        except (BlockingIOError, InterruptedError):
-            pass
-        except OSError:
-            conn.tx.clear()
-
-    def _note_producer_cpu(self, conn: _Conn) -> None:
-        """The CPU the rank's producer threads report in its in-flight block (for benchmarks)."""
-        if conn.ring is not None and conn.info is not None:
-            try:
-                cpu = conn.ring.inflight.read().argus_cpu_ns
-            except ProtocolError:  # the ring shrank: the next drain pass drops it
-                return
-            self.stats.setdefault("producer_cpu_s", {})[str(conn.info.rank)] = round(cpu / 1e9, 4)
+    def _send(self, conn: Connection, frame: bytes) -> None:
+        if not conn.send(frame):
+            self.status.acks_dropped += 1  # a client that stopped reading loses ACKs, nothing else
 
     def _note_liveness(self) -> None:
         """The snapshot the sinks' heartbeats send (built here, on the loop's thread)."""
@@ -1031,76 +447,20 @@ class Processor:
             return
         self._last_status = now
         for conn in self._conns.values():
-            self._note_producer_cpu(conn)
-        if self._sinks:
+            self._rings.note_producer_cpu(conn)
+        if self._tsdb is not None:
             self._note_liveness()
         own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        self.stats["cpu_s"] = round(own.ru_utime + own.ru_stime, 3)
-        self.stats["children_cpu_s"] = round(children.ru_utime + children.ru_stime, 3)  # py-spy
-        doc = dict(self.stats, updated=time.time(), open_windows={
-            f"{k[0]}/{k[1]}": sorted(st.assembler.windows) for k, st in self._attempts.items()},
-            buffered_events=sum(st.assembler.buffered_events for st in self._attempts.values()),
-            pending_frame_bytes=self._pending_bytes, open_connections=len(self._conns),
-            samplers=self._samplers.status(), config={k: str(v) for k, v in asdict(self.config).items()})
-        if self._sinks:
-            doc["remote_write"] = [sink.stats() for sink in self._sinks]
-        path = self.config.store / "processors" / f"{self.config.host}.json"
-        try:
-            write_bytes_atomic(path, json.dumps(doc, indent=1).encode(), durable=False)
-        except OSError as exc:
-            log.warning("cannot write status file %s: %s", path, exc)
-
-
-def _parse_names(doc: Any, next_id: int) -> list[str]:
-    """The names of a NAMES document ``[[id, "name"], ...]``, ids consecutive from ``next_id``."""
-    if not isinstance(doc, list):
-        raise ProtocolError(f"NAMES must be a list of [id, name] pairs, not {type(doc).__name__}")
-    names = []
-    for k, item in enumerate(doc):
-        if not isinstance(item, list) or len(item) != 2:
-            raise ProtocolError(f"NAMES entry {k} is not an [id, name] pair")
-        i, name = item
-        if type(i) is not int or i != next_id + k:
-            raise ProtocolError(f"name id {i!r:.40} out of sequence (expected {next_id + k})")
-        if not isinstance(name, str) or len(name) > MAX_NAME_CHARS:
-            raise ProtocolError(f"name {i} is not a string of at most {MAX_NAME_CHARS} characters")
-        names.append(name)
-    return names
-
-
-def _private_parent(path: Path) -> None:
-    """Create the socket's directory private (0700). The default runtime directory is checked
-    for owner and mode (``check_private_dir``); any other existing directory must not let other
-    users replace the socket (not writable by them, or sticky like /tmp)."""
-    import stat
-
-    parent = path.parent
-    if parent == Path(tempfile.gettempdir()) / f"argus-{os.getuid()}":
-        runtime_dir()  # created private, and checked for owner and mode
-        return
-    if not parent.exists():
-        parent.mkdir(parents=True, mode=0o700)
-        check_private_dir(parent)
-        return
-    st = os.stat(parent)
-    if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
-        raise ConfigError(f"{parent} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}) without the "
-                          "sticky bit: another user could replace the socket; choose a private directory")
-
-
-def _alive(pid: int) -> bool:
-    """Does process ``pid`` still run (a zombie does not)?"""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
-    except FileNotFoundError:
-        return False
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        s = self.status
+        s.cpu_s = round(own.ru_utime + own.ru_stime, 3)
+        s.children_cpu_s = round(children.ru_utime + children.ru_stime, 3)  # py-spy
+        s.updated = time.time()
+        s.open_windows = {f"{k[0]}/{k[1]}": sorted(st.assembler.windows) for k, st in self._attempts.items()}
+        s.buffered_events = sum(st.assembler.buffered_events for st in self._attempts.values())
+        s.pending_frame_bytes = self._pending_bytes
+        s.open_connections = len(self._conns)
+        s.samplers = self._samplers.status()
+        s.config = {k: str(v) for k, v in asdict(self.config).items()}
+        if self._tsdb is not None:
+            s.remote_write = self._tsdb.stats()
+        s.write(status_path(self.config.store, self.config.host))

@@ -19,7 +19,7 @@ from argus.sim.config import SimConfig
 from argus.sim.engine import Engine
 from argus.sim.records import StepRecords
 from argus.sim.scenarios import ScenarioContext, get_scenario, parse_params, scenario_rng
-from argus.store import Store
+from argus.store import KernelSummaries, Store, WindowData, WindowWriter
 from argus.store.files import write_bytes_atomic
 from argus.topology import RunIdentity, Topology
 
@@ -74,7 +74,7 @@ def simulate_to_store(config: SimConfig, scenario: str, out: str | Path,
         run_id = config.run_id or f"sim-{scenario}-s{config.seed}"
         attempt = store.create_attempt(RunIdentity(run_id, "0"), ctx.topology, source="simulator",
                                        extra={"scenario": scenario, "seed": config.seed})
-        writer = attempt.writer("sim")
+        writer = WindowWriter(attempt, "sim", raw_kernels=config.kernels)
     t0 = time.perf_counter()
     result = SimulationResult(truth={}, store_path=out if write else None)
     faulty: list[float] = []
@@ -86,15 +86,10 @@ def simulate_to_store(config: SimConfig, scenario: str, out: str | Path,
         result.kernel_events += rec.n_kernel_events
         faulty.append(job_step_times(rec))
         if writer is not None:
-            w = rec.step
-            writer.write("steps", rec.steps_table(), window=w)
-            writer.write("phases", rec.phases_table(), window=w)
-            if config.kernels:
-                writer.write("kernels", rec.kernels_table(), window=w)
-            if rec.stacks is not None:
-                writer.write("stacks", rec.stacks, window=w)
-            if rec.hw is not None:
-                writer.write("hw", rec.hw, window=w)
+            w = rec.step  # the records of one step are one unit, as a processor's window is
+            writer.write(WindowData(window=w, start_step=w, end_step=w, steps=rec.steps_table(),
+                                    phases=rec.phases_table(), kernels=rec.kernels_table() if config.kernels else None,
+                                    stacks=rec.stacks, hw=rec.hw))
             if config.summaries:
                 window.append(_compact_kernels(rec))
                 if (rec.step + 1) % config.window_steps == 0:
@@ -110,7 +105,7 @@ def simulate_to_store(config: SimConfig, scenario: str, out: str | Path,
     result.wall_s = time.perf_counter() - t0
     result.truth = _truth_document(config, sc.name, sc.summary, sc.fault_class, ctx, faults, faulty, base)
     if writer is not None and attempt is not None:
-        result.bytes_written = writer.bytes_written
+        result.bytes_written = writer.writer.bytes_written
         write_bytes_atomic(out / TRUTH_FILE, json.dumps(result.truth, indent=2).encode())
     return result
 
@@ -125,14 +120,19 @@ def _compact_kernels(rec: StepRecords) -> dict[str, np.ndarray]:
             "dur": np.rint(dur[keep]).astype(np.int64)}
 
 
-def _write_summaries(writer, steps: list[dict[str, np.ndarray]], names: list[str], window_steps: int,
+def _write_summaries(writer: WindowWriter, steps: list[dict[str, np.ndarray]], names: list[str], window_steps: int,
                      ranks_per_block: int = 1024) -> None:
-    """Compress one window of kernels, a block of ranks at a time, as the processors would."""
+    """Compress one window of kernels, a block of ranks at a time, as the processors would,
+    and write the window's summaries as one unit (its raw kernels went with their steps)."""
+    import pyarrow as pa
+
     from argus.compress import summarize_kernel_arrays
 
     first = int(steps[0]["step"])
     index = first // window_steps
     hi_rank = max((int(s["rank"].max()) + 1 for s in steps if len(s["rank"])), default=0)
+    summaries: list[pa.Table] = []
+    sketches: list[pa.Table] = []
     for lo in range(0, hi_rank, ranks_per_block):
         # Gather one block of ranks from each step: never a copy of the whole window.
         masks = [(s["rank"] >= lo) & (s["rank"] < lo + ranks_per_block) for s in steps]
@@ -140,11 +140,14 @@ def _write_summaries(writer, steps: list[dict[str, np.ndarray]], names: list[str
                 for k in ("rank", "stream", "name", "kind", "dur")}
         if len(cols["rank"]) == 0:
             continue
-        summaries, sketches = summarize_kernel_arrays(
+        block_summaries, block_sketches = summarize_kernel_arrays(
             cols["rank"], cols["stream"], cols["name"], cols["kind"], cols["dur"],
             names, names, index, first, first + len(steps) - 1)
-        writer.write("kernel_summaries", summaries, window=index)
-        writer.write("kernel_sketches", sketches, window=index)
+        summaries.append(block_summaries)
+        sketches.append(block_sketches)
+    if summaries:
+        writer.write(WindowData(window=index, start_step=first, end_step=first + len(steps) - 1),
+                     KernelSummaries(pa.concat_tables(summaries), pa.concat_tables(sketches)))
 
 
 def _truth_document(config: SimConfig, name: str, summary: str, klass: str, ctx: ScenarioContext,

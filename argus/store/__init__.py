@@ -4,7 +4,7 @@ from argus.store.attempt import FLIGHT_RECORDER_DIR, Attempt, AttemptWriter, Dam
 from argus.store.commit import STALE_LEFTOVER_S, WindowUnit
 from argus.store.root import MANIFEST, Store
 from argus.store.schema import SCHEMA_VERSION, TABLES, TableSpec, conform
-from argus.store.window import WINDOW_STEPS, WindowData, WindowStats, WindowWriter
+from argus.store.window import WINDOW_STEPS, KernelSummaries, WindowData, WindowStats, WindowWriter
 
-__all__ = ["FLIGHT_RECORDER_DIR", "Attempt", "AttemptWriter", "Damage", "JoinedAttempt", "MANIFEST", "STALE_LEFTOVER_S", "WindowUnit", "SCHEMA_VERSION", "Store", "TABLES", "TableSpec", "WINDOW_STEPS", "WindowData",
+__all__ = ["FLIGHT_RECORDER_DIR", "Attempt", "AttemptWriter", "Damage", "JoinedAttempt", "KernelSummaries", "MANIFEST", "STALE_LEFTOVER_S", "WindowUnit", "SCHEMA_VERSION", "Store", "TABLES", "TableSpec", "WINDOW_STEPS", "WindowData",
            "WindowStats", "WindowWriter", "conform"]

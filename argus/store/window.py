@@ -2,8 +2,12 @@
 
 The live processor and the offline importers both end here, so a store looks the same
 whichever way it was filled: steps, phases, stacks and hardware samples as they came;
-kernel events compressed into ``kernel_summaries`` and ``kernel_sketches`` (and kept raw
-only when asked — small runs, tests).
+kernel events as the ``kernel_summaries`` and ``kernel_sketches`` they were compressed into
+(and kept raw only when asked — small runs, tests).
+
+The compression itself is the ingest layer's (``argus.ingest.summarize``): the store only
+writes tables, so it does not depend on ``argus.compress`` (which depends on the store's
+schemas).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import pyarrow as pa
 
 from argus.store.attempt import Attempt
 
-__all__ = ["WINDOW_STEPS", "WindowData", "WindowWriter", "WindowStats"]
+__all__ = ["KernelSummaries", "WINDOW_STEPS", "WindowData", "WindowWriter", "WindowStats"]
 
 #: Steps per window unless configured: the processor's windows, the simulator's summaries and the
 #: analysis's smallest window all default to it (``argus processor --window-steps``).
@@ -37,6 +41,14 @@ class WindowData:
     checks: pa.Table | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class KernelSummaries:
+    """A window's kernel events compressed: ``kernel_summaries`` and ``kernel_sketches`` rows."""
+
+    summaries: pa.Table
+    sketches: pa.Table
+
+
 @dataclass
 class WindowStats:
     window: int
@@ -55,11 +67,13 @@ class WindowWriter:
         self.writer = attempt.writer(writer_id, durable=durable)
         self.raw_kernels = raw_kernels
 
-    def write(self, data: WindowData) -> WindowStats:
+    def write(self, data: WindowData, summaries: KernelSummaries | None = None) -> WindowStats:
         """Write the window's tables as one unit: readers see all of them or none (a crash
-        between two files leaves an uncommitted unit, removed later by this partition's writer)."""
-        from argus.compress import summarize_kernels
+        between two files leaves an uncommitted unit, removed later by this partition's writer).
 
+        ``summaries`` are the window's kernels compressed (``argus.ingest.summarize``); raw
+        kernels are written only with ``raw_kernels``, so without summaries a window's kernel
+        events are counted but not kept."""
         stats = WindowStats(window=data.window)
         unit = self.writer.unit(data.window)
         for table in ("steps", "phases", "stacks", "hw", "drops", "checks"):
@@ -73,13 +87,13 @@ class WindowWriter:
             if self.raw_kernels:
                 unit.write("kernels", k)
                 stats.rows["kernels"] = k.num_rows
-            summaries, sketches = summarize_kernels(k, data.window, data.start_step, data.end_step)
-            unit.write("kernel_summaries", summaries)
-            unit.write("kernel_sketches", sketches)
-            stats.rows["kernel_summaries"] = summaries.num_rows
-            stats.kernel_summaries = summaries
-            stats.kernel_sketches = sketches
-            stats.rows["kernel_sketches"] = sketches.num_rows
+        if summaries is not None:
+            unit.write("kernel_summaries", summaries.summaries)
+            unit.write("kernel_sketches", summaries.sketches)
+            stats.rows["kernel_summaries"] = summaries.summaries.num_rows
+            stats.kernel_summaries = summaries.summaries
+            stats.kernel_sketches = summaries.sketches
+            stats.rows["kernel_sketches"] = summaries.sketches.num_rows
         unit.commit()
         self.writer.bytes_written += unit.bytes_written
         stats.bytes_written = self.writer.bytes_written

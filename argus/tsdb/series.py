@@ -23,13 +23,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from argus.topology import Layout
+
+if TYPE_CHECKING:
+    from argus.ingest import ClosedWindow
 
 __all__ = ["WindowJob", "AttemptClock", "SeriesBatch", "build_window_series", "rank_label_names", "METRICS",
            "HISTOGRAM"]
@@ -71,7 +74,8 @@ def rank_label_names(layout: Layout) -> tuple[str, ...]:
 
 @dataclass
 class WindowJob:
-    """One closed window handed to a sink: the store tables plus who the ranks are."""
+    """One closed window handed to a sink: the store tables plus who the ranks are
+    (built from the pipeline's ``ClosedWindow`` with :meth:`from_window`)."""
 
     run_id: str
     attempt_id: str
@@ -91,6 +95,17 @@ class WindowJob:
     @property
     def key(self) -> tuple[str, str]:
         return (self.run_id, self.attempt_id)
+
+    @classmethod
+    def from_window(cls, window: ClosedWindow) -> WindowJob:
+        """The sink's view of a closed window (``argus.ingest``): its tables are shared, not copied."""
+        d = window.data
+        summaries = window.summaries
+        return cls(run_id=window.run.run_id, attempt_id=window.run.attempt_id, host=window.host, layout=window.layout,
+                   ranks={r: (p.host, p.local_rank, p.gpu_uuid) for r, p in window.ranks.items()},
+                   window=d.window, start_step=d.start_step, end_step=d.end_step, steps=d.steps, phases=d.phases,
+                   hw=d.hw, drops=d.drops, summaries=summaries.summaries if summaries is not None else None,
+                   sketches=summaries.sketches if summaries is not None else None)
 
 
 @dataclass

@@ -93,7 +93,7 @@ def test_connections_past_the_cap_are_closed_and_counted_and_the_rest_served(ser
     extra.settimeout(10)
     extra.connect(str(sock))
     assert extra.recv(10) == b""  # closed by the processor
-    assert proc.stats["dropped_clients"] == {"too_many_connections": 1}
+    assert proc.status.dropped_clients == {"too_many_connections": 1}
     idle.pop().close()
     _wait_for(lambda: len(proc._conns) == 2)
     _round_trip(sock, 1)
@@ -114,8 +114,8 @@ def test_a_run_whose_attempt_json_is_corrupt_is_refused_and_others_served(serve,
         assert c.poll_acks(wait_s=5) == [] and c.peer_closed
         c.close(bye=False)
     _round_trip(sock, 1)
-    assert proc.stats["dropped_clients"] == {"attempt_refused": 2}
-    assert "broken/0" in proc.stats["refused_attempts"]
+    assert proc.status.dropped_clients == {"attempt_refused": 2}
+    assert "broken/0" in proc.status.refused_attempts
     assert (bad / "attempt.json").read_text() == "{not json"
 
 
@@ -126,7 +126,7 @@ def test_a_connection_that_never_says_hello_is_closed_after_the_timeout(serve):
     silent.connect(str(sock))
     silent.sendall(b"ARG")  # not even a whole header
     assert silent.recv(10) == b""
-    assert proc.stats["dropped_clients"] == {"hello_timeout": 1}
+    assert proc.status.dropped_clients == {"hello_timeout": 1}
     _round_trip(sock, 1)  # a rank that says HELLO at once is served
 
 
@@ -145,9 +145,9 @@ def test_unfinished_frames_past_the_budget_drop_their_connection_and_release_the
         except BrokenPipeError:  # the one past the budget, closed while it sends
             pass
         held.append(s)
-    _wait_for(lambda: proc.stats["dropped_clients"].get("frame_budget", 0) == 1)
+    _wait_for(lambda: proc.status.dropped_clients.get("frame_budget", 0) == 1)
     _wait_for(lambda: proc._pending_bytes == 3 * ((1 << 20) + HEADER.size))  # the other three, whole
-    assert proc.stats["dropped_clients"] == {"frame_budget": 1}
+    assert proc.status.dropped_clients == {"frame_budget": 1}
     for s in held:
         s.close()
     _wait_for(lambda: not proc._conns)
@@ -165,11 +165,11 @@ def test_an_idle_attempt_is_released_and_reopened_when_a_rank_comes_back(serve):
         c.flush(1)
         assert c.wait_for_ack(lambda a: a.get("seq") == 1, timeout_s=20) == {"seq": 1}
         c.close()
-    _wait_for(lambda: proc.stats.get("attempts_forgotten", 0) == 3)
+    _wait_for(lambda: proc.status.attempts_forgotten == 3)
     assert not proc._attempts  # nothing held for runs that are over
     _round_trip(sock, 5)
-    _wait_for(lambda: proc.stats.get("attempts_forgotten", 0) == 4)
+    _wait_for(lambda: proc.status.attempts_forgotten == 4)
     _round_trip(sock, 6)  # a run that comes back after its release is reopened from the store
-    assert proc.stats["windows_written"] == 5
+    assert proc.status.windows_written == 5
     store = proc.store
     assert sorted(a.identity.run_id for a in store.attempts()) == ["good", "r1", "r2", "r3"]

@@ -204,15 +204,15 @@ def test_evidence_for_slow_windows_always_and_for_normal_ones_at_an_interval(tmp
 
     import pyarrow as pa
 
-    from argus.processor.daemon import Processor, ProcessorConfig
+    from argus.ingest import EvidenceExporter
 
-    proc = Processor.__new__(Processor)
-    proc.config = ProcessorConfig(store=tmp_path / "s", socket_path=tmp_path / "p.sock", evidence_interval_s=3600)
-    st = types.SimpleNamespace(evidence_last=float("-inf"), evidence_recent=[])
+    evidence = EvidenceExporter(types.SimpleNamespace(), types.SimpleNamespace(), "node-0", interval_s=3600,
+                                max_bytes=1 << 20, max_age_s=3600.0)
 
     def window(step_s):
         starts = [0, 0]
-        return types.SimpleNamespace(steps=pa.table({"start_ns": starts, "end_ns": [int(step_s * 1e9)] * 2}))
+        data = types.SimpleNamespace(steps=pa.table({"start_ns": starts, "end_ns": [int(step_s * 1e9)] * 2}))
+        return types.SimpleNamespace(data=data)
 
-    due = [proc._evidence_due(st, window(s)) for s in (1.0, 1.0, 1.02, 0.98, 2.5, 1.0)]
+    due = [evidence.due(window(s)) for s in (1.0, 1.0, 1.02, 0.98, 2.5, 1.0)]
     assert due == [True, False, False, False, True, False]
