@@ -10,6 +10,7 @@ import numpy as np
 from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State, grade
 from argus.analysis.l2_stragglers import Finding
 from argus.analysis.l3_kernels import KernelOutlier
+from argus.analysis.evidence import busy_outlier, late_arrival, nic_port_down, thermal_throttle, w1_matrix, w1_outlier
 from argus.analysis.rootcause.context import WindowAnalysis, _Ctx, _l1_evidence
 from argus.analysis.rootcause.impact import _impact, _regression_covering
 
@@ -232,17 +233,16 @@ def _compute_incident(ctx: _Ctx, klass: IncidentClass, phase: str, ranks: list[i
     evidence = _l1_evidence(ctx, lo, hi)
     for ev in evs[:4]:
         top = sorted(ev["busy"], key=lambda f: -f.excess_s)[:3]
-        evidence += [{"level": "L2", **f.to_json(), "kind": "busy_outlier"} for f in top]
-        evidence += [{"level": "L2", **f.to_json(), "kind": "late_arrival"} for f in ev["arrival"][:1]]
-        evidence += [{"level": "L3", "kind": "w1_outlier", **o.to_json()}
+        evidence += [busy_outlier(f) for f in top]
+        evidence += [late_arrival(f) for f in ev["arrival"][:1]]
+        evidence += [w1_outlier(o)
                      for o in KernelOutlier.by_cost(ev["l3"])[:3]]
     for r in thermal[:4]:
-        evidence.append({"level": "hw", "kind": "thermal_throttle", "rank": r, "max_temperature_c": ctx.hw.thermal[r]})
+        evidence.append(thermal_throttle(r, ctx.hw.thermal[r]))
     alarms = [r for r in ranks if r in ctx.hw.nic_down]
     if alarms:
-        evidence.append({"level": "hw", "kind": "nic_port_down", "ranks": alarms[:8],
-                         "note": "a NIC alarm on the culprits' host, but transfer times are normal and the "
-                                 "culprits compute slowly: the network is not the cause"})
+        evidence.append(nic_port_down(alarms[:8], "a NIC alarm on the culprits' host, but transfer times are normal "
+                                                  "and the culprits compute slowly: the network is not the cause"))
     matrix = _w1_matrix_evidence(ctx, ranks, evs)
     if matrix is not None:
         evidence.append(matrix)
@@ -288,5 +288,4 @@ def _w1_matrix_evidence(ctx: _Ctx, ranks: list[int], evs: list[dict]) -> dict | 
         m = w1_matrix_for(summ, top.kernel, top.stream, shown)
     except (ValueError, IndexError):
         return None
-    return {"level": "L3", "kind": "w1_matrix", "kernel": top.kernel, "stream": top.stream, "ranks": shown,
-            "culprits": [r for r in shown if r in ranks], "w1_ms": (m / 1e6).round(4).tolist()}
+    return w1_matrix(top.kernel, top.stream, shown, [r for r in shown if r in ranks], (m / 1e6).round(4).tolist())

@@ -11,6 +11,7 @@ from argus.analysis.l1_windows import L1Result
 from argus.analysis.l2_stragglers import L2Result
 from argus.analysis.l3_kernels import L3Result
 from argus.analysis.signals import HwSignals
+from argus.analysis.evidence import l1_window
 from argus.store import Attempt
 from argus.topology import Topology
 
@@ -72,7 +73,7 @@ class _Ctx:
 
 
 def _l1_evidence(ctx: _Ctx, lo: int, hi: int) -> list[dict]:
-    return [{"level": "L1", **w.to_json()} for w in ctx.l1.windows
+    return [l1_window(w) for w in ctx.l1.windows
             if w.kind in ("jitter", "regression") and w.start_step <= hi and w.end_step >= lo][:4]
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from argus.analysis.frames import load_phases
 from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State
 from argus.analysis.signals import stack_cause
+from argus.analysis.evidence import blocked_in_collectives, never_joined, stacks, steps_never_finished
 from argus.analysis.rootcause.context import _Ctx
 
 
@@ -36,13 +37,12 @@ def _hang(ctx: _Ctx) -> Incident | None:
             i = rows[-1]
             last[r] = {"phase": f.names[f.name[i]], "never_finished": bool(f.dur[i] < 0)}
     evidence: list[dict[str, Any]] = [
-        {"level": "L1", "kind": "steps_never_finished", "steps": ctx.l1.hung_steps[:10]},
-        {"level": "L2", "kind": "blocked_in_collectives", "ranks": int(blocked.size),
-         "collectives": dict(waits.most_common(5))},
-        {"level": "L2", "kind": "never_joined", "ranks": culprits[:32], "last_phase": last}]
+        steps_never_finished(ctx.l1.hung_steps[:10]),
+        blocked_in_collectives(int(blocked.size), dict(waits.most_common(5))),
+        never_joined(culprits[:32], last)]
     stack = stack_cause(ctx.attempt, culprits[0], [step])
     if stack is not None:
-        evidence.append({"level": "L5", "kind": "stacks", "rank": culprits[0], **stack.to_json()})
+        evidence.append(stacks(culprits[0], stack))
     last_ts = ctx.attempt.sql("SELECT max(end_ns) AS e FROM stacks").column("e")[0].as_py() if stack else None
     start = ctx.attempt.sql(f"SELECT min(start_ns) AS s FROM steps WHERE step = {step}").column("s")[0].as_py()
     stalled_s = (last_ts - start) / 1e9 if last_ts and start else 0.0

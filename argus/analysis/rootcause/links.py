@@ -7,7 +7,8 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from argus.analysis.evidence import EvidenceKind
+from argus.analysis.evidence import (EvidenceKind, culprit_dismissed, group_shift, host_pressure, link_errors,
+                                     nic_port_down, not_compared, pcie_degraded, transfer_shift, victim_transfers)
 from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State, grade
 from argus.analysis.rootcause.context import WindowAnalysis, _Ctx, _l1_evidence, _rank_list
 from argus.analysis.rootcause.impact import _impact, _spread_pct, _measured_slowdown_pct
@@ -186,29 +187,29 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     kernels = sorted({s.kernel for s in shifts if set(s.hosts) & set(hosts)}) or sorted(collectives)
     evidence = _l1_evidence(ctx, steps[0], steps[-1])
     for step in steps[:3]:
-        evidence += [{"level": "L2", **f.to_json(), "kind": "transfer_shift"} for f in by_step.get(step, [])[:3]]
-    evidence += [{"level": "L3", **s.to_json(), "kind": "group_shift"} for s in shifts[:4]]
+        evidence += [transfer_shift(f) for f in by_step.get(step, [])[:3]]
+    evidence += [group_shift(s) for s in shifts[:4]]
     for r in sorted(ctx.hw.pcie_degraded)[:8]:
         if str(ctx.topology.hosts[r]) in hosts:
             gen, width = ctx.hw.pcie_degraded[r]
-            evidence.append({"level": "hw", "kind": "pcie_degraded", "rank": r, "pcie_gen": gen, "pcie_width": width})
+            evidence.append(pcie_degraded(r, gen, width))
     nic = sorted(r for r in ctx.hw.nic_down if str(ctx.topology.hosts[r]) in hosts)
     if nic:
-        evidence.append({"level": "hw", "kind": "nic_port_down", "ranks": nic[:8]})
+        evidence.append(nic_port_down(nic[:8]))
     errors = {h: n for h, n in _link_error_hosts(ctx, steps[0], steps[-1]).items() if h in hosts}
     if errors:
-        evidence.append({"level": "hw", "kind": "link_errors", "hosts": sorted(errors),
-                         "errors": {h: int(n) for h, n in sorted(errors.items())},
-                         "note": "InfiniBand port or NVLink error counters rose on these hosts during the slow steps"})
+        evidence.append(link_errors(sorted(errors), {h: int(n) for h, n in sorted(errors.items())},
+                                    "InfiniBand port or NVLink error counters rose on these hosts during the slow "
+                                    "steps"))
     # … and the host's CPUs: a link that looks slow on the one host whose CPUs were saturated
     # (packet processing, other tenants) is as likely contention as a link: never confirmed so
     contended = _pressure_standing_out(ctx, ctx.hw.cpu_pressure, hosts, steps[0], steps[-1])
     if contended:
         confirmed = False
-        evidence.append({"level": "hw", "kind": "cpu_pressure", "hosts": sorted(contended),
-                         "pressure_pct": {h: round(v, 1) for h, (v, _) in sorted(contended.items())},
-                         "others_pct": round(next(iter(contended.values()))[1], 1),
-                         "note": "CPU pressure (PSI, softirq, steal) on these hosts only, during the slow steps"})
+        evidence.append(host_pressure(EvidenceKind.CPU_PRESSURE, sorted(contended),
+                                      {h: round(v, 1) for h, (v, _) in sorted(contended.items())},
+                                      round(next(iter(contended.values()))[1], 1),
+                                      "CPU pressure (PSI, softirq, steal) on these hosts only, during the slow steps"))
     first = min((s_ for s_ in ctx.step_time if ctx.normal(s_)), default=0)
     pattern = (("from the first step" if steps[0] <= first else f"from step {steps[0]} on") if persistent
                else f"in {len(steps)} step{'s' * (len(steps) > 1)} (intermittent)")
@@ -241,11 +242,10 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
         # transfers are its victims' evidence, in its incident — never an incident of their own
         # (unless the replay later finds the culprit costs nothing: ``reinstate_victims``)
         culprit = masking[0]
-        culprit.evidence.append({
-            "level": "L2", "kind": "victim_transfers", "hosts": hosts, "ranks": ranks[:64], "steps": steps[:32],
-            "collectives": [c for c, _ in collectives.most_common(3)] or kernels[:3],
-            "note": "transfers on these hosts look slow while their ranks compute slowly: the others wait for "
-                    "them there; no link is blamed"})
+        culprit.evidence.append(victim_transfers(
+            hosts, ranks[:64], steps[:32], [c for c, _ in collectives.most_common(3)] or kernels[:3],
+            "transfers on these hosts look slow while their ranks compute slowly: the others wait for them there; "
+            "no link is blamed"))
         culprit.victims.append(link)
         return []
     return [link]
@@ -261,12 +261,12 @@ def reinstate_victims(incidents: list[Incident]) -> list[Incident]:
         if not inc.victims or inc.severity != Severity.INFO:
             continue
         for victim in inc.victims:
-            victim.evidence.append({
-                "level": "L4", "kind": EvidenceKind.CULPRIT_DISMISSED, "incident": inc.id, "ranks": inc.culprit_ranks[:16],
-                "note": f"taken at first for the waits of rank(s) {_rank_list(inc.culprit_ranks)} ({inc.klass}); "
-                        "replayed without their excess the job gains nothing, so the slow transfers stand on their own"})
+            victim.evidence.append(culprit_dismissed(
+                inc.id, inc.culprit_ranks[:16],
+                f"taken at first for the waits of rank(s) {_rank_list(inc.culprit_ranks)} ({inc.klass}); "
+                "replayed without their excess the job gains nothing, so the slow transfers stand on their own"))
             out.append(victim)
-        inc.evidence = [e for e in inc.evidence if e.get("kind") != "victim_transfers"]
+        inc.evidence = [e for e in inc.evidence if e.get("kind") != EvidenceKind.VICTIM_TRANSFERS]
         inc.victims = []
     return out
 
@@ -294,13 +294,11 @@ def _pcie_only(ctx: _Ctx, pcie: dict[str, set[int]], compute: list[Incident]) ->
     n_normal = sum(1 for s_ in steps if ctx.normal(s_))
     gpuh = None if measured is None else ctx.world * measured / 100.0 * ctx.l1.baseline_s * n_normal / 3600.0
     severity = grade(measured) if measured is not None else Severity.WARNING
-    evidence = [{"level": "hw", "kind": "pcie_degraded", "rank": r, "pcie_gen": ctx.hw.pcie_degraded[r][0],
-                 "pcie_width": ctx.hw.pcie_degraded[r][1]} for r in ranks[:8]]
-    evidence.append({"level": "L2", "kind": "not_compared",
-                     "note": "no group of the same kind runs clear of these hosts: transfers cannot be compared like "
-                             "with like" + ("" if measured is not None else
-                                            "; no clean step before the link went down: the cost is not measurable "
-                                            "from this job")})
+    evidence = [pcie_degraded(r, ctx.hw.pcie_degraded[r][0], ctx.hw.pcie_degraded[r][1]) for r in ranks[:8]]
+    evidence.append(not_compared("no group of the same kind runs clear of these hosts: transfers cannot be compared "
+                                 "like with like" + ("" if measured is not None else
+                                                     "; no clean step before the link went down: the cost is not "
+                                                     "measurable from this job")))
     first = min((s_ for s_ in ctx.step_time if ctx.normal(s_)), default=0)
     when = "from the first step" if steps[0] <= first else f"from step {steps[0]} on"
     gen, width = ctx.hw.pcie_degraded[ranks[0]]

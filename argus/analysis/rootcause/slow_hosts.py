@@ -8,6 +8,7 @@ from collections import defaultdict
 import numpy as np
 
 from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State, grade
+from argus.analysis.evidence import kernel_time, nic_port_down
 from argus.analysis.rootcause.context import WindowAnalysis, _Ctx, _l1_evidence, _rank_list
 from argus.analysis.rootcause.impact import _impact, _regression_start
 
@@ -248,10 +249,9 @@ def _slow_in_pairs(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incid
         host = str(ctx.topology.hosts[r])
         last = rose[-1][1]
         evidence = _l1_evidence(ctx, steps[0], steps[-1])
-        evidence += [{"level": "L3", "kind": "kernel_time", "rank": r, "peer": q, "window": [w.lo, w.hi],
-                      "ratio": round(v, 3), "note": "compute-kernel time over its one peer's"} for w, v, _ in rose[:6]]
-        evidence.append({"level": "L3", "kind": "kernel_time", "rank": r, "peer": q, "ratio": round(base, 3),
-                         "note": "the same, before the job slowed"})
+        evidence += [kernel_time(r, round(v, 3), "compute-kernel time over its one peer's", peer=q,
+                                 window=[w.lo, w.hi]) for w, v, _ in rose[:6]]
+        evidence.append(kernel_time(r, round(base, 3), "the same, before the job slowed", peer=q))
         summary = (f"rank {r} on {host} computes slowly: its kernels went from {base:.2f}× its only peer's (rank {q}) "
                    f"to {last:.2f}× as the job slowed")
         out.append(Incident(IncidentClass.COMPUTE_STRAGGLER, [r], [host], ctx.gpus_of([r]), steps[0], steps[-1],
@@ -273,15 +273,13 @@ def _masked_compute(ctx: _Ctx, hosts: list[str], steps: list[int], ratios: dict[
     own = set(own or ()) & set(ranks)
     pct, gpuh, _ = _impact(ctx, steps)
     evidence = _l1_evidence(ctx, steps[0], steps[-1])
-    evidence += [{"level": "L3", "kind": "kernel_time", "rank": r, "ratio": round(v, 3),
-                  "note": "compute-kernel time over its own before the slowdown (every peer on this host)" if r in own
-                  else "compute-kernel time over the peers' median on other hosts"}
+    evidence += [kernel_time(r, round(v, 3), "compute-kernel time over its own before the slowdown (every peer on "
+                             "this host)" if r in own else "compute-kernel time over the peers' median on other hosts")
                  for r, v in sorted(ratios.items())[:8]]
     nic = sorted(r for r in ctx.hw.nic_down if str(ctx.topology.hosts[r]) in hosts)
     if nic:
-        evidence.append({"level": "hw", "kind": "nic_port_down", "ranks": nic[:8],
-                         "note": f"transfers explain {1e3 * explained_s:.1f} ms of the {1e3 * lost_s:.0f} ms each "
-                                 "step lost: the alarm is not the cause"})
+        evidence.append(nic_port_down(nic[:8], f"transfers explain {1e3 * explained_s:.1f} ms of the "
+                                               f"{1e3 * lost_s:.0f} ms each step lost: the alarm is not the cause"))
     summary = (f"{len(ranks)} rank{'s' * (len(ranks) > 1)} ({_rank_list(ranks)}) on {', '.join(hosts)} compute "
                f"slowly: kernels {float(np.median(list(ratios.values()))):.2f}× "
                + ("their own before the slowdown (the host holds their every peer)" if own == set(ranks) else

@@ -11,6 +11,7 @@ from argus.analysis.host_phases import host_phase_cause
 from argus.analysis.incident import WARNING_PCT, Action, Incident, IncidentClass, Severity, State, grade, run_share_pct
 from argus.analysis.l2_stragglers import Finding
 from argus.analysis.signals import stack_cause
+from argus.analysis.evidence import EvidenceKind, busy_outlier, host_pressure, kernels_normal, stacks
 from argus.analysis.rootcause.context import WindowAnalysis, _Ctx, _l1_evidence
 from argus.analysis.rootcause.impact import _impact
 from argus.analysis.rootcause.hardware import _pressure_standing_out
@@ -137,25 +138,24 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
         pct, gpuh, _ = _impact(ctx, steps)
         mb = sorted({f.microbatch for f in findings if f.microbatch >= 0})
         evidence = _l1_evidence(ctx, steps[0], steps[-1])
-        evidence += [{"level": "L2", **f.to_json(), "kind": "busy_outlier"}
+        evidence += [busy_outlier(f)
                      for f in sorted(findings, key=lambda f: -f.excess_s)[:4]]
-        evidence.append({"level": "L3", "kind": "kernels_normal", "rank": rank,
-                         "note": "no kernel of this rank is slower than its peers': the GPU waited for the host"})
+        evidence.append(kernels_normal(rank, "no kernel of this rank is slower than its peers': the GPU waited for "
+                                             "the host"))
         if measured is not None:  # measured on the rank's timeline: it names the cause first
             evidence.append({**measured.to_json(), "rank": rank})
         if stack is not None:
-            evidence.append({"level": "L5", "kind": "stacks", "rank": rank, **stack.to_json()})
+            evidence.append(stacks(rank, stack))
         cause = measured.cause if measured is not None else stack.cause if stack is not None else "unknown"
         # the host's own pressure, where it stands out from the other hosts': storage that stalls
         # (I/O waits: a data loader reading from a slow disk) or CPUs others were using
         host = ctx.hosts_of([rank])[0]
         pressed = []
-        for kind, table, what in (("io_pressure", ctx.hw.io_pressure, "storage stalled (I/O pressure)"),
-                                  ("cpu_pressure", ctx.hw.cpu_pressure, "CPUs contended")):
+        for kind, table, what in ((EvidenceKind.IO_PRESSURE, ctx.hw.io_pressure, "storage stalled (I/O pressure)"),
+                                  (EvidenceKind.CPU_PRESSURE, ctx.hw.cpu_pressure, "CPUs contended")):
             got = _pressure_standing_out(ctx, table, [host], steps[0], steps[-1]).get(host)
             if got is not None:
-                evidence.append({"level": "hw", "kind": kind, "hosts": [host], "pressure_pct": {host: round(got[0], 1)},
-                                 "others_pct": round(got[1], 1)})
+                evidence.append(host_pressure(kind, [host], {host: round(got[0], 1)}, round(got[1], 1)))
                 pressed.append(f"{what} {got[0]:.0f}% vs {got[1]:.0f}% on the other hosts")
         if len(steps) == 1:  # one hiccup, explained or not: matters only if it nearly doubled the step
             share = max(f.excess_at(steps[0]) for f in findings) / ctx.step_time.get(steps[0], np.inf)
