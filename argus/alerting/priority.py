@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from argus.analysis.incident import IncidentClass, Severity, State
+
 __all__ = ["priority", "PRIORITIES", "P1_SLOWDOWN_PCT"]
 
 PRIORITIES = ("P0", "P1", "P2")
@@ -22,13 +24,13 @@ P1_SLOWDOWN_PCT = 10.0
 def priority(incident: dict[str, Any]) -> str | None:
     """P0–P2 for one incident of the incidents document, or None (info: no alert)."""
     klass = incident["class"]
-    if klass in ("hang", "fail_stop"):
+    if klass in (IncidentClass.HANG, IncidentClass.FAIL_STOP):
         return "P0"
-    if klass == "silent_data_corruption":  # wrong values spread through every all-reduce and checkpoint
-        return "P0" if incident.get("state") == "confirmed" else "P1"
-    if incident.get("severity") == "info" or klass in ("healthy", "input_imbalance"):
+    if klass == IncidentClass.SILENT_DATA_CORRUPTION:  # wrong values spread through every all-reduce and checkpoint
+        return "P0" if incident.get("state") == State.CONFIRMED else "P1"
+    if incident.get("severity") == Severity.INFO or klass in (IncidentClass.HEALTHY, IncidentClass.INPUT_IMBALANCE):
         return None
-    if klass == "link_degradation":
+    if klass == IncidentClass.LINK_DEGRADATION:
         return "P1"
     pct = (incident.get("impact") or {}).get("slowdown_pct") or 0.0
     return "P1" if pct > P1_SLOWDOWN_PCT else "P2"

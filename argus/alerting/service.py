@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from argus.alerting.priority import PRIORITIES, priority
 from argus.alerting.sinks import Alert, NotifyError
+from argus.analysis.incident import IncidentClass
 from argus.store import Attempt, Store
 from argus.store.files import write_bytes_atomic
 
@@ -98,7 +99,7 @@ class AnalysisService:
         from argus.analysis.incident import incidents_table
 
         d = diagnose(attempt, DiagnoseConfig(store_incidents=False))
-        doc = d.document()
+        doc = d.to_json()
         out.analysed = True
         out.incidents = len(d.incidents)
         stored = self._stored_ids(attempt)
@@ -114,7 +115,8 @@ class AnalysisService:
             if p is None:
                 continue
             alert = Alert(p, doc["run_id"], doc["attempt_id"], inc, self.store_path)
-            if inc["window"]["end_step"] >= last_step - self.active_steps or inc["class"] in ("hang", "fail_stop"):
+            stopped = inc["class"] in (IncidentClass.HANG, IncidentClass.FAIL_STOP)
+            if inc["window"]["end_step"] >= last_step - self.active_steps or stopped:
                 active.append(alert)
             known = state.get(inc["id"], {})
             for sink in self.sinks:

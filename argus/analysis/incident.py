@@ -8,7 +8,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -170,6 +170,36 @@ class Incident:
             "evidence": self.evidence, **({"decision": self.decision} if self.decision is not None else {}),
         }
 
+    def to_row(self, detected_ns: int) -> dict[str, Any]:
+        """One row of the store's ``incidents`` table (evidence as JSON text); ``json_from_row``
+        reads it back."""
+        return {
+            "id": self.id, "class": self.klass, "state": self.state, "severity": self.severity,
+            "culprit_ranks": self.culprit_ranks, "hosts": self.hosts, "gpus": self.gpus,
+            "start_step": self.start_step, "end_step": self.end_step, "phase": self.phase, "kernels": self.kernels,
+            "slowdown_pct": self.slowdown_pct, "gpu_hours_lost": self.gpu_hours_lost, "action": self.action,
+            "evidence": json.dumps(self.evidence, default=str), "detected_ns": detected_ns,
+        }
+
+    @staticmethod
+    def json_from_row(row: Mapping[str, Any]) -> dict[str, Any]:
+        """A stored ``incidents`` row as the incident JSON of ``to_json``, as far as a row holds
+        it: the stored values as they are (not re-graded), no summary, steps, remedy nor
+        decision, and the row's ``detected_ns`` added. Unreadable evidence reads as none."""
+        try:
+            evidence = json.loads(row.get("evidence") or "[]")
+        except ValueError:
+            evidence = []
+        return {
+            "id": row["id"], "class": row["class"], "state": row["state"], "severity": row["severity"],
+            "culprit_ranks": list(row["culprit_ranks"] or []), "hosts": list(row["hosts"] or []),
+            "gpus": list(row["gpus"] or []), "window": {"start_step": row["start_step"], "end_step": row["end_step"]},
+            "steps": [], "phase": row["phase"] or "", "kernels": list(row["kernels"] or []),
+            "impact": {"slowdown_pct": row["slowdown_pct"], "gpu_hours_lost": row["gpu_hours_lost"]},
+            "action": row["action"], "summary": "", "evidence": evidence if isinstance(evidence, list) else [],
+            "detected_ns": row.get("detected_ns"),
+        }
+
 
 #: The diagnosis document's version (``docs/schemas/diagnosis.schema.json``): raised when a field
 #: is removed or changes meaning; fields may be added within a version.
@@ -186,21 +216,7 @@ def incidents_table(incidents: list[Incident]) -> pa.Table:
     now = time.time_ns()
     cols: dict[str, list] = {name: [] for name in TABLES["incidents"].column_names}
     for inc in incidents:
-        j = inc.to_json()
-        cols["id"].append(j["id"])
-        cols["class"].append(inc.klass)
-        cols["state"].append(inc.state)
-        cols["severity"].append(inc.severity)
-        cols["culprit_ranks"].append(inc.culprit_ranks)
-        cols["hosts"].append(inc.hosts)
-        cols["gpus"].append(inc.gpus)
-        cols["start_step"].append(inc.start_step)
-        cols["end_step"].append(inc.end_step)
-        cols["phase"].append(inc.phase)
-        cols["kernels"].append(inc.kernels)
-        cols["slowdown_pct"].append(inc.slowdown_pct)
-        cols["gpu_hours_lost"].append(inc.gpu_hours_lost)
-        cols["action"].append(inc.action)
-        cols["evidence"].append(json.dumps(inc.evidence, default=str))
-        cols["detected_ns"].append(now)
+        row = inc.to_row(now)
+        for name, values in cols.items():
+            values.append(row[name])
     return conform("incidents", cols)

@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from argus.cli.progress import progress_bar, stderr_console, stdout_console
 from argus.cli.sources import SOURCE_HELP
 from argus.text import term
+
+if TYPE_CHECKING:  # the CLI imports the analysis only when it runs one
+    from argus.analysis.diagnosis import Diagnosis
 
 __all__ = ["register", "print_diagnosis", "select", "EXIT_CLEAR", "EXIT_NO_DATA", "EXIT_ERROR", "EXIT_FOUND"]
 
@@ -116,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     if len(shown) != len(diagnosis.incidents):
         diagnosis = dataclasses.replace(diagnosis, incidents=shown)
     if args.json:
-        doc = diagnosis.document()
+        doc = diagnosis.to_json()
         if args.severity or args.steps:  # (--since is given as the steps it covers)
             doc["filters"] = {**({"min_severity": args.severity} if args.severity else {}),
                               **({"since_s": args.since} if args.since is not None else {}),
@@ -142,37 +146,39 @@ def _hours(h: float | None) -> str:
 def deep_lines(evidence: list[dict]) -> list[str]:
     """One line each for what L4/L5 found: the what-if, the critical path, the pipeline's
     origin stage, the device gaps of a stall and the host's stacks."""
+    from argus.analysis.evidence import EvidenceKind as K
+
     by = {e.get("kind"): e for e in evidence}
     lines = []
-    if "what_if" in by:
-        w = by["what_if"]
+    if K.WHAT_IF in by:
+        w = by[K.WHAT_IF]
         pairs = ", ".join(f"{a:.3f}→{b:.3f} s" for a, b in list(zip(w["step_s"], w["without_fault_s"]))[:3])
         lines.append(f"L4 what-if: without the culprits' excess {pairs} (replayed {len(w['steps'])} step(s)); "
                      f"{w['extra_s']:.2f} s lost over {w['covers_steps']} steps")
-    if "critical_path" in by and by["critical_path"]["by_rank"]:
-        top = by["critical_path"]["by_rank"][:3]
+    if K.CRITICAL_PATH in by and by[K.CRITICAL_PATH]["by_rank"]:
+        top = by[K.CRITICAL_PATH]["by_rank"][:3]
         lines.append("L4 critical path: " + ", ".join(f"rank {t['rank']} {100 * t['share']:.0f}%" for t in top))
-    if "pipeline" in by:
-        p = by["pipeline"]
+    if K.PIPELINE in by:
+        p = by[K.PIPELINE]
         amp = f", amplification ×{p['amplification']:.2f}" if p.get("amplification") is not None else ""
         lines.append(f"L4 pipeline: {p['note']}{amp}")
-    if "gpu_idle" in by:
-        g = by["gpu_idle"]
+    if K.GPU_IDLE in by:
+        g = by[K.GPU_IDLE]
         how = "measured" if g.get("method") == "raw_kernels" else "estimated"
         lines.append(f"L4 device idle {g.get('idle_pct', 0):.0f}% ({how}) in {g['phase']} step {g['step']}: "
                      f"{g['phase_ms']:.0f} ms vs peers' {g.get('peer_phase_ms') or 0:.0f} ms")
-    if "host_phases" in by:
-        h = by["host_phases"]
+    if K.HOST_PHASES in by:
+        h = by[K.HOST_PHASES]
         lines.append(f"L5 host: {h['cause'].replace('_', ' ')} (measured: {h['phase']} {h['rank_s']:.3f} s a step "
                      f"against peers' {h['peers_s']:.3f} s, {100 * h['share']:.0f}% of the stall)")
-    elif "stacks" in by:
-        st = by["stacks"]
+    elif K.STACKS in by:
+        st = by[K.STACKS]
         frame = st["top_frames"][0]["frames"].split(";")[-1] if st.get("top_frames") else "-"
         lines.append(f"L5 host: {st['cause'].replace('_', ' ')} ({st['samples']} samples), top frame {frame}")
     return [term(x) for x in lines]
 
 
-def print_diagnosis(diagnosis, evidence: bool = False, left_out: int = 0) -> None:
+def print_diagnosis(diagnosis: Diagnosis, evidence: bool = False, left_out: int = 0) -> None:
     """``left_out``: incidents the caller's filters (--severity, --steps) removed: said, never
     passed off as a healthy job."""
     out = stdout_console()

@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
+from argus.analysis.diagnosis import Diagnosis
 from argus.report.collect import gather
 from argus.report.page import render_report
 from argus.store import Attempt
@@ -25,7 +26,7 @@ class ReportResult:
     render_s: float
 
 
-def build_report(attempt: Attempt, out: str | Path, diagnosis: Any | None = None,
+def build_report(attempt: Attempt, out: str | Path, diagnosis: Diagnosis | None = None,
                  on_window: Callable[[int, int], None] | None = None) -> ReportResult:
     """Write the self-contained HTML report of ``attempt`` to ``out``.
 

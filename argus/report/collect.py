@@ -20,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from argus.analysis.diagnosis import Diagnosis
+from argus.analysis.evidence import EvidenceKind
 from argus.compress import log_grid, mixture_cdf
 from argus.errors import LayoutError
 from argus.report.model import (EvidenceFile, IncidentView, JobLogView, KernelCdfs, PhaseHeatmap, ReportData,
@@ -42,7 +44,11 @@ MAX_LOG_PER_KIND = 20  # job-log events shown per kind (the first ones: the onse
 MAX_LOG_KINDS = 32  # kinds shown (the signature table has 14; a foreign store may hold anything)
 
 
-def incidents_of(attempt: Attempt, diagnosis: Any | None) -> list[tuple[dict[str, Any], str]]:
+#: evidence that names a kernel whose CDFs the report draws
+_CDF_KINDS = (EvidenceKind.W1_OUTLIER, EvidenceKind.GROUP_SHIFT, EvidenceKind.W1_MATRIX)
+
+
+def incidents_of(attempt: Attempt, diagnosis: Diagnosis | None) -> list[tuple[dict[str, Any], str]]:
     """The incidents to show, with their source: the diagnosis's, plus any stored incident
     newer than the data that the diagnosis did not produce (written by another diagnoser)."""
     out: list[tuple[dict[str, Any], str]] = []
@@ -238,7 +244,7 @@ class Gatherer:
         ``w1_matrix``), strongest first, culprits vs the peers the evidence compared them with."""
         wanted: dict[tuple[str, int], dict[str, Any]] = {}
         for ev in evidence:
-            if not isinstance(ev, dict) or ev.get("kind") not in ("w1_outlier", "group_shift", "w1_matrix"):
+            if not isinstance(ev, dict) or ev.get("kind") not in _CDF_KINDS:
                 continue
             kernel, stream = ev.get("kernel"), ev.get("stream")
             if not isinstance(kernel, str) or not isinstance(stream, (int, float)):
@@ -247,10 +253,10 @@ class Gatherer:
             if key not in wanted and len(wanted) >= MAX_CDF_KERNELS:
                 continue
             w = wanted.setdefault(key, {"culprits": set(), "peers": None, "kind": ev.get("kind")})
-            if ev.get("kind") == "w1_outlier" and isinstance(ev.get("rank"), int):
+            if ev.get("kind") == EvidenceKind.W1_OUTLIER and isinstance(ev.get("rank"), int):
                 w["culprits"].add(int(ev["rank"]))
                 w["peers"] = w["peers"] or ev.get("peers")
-            elif ev.get("kind") == "w1_matrix":
+            elif ev.get("kind") == EvidenceKind.W1_MATRIX:
                 w["culprits"].update(int(r) for r in ev.get("culprits") or [])
             else:
                 w["culprits"].update(r for r in culprits if r in set(ev.get("ranks") or []))
@@ -258,7 +264,7 @@ class Gatherer:
         for (kernel, stream), w in wanted.items():
             c = sorted(w["culprits"] or set(culprits))
             if c:
-                cdfs = self._kernel_cdfs(kernel, stream, c, w["peers"], w["kind"] == "group_shift", lo, hi)
+                cdfs = self._kernel_cdfs(kernel, stream, c, w["peers"], w["kind"] == EvidenceKind.GROUP_SHIFT, lo, hi)
                 if cdfs is not None:
                     out.append(cdfs)
         return out
@@ -294,12 +300,12 @@ class Gatherer:
                           len(peers), (lo, hi))
 
     # -- the whole report ------------------------------------------------------------------
-    def report(self, diagnosis: Any | None, incidents: list[tuple[dict[str, Any], str]] | None = None,
+    def report(self, diagnosis: Diagnosis | None, incidents: list[tuple[dict[str, Any], str]] | None = None,
                details: bool = True) -> ReportData:
         """Everything the report shows. ``details=False`` skips per-incident plots (the web
         UI's run page draws them only when an incident is opened)."""
         a = self.attempt
-        l1 = getattr(diagnosis, "l1", None)
+        l1 = diagnosis.l1 if diagnosis is not None else None
         baseline = float(l1.baseline_s) if l1 is not None and np.isfinite(l1.baseline_s) else None
         found = incidents if incidents is not None else incidents_of(a, diagnosis)
         views = [self.incident(j, src) if details else IncidentView(j, source=src) for j, src in found]
@@ -309,8 +315,9 @@ class Gatherer:
             scenario=a.meta.get("scenario"), series=self.step_series(), baseline_s=baseline,
             l1_windows=[w.to_json() for w in l1.windows] if l1 is not None else [], incidents=views,
             attempt_path=str(a.path), diagnosed=diagnosis is not None,
-            diagnosis_s=(getattr(diagnosis, "timings_s", {}) or {}).get("total"), generated_ns=time.time_ns(),
-            missing=list(getattr(diagnosis, "missing", None) or [d.reason for d in a.damage]),
+            diagnosis_s=diagnosis.timings_s.get("total") if diagnosis is not None else None,
+            generated_ns=time.time_ns(),
+            missing=list((diagnosis.missing if diagnosis is not None else None) or [d.reason for d in a.damage]),
             nodes=_node_standings(a, set(self.hosts.astype(str).tolist())), job_log=self.job_log())
 
 
@@ -350,7 +357,7 @@ def _figures(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [{k: v.get(k) for k in keep} for v in rows[:MAX_NODE_FIGURES]]
 
 
-def gather(attempt: Attempt, diagnosis: Any | None = None) -> ReportData:
+def gather(attempt: Attempt, diagnosis: Diagnosis | None = None) -> ReportData:
     """Report data for ``attempt`` given its diagnosis (``argus.analysis.diagnose``'s result,
     or None to show only stored incidents)."""
     with Gatherer(attempt) as g:

@@ -16,6 +16,8 @@ from urllib.parse import quote
 from argus import __version__
 from argus.report.charts import (L1_COLORS, cdf_chart, critical_path_chart, phase_heatmap_chart, pipeline_chart,
                                  step_time_chart, w1_matrix_chart, what_if_chart)
+from argus.analysis.evidence import EvidenceKind
+from argus.analysis.incident import Action, IncidentClass
 from argus.analysis.remedies import in_the_job, named_cause
 from argus.joblog.signatures import FAIL_STOP_KINDS
 from argus.report.model import EvidenceFile, IncidentView, JobLogView, ReportData
@@ -125,7 +127,8 @@ def cost_per_hour(incident: dict[str, Any], ranks: int) -> float | None:
     if pct is None:
         return None
     pct = float(pct)
-    return ranks * (1.0 if pct >= 100.0 and incident.get("class") in ("hang", "fail_stop") else pct / (100.0 + pct))
+    stopped = incident.get("class") in (IncidentClass.HANG, IncidentClass.FAIL_STOP)
+    return ranks * (1.0 if pct >= 100.0 and stopped else pct / (100.0 + pct))
 
 
 def verdict_banner(data: ReportData) -> str:
@@ -149,7 +152,7 @@ def verdict_banner(data: ReportData) -> str:
     do, why = ACTION_TEXT.get(str(top.get("action")), (str(top.get("action")), ""))
     evidence = [e for e in top.get("evidence") or [] if isinstance(e, dict)]
     if top.get("remedy") and in_the_job(str(top.get("class")), evidence) and top.get("action") in (
-            "observe", "raise_trace_fidelity", "verify"):
+            Action.OBSERVE, Action.RAISE_TRACE_FIDELITY, Action.VERIFY):
         cause = named_cause(evidence)
         do, why = "Change the job (the remedy below)", (f"the cause is named ({cause.replace('_', ' ')}) and is the "
                                                         "job's own: no node is at fault" if cause else
@@ -459,25 +462,26 @@ def incident_section(view: IncidentView, file_href: Callable[[EvidenceFile], str
     culprits = {int(r) for r in j.get("culprit_ranks") or [] if isinstance(r, int)}
     if view.heatmap is not None:
         parts.append("<h4>Where the time went: culprits vs peers</h4>" + phase_heatmap_chart(view.heatmap).html())
-    w1 = [f for f in (w1_matrix_chart(e) for e in evidence if e.get("kind") == "w1_matrix") if f][:2]
+    w1 = [f for f in (w1_matrix_chart(e) for e in evidence if e.get("kind") == EvidenceKind.W1_MATRIX) if f][:2]
     if w1:
         parts.append("<h4>Kernel distances (W₁)</h4>" + "".join(f.html() for f in w1))
     if view.cdfs:
         parts.append("<h4>Kernel duration distributions: culprits vs peers</h4>"
                      + "".join(cdf_chart(k).html() for k in view.cdfs))
-    pipes = [f for f in (pipeline_chart(e) for e in evidence if e.get("kind") == "pipeline") if f][:2]
+    pipes = [f for f in (pipeline_chart(e) for e in evidence if e.get("kind") == EvidenceKind.PIPELINE) if f][:2]
     if pipes:
         parts.append("<h4>Pipeline stages</h4>" + "".join(f.html() for f in pipes))
-    paths = [f for f in (critical_path_chart(e, culprits) for e in evidence if e.get("kind") == "critical_path") if f]
+    paths = [f for f in (critical_path_chart(e, culprits) for e in evidence
+                         if e.get("kind") == EvidenceKind.CRITICAL_PATH) if f]
     if paths:
         parts.append("<h4>Critical path</h4>" + paths[0].html())
-    idle = [e for e in evidence if e.get("kind") == "gpu_idle"]
+    idle = [e for e in evidence if e.get("kind") == EvidenceKind.GPU_IDLE]
     if idle:
         parts.append(_gpu_idle(idle))
-    parts += [_stacks(e) for e in evidence if e.get("kind") == "stacks"][:3]
-    parts += [_what_if(e) for e in evidence if e.get("kind") == "what_if"][:1]
-    parts += [_log_lines(e) for e in evidence if e.get("kind") == "log_lines"][:1]
-    parts += [_collective_stacks(e) for e in evidence if e.get("kind") == "stuck_collective"][:2]
+    parts += [_stacks(e) for e in evidence if e.get("kind") == EvidenceKind.STACKS][:3]
+    parts += [_what_if(e) for e in evidence if e.get("kind") == EvidenceKind.WHAT_IF][:1]
+    parts += [_log_lines(e) for e in evidence if e.get("kind") == EvidenceKind.LOG_LINES][:1]
+    parts += [_collective_stacks(e) for e in evidence if e.get("kind") == EvidenceKind.STUCK_COLLECTIVE][:2]
     parts.append(_trace_files(view, file_href))
     parts.append(_evidence_table(evidence))
     return f'<section class="card incident" id="{esc(view.id)}">' + "".join(parts) + "</section>"

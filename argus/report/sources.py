@@ -8,13 +8,13 @@ pass, no Parquet is opened. The web UI keys its caches on this.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from argus.analysis.incident import Incident
 from argus.report.model import EvidenceFile
 from argus.store import TABLES, Attempt
 
@@ -90,19 +90,7 @@ def stored_incidents(attempt: Attempt, newer_than_ns: int) -> list[dict[str, Any
     rows = ds.dataset([str(f) for f in files], schema=TABLES["incidents"].schema, format="parquet").to_table()
     by_id: dict[str, dict[str, Any]] = {}
     for r in sorted(rows.to_pylist(), key=lambda r: r.get("detected_ns") or 0):
-        try:
-            evidence = json.loads(r.get("evidence") or "[]")
-        except ValueError:
-            evidence = []
-        by_id[str(r["id"])] = {
-            "id": r["id"], "class": r["class"], "state": r["state"], "severity": r["severity"],
-            "culprit_ranks": list(r["culprit_ranks"] or []), "hosts": list(r["hosts"] or []),
-            "gpus": list(r["gpus"] or []), "window": {"start_step": r["start_step"], "end_step": r["end_step"]},
-            "steps": [], "phase": r["phase"] or "", "kernels": list(r["kernels"] or []),
-            "impact": {"slowdown_pct": r["slowdown_pct"], "gpu_hours_lost": r["gpu_hours_lost"]},
-            "action": r["action"], "summary": "", "evidence": evidence if isinstance(evidence, list) else [],
-            "detected_ns": r.get("detected_ns"),
-        }
+        by_id[str(r["id"])] = Incident.json_from_row(r)
     return list(by_id.values())
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from argus.analysis.diagnosis import Diagnosis
 from argus.report import Fingerprint, Gatherer, IncidentView, ReportData, fingerprint, incidents_of
 from argus.store import Attempt, Store
 
@@ -65,7 +66,7 @@ class Snapshot:
 @dataclass(slots=True)
 class _Result:
     data_fp: tuple[int, int, int]
-    diagnosis: Any | None
+    diagnosis: Diagnosis | None
     error: str = ""
     at_ns: int = field(default_factory=time.time_ns)
 
