@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["GroupKind", "PhaseCategory", "KernelKind", "Sensor", "Rerun", "Level", "EvidenceKind",
-           "DATA_PARALLEL_KINDS"]
+__all__ = ["GroupKind", "PhaseCategory", "KernelKind", "Sensor", "Rerun", "Level", "EvidenceKind"]
 
 
 class GroupKind(StrEnum):
@@ -29,10 +28,6 @@ class GroupKind(StrEnum):
     EDP = "edp"
     PP = "pp"
     WORLD = "world"
-
-
-#: The data-parallel kinds: groups of replicas of the same parameters (dense, then expert).
-DATA_PARALLEL_KINDS: tuple[GroupKind, ...] = (GroupKind.DP, GroupKind.EDP)
 
 
 class PhaseCategory(StrEnum):
