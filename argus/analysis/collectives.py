@@ -181,7 +181,7 @@ def pair_p2p(f: PhaseFrame, layout: Layout, start: np.ndarray) -> tuple[np.ndarr
     recv_fwd = ~bwd_name[f.name[work[np.minimum(nxt, work.size - 1)]]]
     send_fwd = ~bwd_name[f.name[work[np.maximum(prv, 0)]]]
     stage = layout.stage_of(f.rank[rows])
-    line = layout.group_index("pp")[f.rank[rows]]
+    line = layout.group_index(GroupKind.PP)[f.rank[rows]]
     sends: dict[tuple, list[int]] = {}
     recvs: dict[tuple, list[int]] = {}
     for j, i in enumerate(rows):  # rows are in (rank, start) order: the n-th of a key is the n-th sent
