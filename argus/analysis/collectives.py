@@ -22,11 +22,13 @@ import numpy as np
 
 from argus.analysis.frames import PhaseFrame
 from argus.topology import Layout
+from argus.vocab import GroupKind
 
 __all__ = ["Instances", "match_instances", "host_clock_offsets", "aligned_starts", "pair_p2p", "P2PTransfers",
            "p2p_transfers"]
 
-_KINDS = ("tp", "cp", "ep", "dp", "edp", "world", "pp")
+#: The collective kinds matched into instances; pipeline p2p last, so it can be left out.
+_KINDS = (GroupKind.TP, GroupKind.CP, GroupKind.EP, GroupKind.DP, GroupKind.EDP, GroupKind.WORLD, GroupKind.PP)
 
 
 @dataclass
@@ -149,9 +151,9 @@ def pair_p2p(f: PhaseFrame, layout: Layout, start: np.ndarray) -> tuple[np.ndarr
     activations to the first stage's chunk 1). Empty without backward blocks (no way to tell activations from
     gradients)."""
     empty = np.zeros(0, np.int64), np.zeros(0, np.int64)
-    if layout.pp < 2 or "pp" not in f.groups:
+    if layout.pp < 2 or GroupKind.PP not in f.groups:
         return empty
-    pp = f.groups.index("pp")
+    pp = f.groups.index(GroupKind.PP)
     rows = np.flatnonzero(f.is_comm & (f.dur >= 0) & (f.group == pp))
     if rows.size == 0:
         return empty
@@ -179,7 +181,7 @@ def pair_p2p(f: PhaseFrame, layout: Layout, start: np.ndarray) -> tuple[np.ndarr
     recv_fwd = ~bwd_name[f.name[work[np.minimum(nxt, work.size - 1)]]]
     send_fwd = ~bwd_name[f.name[work[np.maximum(prv, 0)]]]
     stage = layout.stage_of(f.rank[rows])
-    line = layout.group_index("pp")[f.rank[rows]]
+    line = layout.group_index(GroupKind.PP)[f.rank[rows]]
     sends: dict[tuple, list[int]] = {}
     recvs: dict[tuple, list[int]] = {}
     for j, i in enumerate(rows):  # rows are in (rank, start) order: the n-th of a key is the n-th sent

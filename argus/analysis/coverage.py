@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from argus.store import Attempt
+from argus.vocab import GroupKind
 
 __all__ = ["Coverage", "coverage_of"]
 
@@ -47,7 +48,7 @@ def coverage_of(attempt: Attempt) -> Coverage:
     here = np.zeros(world, bool)
     ranks = ranks[(ranks >= 0) & (ranks < world)]
     here[np.unique(ranks)] = True
-    group = layout.group_index("dp")
+    group = layout.group_index(GroupKind.DP)
     per_group = np.bincount(group[here], minlength=int(group.max()) + 1)
     comparable = here & (per_group[group] >= 2)
     return Coverage(world, int(here.sum()), int(comparable.sum()), tuple(int(r) for r in np.flatnonzero(~here)[:64]))

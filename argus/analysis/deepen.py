@@ -24,6 +24,7 @@ from argus.analysis.l4_replay import what_if
 from argus.analysis.l5_stacks import stack_cause
 from argus.store import Attempt
 from argus.topology import Topology
+from argus.vocab import EvidenceKind, Level
 
 __all__ = ["DeepenConfig", "deepen", "MAX_REPLAY_ERROR_PCT"]
 
@@ -91,9 +92,9 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
         # not carry it — a real GPU trace's annotations end when the host is done launching)
         # is invisible to it, and "removing the culprits changes nothing" would be wrong.
         blind = inc.klass in ("compute_straggler", "pipeline_imbalance") and not any(
-            e.get("kind") == "busy_outlier" for e in inc.evidence)
+            e.get("kind") == EvidenceKind.BUSY_OUTLIER for e in inc.evidence)
         if blind:
-            inc.evidence.append({"level": "L4", "kind": "what_if_skipped", "note": (
+            inc.evidence.append({"level": Level.L4, "kind": EvidenceKind.WHAT_IF_SKIPPED, "note": (
                 "the culprits' phases carry no excess (only their kernels do): a replay of the phases "
                 "cannot remove it; the impact is L1's")})
         if replayable and not blind:  # what_if itself declines jobs too large to replay
@@ -105,7 +106,7 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
             if not error <= MAX_REPLAY_ERROR_PCT:
                 # the replay does not reproduce the recorded steps (collectives overlapping
                 # host-timed work it cannot see): its what-if is no measurement
-                inc.evidence.append({**wi.to_json(), "kind": "what_if_skipped", "note": (
+                inc.evidence.append({**wi.to_json(), "kind": EvidenceKind.WHAT_IF_SKIPPED, "note": (
                     f"the replay misses the recorded steps by {error:.0f}% (more than {MAX_REPLAY_ERROR_PCT:.0f}%): "
                     "it does not model this job; the impact is L1's")})
                 _spread_stall(inc, step_time, topology.world_size)
@@ -115,7 +116,7 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
             # the processor watched every other rank wait, blocked, for this long: a replay of the
             # incident's own steps that gives back less holds only part of it (a rank frozen in its
             # optimizer, after the step's last collective: its peers wait in the next step's)
-            inc.evidence.append({**wi.to_json(), "kind": "what_if_skipped", "note": (
+            inc.evidence.append({**wi.to_json(), "kind": EvidenceKind.WHAT_IF_SKIPPED, "note": (
                 f"the processor saw the job make no progress for {observed:.0f} s; replayed, the incident's "
                 f"steps give back {wi.extra_s:.2f} s (the wait fell in another step): the impact is the one "
                 "observed")})
@@ -125,7 +126,7 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
             # leaves them as slow, and nothing else explains it: the replay cannot see where their
             # excess sits, so it may not lower L1's measured impact (a ×2 regression explained by
             # one culprit set is never "info")
-            inc.evidence.append({**wi.to_json(), "kind": "what_if_skipped", "note": (
+            inc.evidence.append({**wi.to_json(), "kind": EvidenceKind.WHAT_IF_SKIPPED, "note": (
                 "replayed without the culprits' excess the steps stay as slow as recorded, above the job's "
                 "healthy level, and no other incident explains them: the replayed phases do not hold the "
                 "excess (device time behind host-timed annotations, asynchronous launches); the impact is L1's")})
@@ -134,7 +135,7 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
             wi = None
         if wi is not None:
             previous = {"slowdown_pct": inc.slowdown_pct, "gpu_hours_lost": inc.gpu_hours_lost}
-            inc.evidence.append({"level": "L1", "kind": "impact_estimate", **{
+            inc.evidence.append({"level": Level.L1, "kind": EvidenceKind.IMPACT_ESTIMATE, **{
                 k: None if v is None else round(float(v), 4) for k, v in previous.items()},
                 "note": "extra job time against L1's healthy level (superseded by the L4 what-if)"})
             # the slowdown of the job over the incident's window (an intermittent stall's cost
@@ -154,7 +155,7 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
                 # L1–L3 saw a costly fault on these ranks, the replay says removing it gains
                 # nothing: the levels disagree — the slowdown is real but not (only) theirs
                 inc.state = State.INCONCLUSIVE
-                inc.evidence.append({"level": "L4", "kind": "disagreement", "note": (
+                inc.evidence.append({"level": Level.L4, "kind": EvidenceKind.DISAGREEMENT, "note": (
                     f"L1 charges {previous['slowdown_pct']:.1f}% to these ranks; replayed without their excess "
                     f"the job gains {wi.slowdown_pct:.1f}%: the slowdown is not theirs alone")})
             top = max(wi.critical.items(), key=lambda kv: kv[1], default=(None, 0.0))
@@ -170,25 +171,25 @@ def deepen(attempt: Attempt, topology: Topology, incidents: list[Incident], step
         if inc.klass == "host_stall":
             rank = inc.culprit_ranks[0]
             mb = next((int(e["microbatch"]) for e in inc.evidence
-                       if e.get("kind") == "busy_outlier" and e.get("microbatch", -1) is not None
+                       if e.get("kind") == EvidenceKind.BUSY_OUTLIER and e.get("microbatch", -1) is not None
                        and int(e.get("microbatch", -1)) >= 0), -1)
             gaps = gpu_idle(attempt, rank, steps, inc.phase, mb, frames)
             if gaps is not None:
                 inc.evidence.append(gaps)
                 if gaps.get("host_stall"):
                     agree.append("gpu_idle")
-            if not any(e.get("level") == "L5" for e in inc.evidence):
+            if not any(e.get("level") == Level.L5 for e in inc.evidence):
                 t5 = time.perf_counter()
                 stack = stack_cause(attempt, rank, steps)
                 clock["l5"] += time.perf_counter() - t5
                 if stack is not None:
-                    inc.evidence.append({"level": "L5", "kind": "stacks", "rank": rank, **stack.to_json()})
-            cause = next((e["cause"] for e in inc.evidence if e.get("level") == "L5"), "unknown")
+                    inc.evidence.append({"level": Level.L5, "kind": EvidenceKind.STACKS, "rank": rank, **stack.to_json()})
+            cause = next((e["cause"] for e in inc.evidence if e.get("level") == Level.L5), "unknown")
             if cause != "unknown":
                 agree.append("stacks")
                 inc.summary = inc.summary.replace("(unknown)", f"({cause.replace('_', ' ')})")
         if agree:
-            inc.evidence.append({"level": "L4", "kind": "agreement", "with": agree,
+            inc.evidence.append({"level": Level.L4, "kind": EvidenceKind.AGREEMENT, "with": agree,
                                  "note": "automated trace and stack analysis agree with L1–L3"})
             # the critical path and the pipeline's origin are replays of the phases that raised
             # the incident: they agree by construction; stacks (another channel) and the device's
@@ -215,6 +216,6 @@ def _no_progress_s(inc: Incident) -> float | None:
     """Seconds the processor saw the job make no progress in this incident (its hang snapshot's
     ``no_progress`` evidence: a frozen rank's stall), else None."""
     for e in inc.evidence:
-        if e.get("kind") == "no_progress" and isinstance(e.get("stalled_s"), (int, float)):
+        if e.get("kind") == EvidenceKind.NO_PROGRESS and isinstance(e.get("stalled_s"), (int, float)):
             return float(e["stalled_s"])
     return None

@@ -38,6 +38,7 @@ from argus.analysis.sdc import checkpoints_from_log, sdc_incidents
 from argus.analysis.signals import load_hw_signals
 from argus.errors import ConfigError, StoreError
 from argus.store import WINDOW_STEPS, Attempt
+from argus.vocab import KernelKind, PhaseCategory
 
 __all__ = ["DiagnoseConfig", "Diagnosis", "diagnose"]
 
@@ -185,7 +186,7 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
         subset = None
         if layout.world_size > config.exact_ranks:
             slow = sorted({o.rank for o in (l3.outliers if l3 else []) if (o.slower or o.more_work)
-                           and o.category in ("compute", "cpu_op")})
+                           and o.category in (PhaseCategory.COMPUTE, KernelKind.CPU_OP)})
             subset = screen_candidates(totals, layout, step_time, config.l2, priority=slow)
         frame = frames.phases(lo, hi, ranks=subset)
         # pipeline transfers from paired sends and receives where every rank's phases are loaded

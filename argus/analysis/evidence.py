@@ -10,77 +10,11 @@ test, not a page.
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any, Iterable, Mapping, Protocol
 
+from argus.vocab import EvidenceKind, Level  # re-exported: the kinds and levels live in the shared vocabulary
+
 __all__ = ["Level", "EvidenceKind", "REQUIRED_FIELDS", "check_evidence"]
-
-
-class Level(StrEnum):
-    L1 = "L1"  # step times: anomalous windows, impact estimates
-    L2 = "L2"  # stragglers: busy time, arrival, per-step transfers
-    L3 = "L3"  # kernels: distribution distances, communicator floors
-    L4 = "L4"  # traces: replay, critical path, pipeline, device gaps
-    L5 = "L5"  # stacks and host phases
-    HW = "hw"  # hardware telemetry and the host's own counters
-    LOG = "log"  # the job's own output (argus run's logs table)
-    FLIGHT_RECORDER = "flight_recorder"  # PyTorch's Flight Recorder dumps (argus/flight_recorder)
-    SDC = "sdc"  # the correctness sensors: replicas' digests (argus/analysis/sdc.py)
-
-
-class EvidenceKind(StrEnum):
-    # L1
-    REGRESSION = "regression"
-    JITTER = "jitter"
-    IMPACT_ESTIMATE = "impact_estimate"
-    NO_PROGRESS = "no_progress"
-    STEPS_NEVER_FINISHED = "steps_never_finished"
-    # L2
-    BUSY_OUTLIER = "busy_outlier"
-    LATE_ARRIVAL = "late_arrival"
-    KERNELS_NORMAL = "kernels_normal"
-    TRANSFER_SHIFT = "transfer_shift"
-    COMPUTE_CULPRIT_ON_HOSTS = "compute_culprit_on_hosts"
-    VICTIM_TRANSFERS = "victim_transfers"  # slow-looking transfers a compute culprit explains
-    BLOCKED_IN_COLLECTIVES = "blocked_in_collectives"
-    NEVER_JOINED = "never_joined"
-    RANK_DIED = "rank_died"
-    NOT_REPORTED = "not_reported"
-    # L3
-    W1_OUTLIER = "w1_outlier"
-    W1_MATRIX = "w1_matrix"
-    GROUP_SHIFT = "group_shift"
-    KERNEL_TIME = "kernel_time"
-    # L4
-    WHAT_IF = "what_if"
-    WHAT_IF_SKIPPED = "what_if_skipped"
-    CRITICAL_PATH = "critical_path"
-    PIPELINE = "pipeline"
-    GPU_IDLE = "gpu_idle"
-    AGREEMENT = "agreement"
-    DISAGREEMENT = "disagreement"
-    CULPRIT_DISMISSED = "culprit_dismissed"  # a link put back: the culprit it was blamed on costs nothing
-    # L5
-    STACKS = "stacks"
-    STACK = "stack"
-    HOST_PHASES = "host_phases"
-    # hardware
-    PCIE_DEGRADED = "pcie_degraded"
-    NIC_PORT_DOWN = "nic_port_down"
-    THERMAL_THROTTLE = "thermal_throttle"
-    LINK_ERRORS = "link_errors"  # InfiniBand port / NVLink error counters rose
-    CPU_PRESSURE = "cpu_pressure"  # the host's CPUs contended, standing out from the other hosts'
-    IO_PRESSURE = "io_pressure"  # the host's storage stalled, standing out from the other hosts'
-    LOG_LINES = "log_lines"  # the job's log lines that bear on the incident
-    # Flight Recorder
-    STUCK_COLLECTIVE = "stuck_collective"
-    CONSEQUENCE = "consequence"  # a stuck collective that only waits for ranks waiting elsewhere
-    UNREADABLE_DUMP = "unreadable_dump"
-    # correctness
-    REPLICA_DISAGREEMENT = "replica_disagreement"  # replicas' digests of one check differ
-    EXPOSURE = "exposure"  # from which step the state may be wrong, and the checkpoints that follow
-    NONFINITE_OUTLIER = "nonfinite_outlier"  # NaN/Inf on a minority of replicas: a heuristic
-    GEMM_VIOLATION = "gemm_violation"  # a sampled GEMM's output off its inputs, and what its re-run said
 
 
 #: Fields a reader takes from a record of that kind (`cli/diagnose.py`, `report/page.py`,

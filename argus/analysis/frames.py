@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from argus.store import Attempt
+from argus.vocab import PhaseCategory
 
 __all__ = ["StepFrame", "PhaseFrame", "PhaseTotals", "WindowFrames", "load_steps", "load_phases", "load_phase_totals",
            "load_host_totals", "step_phases", "step_phases_sql", "encode"]
@@ -117,7 +118,7 @@ class PhaseFrame:
 
     @property
     def is_comm(self) -> np.ndarray:
-        return self.cat == self.cat_id("comm")
+        return self.cat == self.cat_id(PhaseCategory.COMM)
 
     def name_id(self, name: str) -> int:
         return self.names.index(name) if name in self.names else -1

@@ -38,6 +38,7 @@ FROZEN = {"T": "stopped (T: SIGSTOP or a debugger)", "t": "stopped by a tracer (
           "D": "in uninterruptible sleep (D: stuck in the kernel — storage or a driver)"}
 from argus.store import FLIGHT_RECORDER_DIR, Attempt
 from argus.topology import Topology
+from argus.vocab import EvidenceKind, Level
 
 log = logging.getLogger("argus.analysis")
 
@@ -134,26 +135,27 @@ def hang_incident(attempt: Attempt, topology: Topology) -> Incident | None:
     step = int(min(rows[r]["step"] for r in focus)) if focus else -1
     ops = sorted({op for op, _ in waited.values() if op}) or sorted({rows[r]["op"] for r in waiting if rows[r]["op"]})
     evidence: list[dict[str, Any]] = [{
-        "level": "L1", "kind": "no_progress", "stalled_s": round(state.stalled_s, 1),
+        "level": Level.L1, "kind": EvidenceKind.NO_PROGRESS, "stalled_s": round(state.stalled_s, 1),
         "threshold_s": round(state.threshold_s, 1), "ranks_reported": len(rows), "world": world}]
-    evidence.append({"level": "L2", "kind": "blocked_in_collectives", "ranks": waiting[:64],
+    evidence.append({"level": Level.L2, "kind": EvidenceKind.BLOCKED_IN_COLLECTIVES, "ranks": waiting[:64],
                      "collectives": [{"op": op, "started": n} for op, n in list(waited.values())[:8]]})
     for r in culprits[:8]:
         if r in rows:
             row = rows[r]
-            evidence.append({"level": "L2", "kind": "never_joined" if r not in dead else "rank_died", "rank": r,
+            kind = EvidenceKind.NEVER_JOINED if r not in dead else EvidenceKind.RANK_DIED
+            evidence.append({"level": Level.L2, "kind": kind, "rank": r,
                              "host": row["host"], "step": row["step"], "activity": row["activity"],
                              "for_s": round(_for_s(row), 1), "op": row["op"], "issued": row["issued"],
                              "completed": row["completed"],
                              **({"proc_state": row["proc_state"]} if row.get("proc_state") else {})})
             if row["stack"]:
-                evidence.append({"level": "L5", "kind": "stack", "rank": r, "frames": _leaf(row["stack"])})
+                evidence.append({"level": Level.L5, "kind": EvidenceKind.STACK, "rank": r, "frames": _leaf(row["stack"])})
     if missing:
-        evidence.append({"level": "L2", "kind": "not_reported", "ranks": missing[:64],
+        evidence.append({"level": Level.L2, "kind": EvidenceKind.NOT_REPORTED, "ranks": missing[:64],
                          "note": "no processor reported these ranks: their host or processor may be gone"})
     sample = next((r for r in waiting if rows[r]["stack"]), None)
     if sample is not None:
-        evidence.append({"level": "L5", "kind": "stack", "rank": sample, "waiting": True,
+        evidence.append({"level": Level.L5, "kind": EvidenceKind.STACK, "rank": sample, "waiting": True,
                          "frames": _leaf(rows[sample]["stack"])})
     def host(r: int) -> str:  # the snapshot knows the host even before the topology is written
         known = str(topology.hosts[r]) if r < len(topology.hosts) else "unknown"
@@ -180,7 +182,7 @@ def hang_incident(attempt: Attempt, topology: Topology) -> Incident | None:
         phase = first["activity"] if first else ""
     fr = _flight_recorder(attempt, step)
     if fr is not None:
-        evidence += [e for e in fr.evidence if e.get("level") == "flight_recorder"]
+        evidence += [e for e in fr.evidence if e.get("level") == Level.FLIGHT_RECORDER]
         if link and fr.culprit_ranks:
             # the counts could not tell (every member issued as many), the rings' sequence numbers can
             culprits, link = list(fr.culprit_ranks), False
@@ -228,12 +230,12 @@ def _frozen_stall(attempt: Attempt, topology: Topology, state: HangState) -> Inc
     row = rows[frozen[0]]
     step = int(row["step"])
     evidence: list[dict[str, Any]] = [{
-        "level": "L1", "kind": "no_progress", "stalled_s": round(state.stalled_s, 1),
+        "level": Level.L1, "kind": EvidenceKind.NO_PROGRESS, "stalled_s": round(state.stalled_s, 1),
         "threshold_s": round(state.threshold_s, 1), "ranks_reported": len(rows), "world": topology.world_size}]
-    evidence.append({"level": "L2", "kind": "blocked_in_collectives", "ranks": waiting[:64], "collectives": [
+    evidence.append({"level": Level.L2, "kind": EvidenceKind.BLOCKED_IN_COLLECTIVES, "ranks": waiting[:64], "collectives": [
         {"op": rows[r]["op"], "started": rows[r]["issued"]} for r in waiting[:1]]})
     for r in frozen[:8]:
-        evidence.append({"level": "L2", "kind": "never_joined", "rank": r, "host": rows[r]["host"],
+        evidence.append({"level": Level.L2, "kind": EvidenceKind.NEVER_JOINED, "rank": r, "host": rows[r]["host"],
                          "step": rows[r]["step"], "activity": rows[r]["activity"], "for_s": round(_for_s(rows[r]), 1),
                          "op": rows[r]["op"], "issued": rows[r]["issued"], "completed": rows[r]["completed"],
                          "proc_state": rows[r]["proc_state"]})

@@ -17,6 +17,7 @@ import numpy as np
 
 from argus.analysis.frames import step_phases_sql
 from argus.store import Attempt
+from argus.vocab import EvidenceKind, Level
 
 __all__ = ["PhaseCause", "host_phase_cause", "HOST_PHASE_CAUSES"]
 
@@ -35,7 +36,7 @@ class PhaseCause:
     share: float  # (rank_s - peers_s) / the stall's excess per step
 
     def to_json(self) -> dict:
-        return {"level": "L5", "kind": "host_phases", "cause": self.cause, "phase": self.phase,
+        return {"level": Level.L5, "kind": EvidenceKind.HOST_PHASES, "cause": self.cause, "phase": self.phase,
                 "rank_s": round(self.rank_s, 4), "peers_s": round(self.peers_s, 4), "share": round(self.share, 3)}
 
 

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State
 from argus.store import Attempt
 from argus.topology import Topology
+from argus.vocab import EvidenceKind, Level
 
 __all__ = ["with_job_log", "correlate", "job_events", "load_log_events", "load_nvml_xids", "merge_xids",
            "XID_SAME_NS"]
@@ -136,7 +137,7 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
             # earlier), shown in time order
             shown = sorted(sorted(mine, key=lambda e: (kinds.index(e["kind"]), e["ts_ns"]))[:MAX_SHOWN],
                            key=lambda e: e["ts_ns"])
-            inc.evidence = [*inc.evidence, {"level": "log", "kind": "log_lines", "events": [
+            inc.evidence = [*inc.evidence, {"level": Level.LOG, "kind": EvidenceKind.LOG_LINES, "events": [
                 _shown(e, step(e)) for e in shown], "total": len(mine)}]
     failed = [e for e in events if e["kind"] in _FAIL_STOP and e["rank"] >= 0]
     if not failed:
@@ -155,7 +156,7 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
     summary = (f"{'rank' if len(culprits) == 1 else 'ranks'} {', '.join(map(str, culprits[:8]))} failed and stopped "
                f"the job — {said}"
                + (f"; ranks {', '.join(map(str, victims[:8]))} were stopped after it" if victims else ""))
-    evidence = [{"level": "log", "kind": "log_lines", "events": [_shown(e, step(e)) for e in failed[:MAX_SHOWN]],
+    evidence = [{"level": Level.LOG, "kind": EvidenceKind.LOG_LINES, "events": [_shown(e, step(e)) for e in failed[:MAX_SHOWN]],
                  "total": len(failed)}]
     incidents.append(Incident(IncidentClass.FAIL_STOP, culprits, sorted({str(topology.hosts[r]) for r in ok}),
                               [str(topology.gpu_uuids[r]) for r in ok], at, at, first["kind"], [], State.CONFIRMED,

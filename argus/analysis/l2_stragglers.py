@@ -26,6 +26,7 @@ from argus.analysis.collectives import host_clock_offsets, match_instances
 from argus.analysis.frames import PhaseFrame, PhaseTotals
 from argus.analysis.links import LinkFinding
 from argus.topology import Layout
+from argus.vocab import GroupKind, PhaseCategory
 
 __all__ = ["L2Config", "Finding", "L2Result", "detect_stragglers", "peer_kind", "screen_candidates"]
 
@@ -103,12 +104,12 @@ class L2Result:
     prior_usual: dict[tuple[str, int], np.ndarray] = field(default_factory=dict, repr=False)
 
 
-def peer_kind(name: str, layout: Layout) -> str:
+def peer_kind(name: str, layout: Layout) -> GroupKind:
     """Which group a phase is compared within (DESIGN.md §3)."""
     low = name.lower()
     if layout.ep > 1 and any(w in low for w in _MOE_WORDS):
-        return "ep"
-    return "dp"
+        return GroupKind.EP
+    return GroupKind.DP
 
 
 def nanmedian(a: np.ndarray, keepdims: bool = True) -> np.ndarray:
@@ -175,7 +176,7 @@ def screen_candidates(t: PhaseTotals, layout: Layout, job_step_s: dict[int, floa
     world = layout.world_size
     steps = np.unique(t.step)
     step_time = np.array([job_step_s.get(int(x), np.nan) for x in steps])
-    is_comm = np.array([c == "comm" for c in t.cats])
+    is_comm = np.array([c == PhaseCategory.COMM for c in t.cats])
     low_comm = np.zeros(world)
     high_work = np.zeros(world)
     S = len(steps)
@@ -188,7 +189,7 @@ def screen_candidates(t: PhaseTotals, layout: Layout, job_step_s: dict[int, floa
         vals = np.full((S, world), np.nan)
         vals[np.searchsorted(steps, t.step[m]), t.rank[m]] = t.total_ns[m] / 1e9
         kind = peer_kind(t.names[int(sid // n_mb)], layout)
-        groups = layout.groups(kind if layout.group_size(kind) > 1 else "dp")
+        groups = layout.groups(kind if layout.group_size(kind) > 1 else GroupKind.DP)
         med, zz, _ = _group_stats(vals, groups, config.mad_floor)
         with np.errstate(invalid="ignore"):
             if comm:
@@ -210,7 +211,7 @@ def screen_candidates(t: PhaseTotals, layout: Layout, job_step_s: dict[int, floa
         seen.add(r)
         if len(seen) > max_candidates:
             break
-        chosen |= set(layout.group_of("tp", r).tolist()) | set(layout.group_of("ep", r).tolist())
+        chosen |= set(layout.group_of(GroupKind.TP, r).tolist()) | set(layout.group_of(GroupKind.EP, r).tolist())
         peers = layout.peer_set(r)
         chosen |= set(rng.choice(peers, size=min(peers_per_candidate, len(peers)), replace=False).tolist()) | {r}
     return np.array(sorted(chosen), np.int64)
@@ -248,21 +249,21 @@ def detect_stragglers(f: PhaseFrame, layout: Layout, hosts: np.ndarray, job_step
         if not np.isfinite(tot[k]).any():
             continue
         category = f.cats[cat_of[k]]
-        if category == "host":  # a pause only one rank had (gc, compile): its peers spent 0 there
+        if category == PhaseCategory.HOST:  # a pause only one rank had (gc, compile): its peers spent 0 there
             tot[k] = np.where(np.isnan(tot[k]) & reported, 0.0, tot[k])
         kind = peer_kind(f.names[k], layout)
-        groups = layout.groups(kind if layout.group_size(kind) > 1 else "dp")
+        groups = layout.groups(kind if layout.group_size(kind) > 1 else GroupKind.DP)
         med, z, cv = _group_stats(tot[k] / 1e9, groups, config.mad_floor)
         with np.errstate(invalid="ignore", divide="ignore"):
             ratio = (tot[k] / 1e9) / med
         per_rank = nanmedian(ratio.T, keepdims=False)  # median over steps, every rank at once
         present = np.flatnonzero(np.isfinite(per_rank))
         res.phase_ratio.update(zip(((int(r), f.names[k]) for r in present), per_rank[present].tolist()))
-        if category == "comm":
+        if category == PhaseCategory.COMM:
             continue  # waiting is not blamed; arrival skew names who is waited for
         before = len(res.findings)
         _flag(res, f.names[k], category, -1, kind, steps, tot[k] / 1e9, med, z, cv, step_time, config, groups)
-        if category == "host" and host_totals is not None and f.names[k] in host_totals:
+        if category == PhaseCategory.HOST and host_totals is not None and f.names[k] in host_totals:
             _drop_symmetric(res, before, host_totals[f.names[k]], groups, config)
 
     # Per-microbatch phases (one occurrence per rank, step and microbatch): compare per mb.
@@ -271,13 +272,13 @@ def detect_stragglers(f: PhaseFrame, layout: Layout, hosts: np.ndarray, job_step
         M = int(f.mb[mb_ok].max()) + 1
         key = ((f.name.astype(np.int64) * S + step_i) * M + np.maximum(f.mb, 0)) * N + f.rank
         c = np.bincount(key[mb_ok], minlength=K * S * M * N).reshape(K, S, M, N)
-        single = [k for k in range(K) if c[k].max() == 1 and f.cats[cat_of[k]] != "comm"]
+        single = [k for k in range(K) if c[k].max() == 1 and f.cats[cat_of[k]] != PhaseCategory.COMM]
         if single:
             v = np.bincount(key[mb_ok], weights=value[mb_ok], minlength=K * S * M * N).reshape(K, S, M, N)
             for k in single:
                 vals = np.where(c[k] > 0, v[k], np.nan) / 1e9  # (S, M, N)
                 kind = peer_kind(f.names[k], layout)
-                groups = layout.groups(kind if layout.group_size(kind) > 1 else "dp")
+                groups = layout.groups(kind if layout.group_size(kind) > 1 else GroupKind.DP)
                 med, z, cv = _group_stats(vals, groups, config.mad_floor)
                 for m in range(M):
                     _flag(res, f.names[k], f.cats[cat_of[k]], m, kind, steps, vals[:, m], med[:, m], z[:, m],
@@ -397,7 +398,7 @@ def _arrival_skew(res: L2Result, f: PhaseFrame, layout: Layout, hosts: np.ndarra
     per = np.bincount(si[ok] * N + rank[ok], weights=late[ok] / 1e9, minlength=S * N).reshape(S, N)
     n = np.bincount(si[ok] * N + rank[ok], minlength=S * N).reshape(S, N)
     per = np.where(n > 0, per, np.nan)
-    groups = layout.groups("dp")
+    groups = layout.groups(GroupKind.DP)
     med = nanmedian(per[:, groups])
     mad = nanmedian(np.abs(per[:, groups] - med))
     z = _scatter((per[:, groups] - med) / (1.4826 * mad + 1e-4), groups, per.shape)
@@ -409,8 +410,8 @@ def _arrival_skew(res: L2Result, f: PhaseFrame, layout: Layout, hosts: np.ndarra
     for r in np.flatnonzero(n_flag > 0):
         rows_r = np.flatnonzero(flagged[:, r])
         res.findings.append(Finding(
-            kind="arrival", rank=int(r), name="collectives", category="comm", microbatch=-1,
+            kind="arrival", rank=int(r), name="collectives", category=PhaseCategory.COMM, microbatch=-1,
             steps=[int(steps[i]) for i in rows_r], ratio=float("nan"), z=float(np.max(z[rows_r, r])),
-            excess_s=float(np.mean(excess[rows_r, r])), peer_kind="dp",
+            excess_s=float(np.mean(excess[rows_r, r])), peer_kind=GroupKind.DP,
             persistent=bool(n_flag[r] >= config.persist_frac * present[r] and n_flag[r] >= config.persist_min),
             step_excess_s=[float(e) for e in excess[rows_r, r]]))

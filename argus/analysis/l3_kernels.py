@@ -30,6 +30,7 @@ from argus.analysis.frames import encode
 from argus.analysis.strata import center_within, group_strata
 from argus.compress import log_grid, mixture_cdf, w1, w1_matrix
 from argus.topology import Layout
+from argus.vocab import GroupKind, KernelKind, PhaseCategory
 
 __all__ = ["CollectiveCalls", "GroupShift", "KernelOutlier", "L3Config", "L3Result", "collective_calls",
            "detect_kernels", "kernel_time_per_rank", "kinds_for", "w1_matrix_for"]
@@ -47,7 +48,8 @@ class L3Config:
 
 
 #: The communicator kinds a layout defines, whose groups can be compared with their like.
-LAYOUT_KINDS = ("tp", "ep", "dp", "edp", "pp", "cp")
+LAYOUT_KINDS: tuple[GroupKind, ...] = (GroupKind.TP, GroupKind.EP, GroupKind.DP, GroupKind.EDP, GroupKind.PP,
+                                       GroupKind.CP)
 
 #: In a peer set of three, a rank is an outlier when its W₁ to the peers' median CDF is this many
 #: times the larger of the other two (which measure the healthy spread; the effect gates below
@@ -156,7 +158,7 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
     res.busy_ratio, excess, res.busy_total_ns = _busy_ratio(cols, text["category"], layout)
     res.busy_excess_s = {r: v / 1e9 / n_steps for r, v in excess.items()}
     codes, cats = text["category"]
-    res.device = bool(np.isin(codes, np.flatnonzero(cats == "compute")).any())
+    res.device = bool(np.isin(codes, np.flatnonzero(cats == PhaseCategory.COMPUTE)).any())
     # one integer key per (kernel, stream) and one sort: each kernel's rows are a slice, not a
     # string comparison over every row of the window
     kid, kernels = text["kernel"]
@@ -175,7 +177,7 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
         res.events_per_step[(kernel, stream)] = float(rows["count"].sum()) / len(ranks) / n_steps
         if len(ranks) < 3:
             continue
-        if category == "comm":  # only the floors matter: no CDFs
+        if category == PhaseCategory.COMM:  # only the floors matter: no CDFs
             floor = np.full(len(ranks), np.inf)
             np.minimum.at(floor, np.searchsorted(ranks, rows["rank"]), rows["min_ns"])
             kinds = tuple(k for k in kinds_for(op, res.events_per_step[(kernel, stream)], calls) if k in LAYOUT_KINDS)
@@ -219,7 +221,7 @@ def _group_median_cdf(cdf: np.ndarray, gid: np.ndarray) -> tuple[np.ndarray, np.
 
 def _outliers(cdf, ranks, mean, counts, grid, layout: Layout, kernel, stream, category,
               config: L3Config) -> list[KernelOutlier]:
-    kind = "dp"
+    kind = GroupKind.DP
     gid, _ = _peer_table(ranks, layout, kind)
     med_cdf, inv = _group_median_cdf(cdf, gid)
     dist = w1(cdf, med_cdf[inv], grid)
@@ -272,13 +274,13 @@ def _busy_ratio(cols: dict[str, np.ndarray], category: tuple[np.ndarray, np.ndar
     faster one of a pair): a slow device or extra work raises it; noise scattered over
     individual kernels cancels out."""
     codes, cats = category
-    compute = np.isin(codes, np.flatnonzero(np.isin(cats, ["compute", "cpu_op"])))
+    compute = np.isin(codes, np.flatnonzero(np.isin(cats, [PhaseCategory.COMPUTE, KernelKind.CPU_OP])))
     if not compute.any():
         return {}, {}, {}
     rank = cols["rank"][compute].astype(np.int64)
     total = np.bincount(rank, weights=(cols["count"] * cols["p50_ns"])[compute], minlength=layout.world_size)
     present = np.bincount(rank, minlength=layout.world_size) > 0
-    groups = layout.groups("dp")
+    groups = layout.groups(GroupKind.DP)
     vals = np.where(present, total, np.nan)[groups]
     with warnings.catch_warnings():  # a group none of whose ranks is present (a partial store) has no reference: NaN
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -300,7 +302,7 @@ def _more_launches(rows, ranks, mean, layout: Layout, kernel, stream, category, 
     """Ranks that launch a kernel ≥ 1.3× as often as their peers, at material cost: more work
     (e.g. an imbalanced shard, a repeated computation) rather than slower work."""
     counts = np.bincount(np.searchsorted(ranks, rows["rank"]), weights=rows["count"], minlength=len(ranks))
-    gid = layout.group_index("dp")[ranks]
+    gid = layout.group_index(GroupKind.DP)[ranks]
     out = []
     for g in np.unique(gid):
         members = np.flatnonzero(gid == g)
@@ -313,7 +315,7 @@ def _more_launches(rows, ranks, mean, layout: Layout, kernel, stream, category, 
         extra_ns = (counts[members] - med) * mean[members]
         for m, r_, e in zip(members, ratio, extra_ns):
             if r_ >= 1.3 and e >= config.min_w1_ns * med:
-                out.append(KernelOutlier(int(ranks[m]), kernel, stream, category, 0.0, 0.0, False, "dp", float(r_),
+                out.append(KernelOutlier(int(ranks[m]), kernel, stream, category, 0.0, 0.0, False, GroupKind.DP, float(r_),
                                          float(e)))
     return out
 

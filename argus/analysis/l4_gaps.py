@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from argus.analysis.frames import WindowFrames
 from argus.store import Attempt
+from argus.vocab import EvidenceKind, KernelKind, Level
 
 __all__ = ["gpu_idle", "IDLE_STALL_PCT"]
 
@@ -65,8 +66,8 @@ def _device(attempt: Attempt, rank: int, step: int, lo: int, hi: int) -> tuple[i
         return None
     kind = np.asarray(t.column("kind").to_pylist(), dtype=object)
     start, dur = t.column("start_ns").to_numpy(), t.column("dur_ns").to_numpy()
-    m = (kind != "cpu_op") & (start >= lo) & (start < hi)
-    if not (kind != "cpu_op").any():
+    m = (kind != KernelKind.CPU_OP) & (start >= lo) & (start < hi)
+    if not (kind != KernelKind.CPU_OP).any():
         return None  # CPU-op stand-ins say nothing about a device
     busy, gap = _union_ns(start[m], np.minimum(start[m] + dur[m], hi))
     edges = np.sort(np.r_[lo, start[m], hi]) if m.any() else np.array([lo, hi])
@@ -93,7 +94,7 @@ def gpu_idle(attempt: Attempt, rank: int, steps: list[int], phase: str, mb: int 
     step, lo, d = int(s[i]), int(start[i]), float(work[i])
     ref = (r != rank) & (s == step)
     peer_d = float(np.median(work[ref])) if ref.any() else float("nan")
-    out: dict[str, Any] = {"level": "L4", "kind": "gpu_idle", "rank": int(rank), "step": step, "phase": phase,
+    out: dict[str, Any] = {"level": Level.L4, "kind": EvidenceKind.GPU_IDLE, "rank": int(rank), "step": step, "phase": phase,
            "microbatch": int(mb), "phase_ms": round(d / 1e6, 3),
            "peer_phase_ms": None if not np.isfinite(peer_d) else round(peer_d / 1e6, 3)}
     dev = _device(attempt, rank, step, lo, lo + int(dur[i]))

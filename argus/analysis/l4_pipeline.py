@@ -14,6 +14,7 @@ import numpy as np
 
 from argus.analysis.frames import WindowFrames, load_phases
 from argus.store import Attempt
+from argus.vocab import EvidenceKind, GroupKind, Level
 
 __all__ = ["pipeline_bubbles"]
 
@@ -39,7 +40,7 @@ def _stage_rows(f, rank: int, mbs: int, kinds: np.ndarray) -> tuple[np.ndarray, 
     busy = np.nan_to_num(f.busy[m]) / 1e6
     np.add.at(fwd, mb[ok & (kind == 1)], busy[ok & (kind == 1)])
     np.add.at(bwd, mb[ok & (kind == 2)], busy[ok & (kind == 2)])
-    pp = f.groups.index("pp") if "pp" in f.groups else -1
+    pp = f.groups.index(GroupKind.PP) if GroupKind.PP in f.groups else -1
     recv = np.array(["recv" in n.lower() for n in f.names])[f.name[m]]
     is_wait = ok & f.is_comm[m] & (f.group[m] == pp) & recv
     np.add.at(wait, mb[is_wait], np.maximum(f.dur[m][is_wait], 0) / 1e6)
@@ -55,7 +56,7 @@ def pipeline_bubbles(attempt: Attempt, culprits: list[int], step: int,
     layout = attempt.layout
     if layout.pp < 2 or not culprits:
         return None
-    line = [int(r) for r in layout.group_of("pp", culprits[0])]
+    line = [int(r) for r in layout.group_of(GroupKind.PP, culprits[0])]
     bad = set(culprits)
     peers = {r: [int(p) for p in layout.peer_set(r) if int(p) not in bad][:16] for r in line}
     ranks = sorted(set(line) | {p for ps in peers.values() for p in ps})
@@ -98,7 +99,7 @@ def pipeline_bubbles(attempt: Attempt, culprits: list[int], step: int,
     o = stages[origin]
     worst = "bwd" if o["bwd_ms_per_mb"] - o["peer_bwd_ms_per_mb"] >= o["fwd_ms_per_mb"] - o["peer_fwd_ms_per_mb"] \
         else "fwd"
-    return {"level": "L4", "kind": "pipeline", "step": int(step), "pipeline_ranks": line, "stages": stages,
+    return {"level": Level.L4, "kind": EvidenceKind.PIPELINE, "step": int(step), "pipeline_ranks": line, "stages": stages,
             "microbatches": {"busy_ms": busy_mb, "pipeline_wait_ms": bubble_mb},
             "origin_stage": origin, "origin_rank": int(line[origin]),
             "amplification": None if not np.isfinite(amplification) else round(float(amplification), 3),

@@ -42,6 +42,7 @@ from argus.analysis.collectives import host_clock_offsets, match_instances, pair
 from argus.analysis.frames import PhaseFrame, WindowFrames, load_phases
 from argus.store import Attempt
 from argus.topology import Layout
+from argus.vocab import EvidenceKind, Level
 
 __all__ = ["StepReplay", "WhatIf", "replay_step", "replay_ranks", "what_if", "FULL_REPLAY_RANKS", "REPLAY_PEERS"]
 
@@ -84,7 +85,7 @@ class WhatIf:
     critical: dict[int, float] = field(default_factory=dict)  # mean share per rank over the replays
 
     def to_json(self) -> dict:
-        return {"level": "L4", "kind": "what_if", "steps": [r.step for r in self.replays],
+        return {"level": Level.L4, "kind": EvidenceKind.WHAT_IF, "steps": [r.step for r in self.replays],
                 "step_s": [round(r.recorded_s, 6) for r in self.replays],
                 "without_fault_s": [round(r.without_fault_s, 6) for r in self.replays],
                 "replay_error_pct": [round(r.fidelity_pct, 2) for r in self.replays],
@@ -95,7 +96,7 @@ class WhatIf:
 
     def critical_json(self, top: int = 8) -> dict:
         ranked = sorted(self.critical.items(), key=lambda kv: -kv[1])[:top]
-        return {"level": "L4", "kind": "critical_path", "step": self.replays[0].step if self.replays else None,
+        return {"level": Level.L4, "kind": EvidenceKind.CRITICAL_PATH, "step": self.replays[0].step if self.replays else None,
                 "by_rank": [{"rank": int(r), "share": round(s, 4)} for r, s in ranked],
                 "note": "share of the step's critical path spent in each rank's own work (the rank the "
                         "others waited for at each synchronisation)"}

@@ -19,7 +19,8 @@ import numpy as np
 from argus.analysis.collectives import P2PTransfers
 from argus.analysis.frames import PhaseTotals
 from argus.analysis.strata import center_within, group_strata
-from argus.topology import GroupKind, Layout
+from argus.topology import Layout
+from argus.vocab import GroupKind, PhaseCategory
 
 __all__ = ["LinkFinding", "detect_link_shifts"]
 
@@ -64,13 +65,13 @@ def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray,
     minus the later post); without them pipeline receives stand in, which also wait for their
     sender's compute — fine when compute is steady, not on a busy host."""
     out: list[LinkFinding] = []
-    comm = np.array([c == "comm" for c in t.cats])[t.cat] & (t.microbatch < 0) & np.isfinite(t.min_ns) & (t.min_ns > 0)
+    comm = np.array([c == PhaseCategory.COMM for c in t.cats])[t.cat] & (t.microbatch < 0) & np.isfinite(t.min_ns) & (t.min_ns > 0)
     kind_code = np.array([_KINDS.index(g) if g in _KINDS else -1 for g in t.groups], np.int64)[t.group]
     sel = comm & (kind_code >= 0)
     # Pipeline sends may return once the data is buffered (gloo, NCCL eager): only receives
     # end when the data has arrived, so the pipeline transfer time is read from receives.
     is_recv = np.array(["recv" in n for n in t.names])[t.name]
-    pp_code = _KINDS.index("pp")
+    pp_code = _KINDS.index(GroupKind.PP)
     sel &= (kind_code != pp_code) | (is_recv & (p2p is None))
     rank, step, kind = t.rank[sel], t.step[sel], kind_code[sel]
     min_ns, total_ns, count = t.min_ns[sel], t.total_ns[sel], t.count[sel].astype(np.float64)
@@ -110,7 +111,7 @@ def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray,
     # gradients — so all of a pipeline group's receives count (per group).
     events = np.bincount(inv, weights=count[ok], minlength=len(uniq))
     members = np.bincount(np.unique(inv * W + rank[ok]) // W, minlength=len(uniq))  # pooled names: per rank
-    per_step = np.where(np.isin(uniq // W // (len(steps) + 1) % len(_KINDS), [_KINDS.index("pp")]),
+    per_step = np.where(np.isin(uniq // W // (len(steps) + 1) % len(_KINDS), [_KINDS.index(GroupKind.PP)]),
                         events, events / np.maximum(members, 1))
     logt = np.log(floor)
     grp, ser = uniq % W, uniq // W
@@ -144,7 +145,7 @@ def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray,
                 two = np.flatnonzero(strata[k][g] == st)
                 if len(two) == 2:
                     found |= _pair(out, int(s), tot[two], g[two], steps, names, layout, hosts, narrow_only=False)
-        if not found and layout.pp > 1 and _KINDS[k] != "pp":
+        if not found and layout.pp > 1 and _KINDS[k] != GroupKind.PP:
             # a whole stage's groups shifted alike (a slow host that every group of the stage
             # crosses): only the other stages show it, and they may move other sizes — so this
             # narrows like-with-like findings' hosts down and never stands alone

@@ -30,6 +30,7 @@ from argus.analysis.frames import encode, step_phases_sql
 from argus.analysis.host_phases import HOST_PHASE_CAUSES
 from argus.compress.names import categorize_kernel
 from argus.store import Attempt
+from argus.vocab import KernelKind, PhaseCategory
 
 __all__ = ["Depth", "Observation", "ObservationKind", "observe", "MIN_STEADY_STEPS", "HOST_SHARE"]
 
@@ -178,7 +179,7 @@ def _kernels(attempt: Attempt, steps: set[int]) -> dict[str, np.ndarray] | None:
     if stats is None or stats.rows == 0 or stats.rows > MAX_KERNEL_ROWS:
         return None
     t = attempt.read("kernels", columns=["rank", "step", "kind", "name", "start_ns", "dur_ns"])
-    t = t.filter(pc.and_(pc.equal(t.column("kind"), "kernel"), pc.is_in(t.column("step"), pa.array(sorted(steps)))))
+    t = t.filter(pc.and_(pc.equal(t.column("kind"), KernelKind.KERNEL), pc.is_in(t.column("step"), pa.array(sorted(steps)))))
     if t.num_rows == 0:
         return None
     inv, uniq = encode(t.column("name"))  # names as codes: a million strings are never sorted
@@ -186,7 +187,7 @@ def _kernels(attempt: Attempt, steps: set[int]) -> dict[str, np.ndarray] | None:
     return {"rank": t.column("rank").to_numpy().astype(np.int64), "step": t.column("step").to_numpy(),
             "start": t.column("start_ns").to_numpy().astype(np.float64),
             "dur": np.maximum(t.column("dur_ns").to_numpy(), 0).astype(np.float64),
-            "comm": cats[inv] == "comm", "name": inv.astype(np.int64), "names": np.array(uniq, dtype=object)}
+            "comm": cats[inv] == PhaseCategory.COMM, "name": inv.astype(np.int64), "names": np.array(uniq, dtype=object)}
 
 
 def _covered(k: dict[str, np.ndarray], mask: np.ndarray) -> dict[tuple[int, int], float]:

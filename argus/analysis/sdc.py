@@ -41,12 +41,13 @@ import numpy as np
 from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State
 from argus.store import Attempt
 from argus.topology import Topology
+from argus.vocab import EvidenceKind, GroupKind, Level, Rerun, Sensor
 from argus.wire import SENSORS
 
 __all__ = ["Check", "Checkpoints", "ReplicaVerdict", "checkpoints_from_log", "compare_replicas", "sdc_incidents",
            "gemm_incidents"]
 
-_ORDER = {s: i for i, s in enumerate(SENSORS)}  # grads before params within a step
+_ORDER: dict[str, int] = {s: i for i, s in enumerate(SENSORS)}  # grads before params within a step
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +93,7 @@ class Checkpoints:
         tainted = [s for s in steps if s >= start]
         clean = [s for s in steps if s < start]
         resume = clean[-1] if clean else None
-        evidence = {"level": "sdc", "kind": "exposure", "first_step": start, "last_agreed": last_agreed,
+        evidence = {"level": Level.SDC, "kind": EvidenceKind.EXPOSURE, "first_step": start, "last_agreed": last_agreed,
                     "checkpoints_after": tainted[:64], "resume_from_step": resume,
                     "checkpoint_paths_after": [p for s in tainted for p in self.paths[s]][:32],
                     "resume_from_paths": self.paths[resume][:8] if resume is not None else []}
@@ -161,7 +162,7 @@ def _checks(attempt: Attempt) -> dict[tuple[int, str], dict[int, tuple[int, int]
     order = np.lexsort((cols["ts_ns"], cols["sensor"], cols["step"], cols["rank"]))
     out: dict[tuple[int, str], dict[int, tuple[int, int]]] = {}
     for i in order.tolist():
-        if cols["tensors"][i] <= 0 or cols["sensor"][i] not in _ORDER or cols["sensor"][i] == "gemm":
+        if cols["tensors"][i] <= 0 or cols["sensor"][i] not in _ORDER or cols["sensor"][i] == Sensor.GEMM:
             continue
         key = (int(cols["step"][i]), str(cols["sensor"][i]))
         rank, d, bad = int(cols["rank"][i]), int(cols["digest"][i]) & ((1 << 64) - 1), int(cols["nonfinite"][i])
@@ -207,7 +208,7 @@ def _exposure_start(v: ReplicaVerdict) -> int:
     assert v.first_bad is not None
     if v.last_good is None:
         return v.first_bad.step
-    return v.last_good.step + (1 if v.last_good.sensor == "params" else 0)
+    return v.last_good.step + (1 if v.last_good.sensor == Sensor.PARAMS else 0)
 
 
 def sdc_incidents(attempt: Attempt, topology: Topology, checkpoints: Checkpoints,
@@ -218,7 +219,7 @@ def sdc_incidents(attempt: Attempt, topology: Topology, checkpoints: Checkpoints
     if not checks:
         return incidents
     layout = topology.layout
-    for row in layout.groups("dp"):
+    for row in layout.groups(GroupKind.DP):
         group = [int(r) for r in row]
         if len(group) < 2:
             continue
@@ -237,21 +238,21 @@ def gemm_incidents(attempt: Attempt, topology: Topology, checkpoints: Checkpoint
     t = attempt.read("checks", columns=["rank", "step", "sensor", "violations", "rerun"])
     if not t.num_rows:
         return []
-    rows = [r for r in t.to_pylist() if r["sensor"] == "gemm"]
+    rows = [r for r in t.to_pylist() if r["sensor"] == Sensor.GEMM]
     checked: dict[int, list[dict]] = {}
     for r in rows:
         checked.setdefault(int(r["rank"]), []).append(r)
     incidents = []
     for rank, mine in sorted(checked.items()):
-        bad = sorted((r for r in mine if r["violations"] > 0 and r["rerun"] != "reference_agrees"),
+        bad = sorted((r for r in mine if r["violations"] > 0 and r["rerun"] != Rerun.REFERENCE_AGREES),
                      key=lambda r: r["step"])
         if not bad:
             continue
-        reproduced = [r for r in bad if r["rerun"] == "reproduced"]
+        reproduced = [r for r in bad if r["rerun"] == Rerun.REPRODUCED]
         start = int(bad[0]["step"])
         clean_before = [int(r["step"]) for r in mine if r["violations"] == 0 and r["step"] < start]
         exposure, said = checkpoints.exposure(
-            start, None if not clean_before else {"step": clean_before[-1], "sensor": "gemm"})
+            start, None if not clean_before else {"step": clean_before[-1], "sensor": Sensor.GEMM})
         host = str(topology.hosts[rank])
         state = State.CONFIRMED if reproduced else State.INCONCLUSIVE
         what = (f"rank {rank} on {host} computed a linear layer's output wrong at step {start} (column sums "
@@ -260,7 +261,7 @@ def gemm_incidents(attempt: Attempt, topology: Topology, checkpoints: Checkpoint
                  "confirmed" if reproduced else
                  "; re-run at once it came out right: a transient upset that could not be reproduced, inconclusive")
         what += f". Its gradient went into every replica's update: {said}"
-        evidence = [{"level": "sdc", "kind": "gemm_violation", "rank": rank, "steps": [int(r["step"]) for r in bad][:16],
+        evidence = [{"level": Level.SDC, "kind": EvidenceKind.GEMM_VIOLATION, "rank": rank, "steps": [int(r["step"]) for r in bad][:16],
                      "columns": [int(r["violations"]) for r in bad][:16], "rerun": [r["rerun"] for r in bad][:16],
                      "checks": len(mine), "clean_before": clean_before[-1] if clean_before else None},
                     exposure]
@@ -282,7 +283,7 @@ def _incident(v: ReplicaVerdict, topology: Topology, checkpoints: Checkpoints, l
         start, None if v.last_good is None else {"step": v.last_good.step, "sensor": v.last_good.sensor})
     first = v.first_bad
     evidence = [{
-        "level": "sdc", "kind": "replica_disagreement", "group": v.group, "step": first.step, "sensor": first.sensor,
+        "level": Level.SDC, "kind": EvidenceKind.REPLICA_DISAGREEMENT, "group": v.group, "step": first.step, "sensor": first.sensor,
         "outvoted": v.suspects, "majority": v.majority,
         "digests": {str(r): f"{d:016x}" for r, d in first.digests.items()},
         "checks": v.checks, "agreed_before": v.agreed,
@@ -297,7 +298,7 @@ def _incident(v: ReplicaVerdict, topology: Topology, checkpoints: Checkpoints, l
         summary = (f"the replicas {who} on {', '.join(hosts)} stopped agreeing ({first.sensor} at step {first.step}); "
                    f"with no majority the digests cannot tell which computed wrong")
     if v.nonfinite_only:
-        evidence.append({"level": "sdc", "kind": "nonfinite_outlier", "ranks": v.nonfinite_only,
+        evidence.append({"level": Level.SDC, "kind": EvidenceKind.NONFINITE_OUTLIER, "ranks": v.nonfinite_only,
                          "step": v.nonfinite_step, "group": v.group})
     if confirmed:
         summary += f"; seen again at {len(v.confirming)} later check{'s' * (len(v.confirming) > 1)}: confirmed"
@@ -321,7 +322,7 @@ def _nonfinite(v: ReplicaVerdict, topology: Topology, last_step: int) -> Inciden
         gpus=[str(topology.gpu_uuids[r]) for r in v.nonfinite_only], start_step=v.nonfinite_step,
         end_step=max(last_step, v.nonfinite_step), phase="optimizer", kernels=[], state=State.SUSPECTED,
         severity=Severity.WARNING, slowdown_pct=None, gpu_hours_lost=None, action=Action.OBSERVE,
-        evidence=[{"level": "sdc", "kind": "nonfinite_outlier", "ranks": v.nonfinite_only, "step": v.nonfinite_step,
+        evidence=[{"level": Level.SDC, "kind": EvidenceKind.NONFINITE_OUTLIER, "ranks": v.nonfinite_only, "step": v.nonfinite_step,
                    "group": v.group}],
         steps=[v.nonfinite_step],
         summary=(f"NaN/Inf on rank{'s' * (len(v.nonfinite_only) > 1)} {', '.join(map(str, v.nonfinite_only))} only, "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from argus.topology import Layout
+from argus.vocab import GroupKind
 
 __all__ = ["group_strata", "center_within"]
 
@@ -20,7 +21,7 @@ __all__ = ["group_strata", "center_within"]
 def group_strata(layout: Layout, kind: str) -> np.ndarray:
     """For every group of ``kind`` (rows of ``layout.groups(kind)``), the stratum it is compared in."""
     table = layout.groups(kind)
-    if kind == "pp" or layout.pp == 1:
+    if kind == GroupKind.PP or layout.pp == 1:
         return np.zeros(len(table), np.int64)
     return layout.stage_of(table[:, 0]).astype(np.int64)
 

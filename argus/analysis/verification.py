@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from argus.analysis.incident import Action, Incident, State
+from argus.vocab import Level
 
 __all__ = ["Outcome", "Verification", "save", "load", "apply", "DIRECTORY"]
 
@@ -119,7 +120,7 @@ def apply(incidents: list[Incident], verifications: dict[str, Verification]) -> 
             inc.summary += f" — verification inconclusive: {v.reason}"
     for inc in incidents:
         checked = any(e.get("kind") == "verification" and e.get("outcome") == Outcome.CONFIRMED for e in inc.evidence)
-        if inc.action == Action.CORDON_NODE and not checked and not any(e.get("level") == "hw" for e in inc.evidence):
+        if inc.action == Action.CORDON_NODE and not checked and not any(e.get("level") == Level.HW for e in inc.evidence):
             inc.action = Action.VERIFY
             inc.summary += (" — verify before cordoning (argus verify): the timings agree, but neither an active "
                             "check nor a hardware signal has shown the hardware at fault yet")

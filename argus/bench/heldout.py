@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from argus.bench.accuracy import RunScore, score
+from argus.vocab import GroupKind
 
 __all__ = ["HELD_OUT_SEED0", "MAGNITUDES", "FAMILIES", "JobDraw", "HeldOutScore", "draw_job", "family", "run_draw",
            "summarize_held_out"]
@@ -56,7 +57,7 @@ class JobDraw:
     dataloader_spike_prob: float
     megatron_groups: bool = False  # Megatron's EMBEDDING and MODEL_PARALLEL groups at the step's tail
     virtual_stages: int = 1  # > 1: the interleaved 1F1B schedule (pipelined jobs, half of them)
-    slow_group: str = "dp"  # the group kind ``group_link_degradation`` slows (cp jobs: their ring, half of them)
+    slow_group: str = GroupKind.DP  # the group kind ``group_link_degradation`` slows (cp jobs: their ring, half of them)
 
 
 #: The layout families, drawn alike (a family the common draws rarely reach — data parallel
@@ -82,7 +83,7 @@ def draw_job(seed: int, min_ranks: int = 16, max_ranks: int = 256) -> JobDraw:
              float(rng.choice((0.01, 0.02, 0.04))), float(rng.choice((0.0, 0.01, 0.03))))
     megatron = bool(rng.random() < 0.5)
     virtual = 2 if pp > 1 and rng.random() < 0.5 else 1
-    slow_group = "cp" if cp > 1 and rng.random() < 0.5 else "dp"
+    slow_group = GroupKind.CP if cp > 1 and rng.random() < 0.5 else GroupKind.DP
     return JobDraw(seed, n, layout, *noise, megatron, virtual, slow_group)
 
 
@@ -171,7 +172,7 @@ def run_draw(scenario: str, seed: int, magnitude: float | None = None, steps: in
 
     draw = draw_job(seed)
     params: dict[str, object] | None = {MAGNITUDES[scenario][0]: magnitude} if magnitude is not None else None
-    if scenario == "group_link_degradation" and draw.slow_group != "dp":
+    if scenario == "group_link_degradation" and draw.slow_group != GroupKind.DP:
         params = {**(params or {}), "group": draw.slow_group}
     tmp = Path(tempfile.mkdtemp(prefix="argus-heldout-", dir=workdir))
     try:

@@ -12,6 +12,8 @@ __all__ = ["SEL", "PANELS", "RULES", "Panel", "Rule", "substitute", "watcher_rul
 
 from dataclasses import dataclass
 
+from argus.vocab import GroupKind
+
 SEL = 'job="$job", run=~"$run"'
 
 
@@ -85,7 +87,7 @@ _BUSY_RANK = (f'sum by ({_ALL}, rank) (argus_phase_seconds{{category="compute"}}
               f'- argus_phase_wait_seconds{{category="compute"}})')
 
 #: collective group kind → the coordinate labels that identify one group of that kind
-_GROUP_KEYS = (("dp", "tp, pp"), ("tp", "cp, ep, dp, pp"), ("ep", "tp, cp, dp, pp"))
+_GROUP_KEYS = ((GroupKind.DP, "tp, pp"), (GroupKind.TP, "cp, ep, dp, pp"), (GroupKind.EP, "tp, cp, dp, pp"))
 
 
 def _group_ratio(kind: str, by: str) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State
 from argus.flight_recorder.dumps import DumpSet, Entry
+from argus.vocab import EvidenceKind, Level
 
 __all__ = ["StuckCollective", "stuck_collectives", "hang_incidents", "MAX_STACK_FRAMES", "MAX_STACKS"]
 
@@ -268,10 +269,10 @@ def hang_incidents(ds: DumpSet, stuck: list[StuckCollective] | None = None, step
         v = max(same, key=lambda x: (x.direct, len(x.stuck.arrived), -x.stuck.seq))
         s, others = v.stuck, [x.stuck for x in same if x is not v]
         waiting = set().union(*(x.arrived for x in [s, *others])) | set(v.culprits)
-        ev: list[dict] = [{"level": "flight_recorder", "kind": "stuck_collective", **x.to_json()} for x in [s, *others]]
-        ev += [{"level": "flight_recorder", "kind": "consequence", **c.to_json()} for c in stuck
+        ev: list[dict] = [{"level": Level.FLIGHT_RECORDER, "kind": EvidenceKind.STUCK_COLLECTIVE, **x.to_json()} for x in [s, *others]]
+        ev += [{"level": Level.FLIGHT_RECORDER, "kind": EvidenceKind.CONSEQUENCE, **c.to_json()} for c in stuck
                if c.consequence and set(c.behind) & waiting]
-        ev += [{"level": "flight_recorder", "kind": "unreadable_dump", "rank": r, "why": why}
+        ev += [{"level": Level.FLIGHT_RECORDER, "kind": EvidenceKind.UNREADABLE_DUMP, "rank": r, "why": why}
                for r, why in sorted(ds.unreadable.items()) if r in set(s.members) | set(v.culprits)]
         also = (f"; {', '.join(map(_name, others))} wait{'s' * (len(others) == 1)} for "
                 f"{'it' if len(v.culprits) == 1 else 'them'} too") if others else ""

@@ -27,11 +27,13 @@ import warnings
 from typing import Any
 
 from argus import env as argus_env
+from argus.vocab import PhaseCategory
 
 __all__ = ["init", "step", "phase", "shutdown", "runtime", "arm"]
 
 log = logging.getLogger("argus.producer")
 _RUNTIME: Any = None
+_CATEGORIES = frozenset(PhaseCategory)  # what argus.phase accepts; anything else is compute
 _START_LOCK = threading.Lock()
 _ATEXIT = False
 
@@ -136,9 +138,9 @@ def step() -> None:
 class phase(contextlib.ContextDecorator):  # noqa: N801 - public API: argus.phase is used like a function
     """``with argus.phase("name"):`` or ``@argus.phase("name")``: a user-defined phase."""
 
-    def __init__(self, name: str, category: str = "compute"):
+    def __init__(self, name: str, category: str = PhaseCategory.COMPUTE):
         self.name = name
-        self.category = category if category in ("compute", "comm", "host") else "compute"
+        self.category = category if category in _CATEGORIES else PhaseCategory.COMPUTE
         self._start: list[Any] = []
 
     def __enter__(self) -> "phase":

@@ -46,6 +46,7 @@ from typing import Any, Callable
 
 from argus.producer.flight_recorder import FlightRecorderTimes, fr_key, nccl_dump
 from argus.producer.recorder import GROUP, now_ns
+from argus.vocab import GroupKind
 from argus.wire import group_key
 
 __all__ = ["CollectiveTracker", "PG_METHODS"]
@@ -261,7 +262,7 @@ class CollectiveTracker:
         if main:
             rt.collective_starts()
         g = self._group(pg, peer_local)
-        name = f"{g.kind or 'world'}-{op}"
+        name = f"{g.kind or GroupKind.WORLD}-{op}"
         t0 = now_ns()
         nid = self._name_id(name)
         rt.comm_issued += 1

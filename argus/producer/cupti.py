@@ -38,6 +38,7 @@ from typing import Any, Callable
 import numpy as np
 
 from argus.producer.recorder import KIND, Recorder, now_ns
+from argus.vocab import KernelKind
 from argus.wire import DTYPES, Msg
 
 __all__ = ["CuptiSource", "demangle"]
@@ -97,7 +98,7 @@ def _columns(activities: list) -> np.ndarray:
 
 
 def _memcpy_key(a: Any) -> tuple[str, int]:
-    return ("memcpy", int(a.copy_kind))
+    return (KernelKind.MEMCPY, int(a.copy_kind))
 
 
 class CuptiSource:
@@ -233,8 +234,8 @@ class CuptiSource:
         out["start_ns"] = sel[:, 1] + self.offset
         out["dur_ns"] = sel[:, 2] - sel[:, 1]
         out["stream"], out["device"] = sel[:, 3], sel[:, 4]
-        out["kind"] = np.where(is_kernel[keep], KIND["kernel"],
-                               np.where(is_memcpy[keep], KIND["memcpy"], KIND["memset"]))
+        out["kind"] = np.where(is_kernel[keep], KIND[KernelKind.KERNEL],
+                               np.where(is_memcpy[keep], KIND[KernelKind.MEMCPY], KIND[KernelKind.MEMSET]))
         names = np.empty(len(keep), dtype=np.int64)
         for mask, key in ((is_kernel[keep], _NAME), (is_memcpy[keep], _memcpy_key)):
             at = np.flatnonzero(mask)
@@ -242,7 +243,7 @@ class CuptiSource:
                 names[at] = self._name_ids(list(map(key, map(activities.__getitem__, keep[at].tolist()))))
         at = np.flatnonzero(is_memset[keep])
         if len(at):
-            names[at] = self._name_ids([("memset",)])[0]
+            names[at] = self._name_ids([(KernelKind.MEMSET,)])[0]
         out["name"] = names
         return out
 
@@ -261,7 +262,7 @@ class CuptiSource:
     def _label(self, key: Any) -> str:
         if not isinstance(key, tuple):
             return demangle(str(key))
-        if key[0] == "memcpy":
+        if key[0] == KernelKind.MEMCPY:
             return f"Memcpy {self._cupti.ActivityMemcpyKind(key[1]).name}"
         return "Memset"
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from argus.producer.activation import after_import
 from argus.producer.recorder import CATEGORY, now_ns
+from argus.vocab import PhaseCategory
 
 __all__ = ["HostEvents", "MIN_GC_NS"]
 
@@ -71,7 +72,7 @@ class HostEvents:
                 t1 = now_ns()
                 if t1 - self.gc_start >= MIN_GC_NS:
                     rt.recorder.phase_ids(rt.step, self.gc_start, t1 - self.gc_start, -1, self.gc_name,
-                                          CATEGORY["host"], 0)
+                                          CATEGORY[PhaseCategory.HOST], 0)
                 self.gc_start = 0
         except Exception:  # noqa: BLE001 - inside the interpreter's collector: never raise
             pass
@@ -94,6 +95,6 @@ class HostEvents:
         t0 = self.compile_start.pop()
         if rt.active:
             try:
-                rt.recorder.phase_ids(rt.step, t0, now_ns() - t0, -1, self.compile_name, CATEGORY["host"], 0)
+                rt.recorder.phase_ids(rt.step, t0, now_ns() - t0, -1, self.compile_name, CATEGORY[PhaseCategory.HOST], 0)
             except Exception:  # noqa: BLE001
                 pass

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from argus.producer.recorder import KIND, Recorder, now_ns
+from argus.vocab import KernelKind
 from argus.wire import DTYPES, Msg
 from argus.wire.inflight import CAPTURE_IDLE, CAPTURE_SOON, OP_CAPTURE_LEAD_S
 
@@ -75,7 +76,7 @@ def working_ops(events: list, offset_ns: int, name_id: Any, step: int) -> np.nda
                 stack[-1][3] += total_us
             if _is_op(name) and total_us - children_us >= 0.5 * total_us:
                 rows.append((step, int(start_us * 1000) + offset_ns, int(total_us * 1000), name_id(name), 0, -1,
-                             KIND["cpu_op"]))
+                             KIND[KernelKind.CPU_OP]))
     out = np.zeros(len(rows), DTYPES[Msg.KERNELS])
     if rows:
         cols = list(zip(*rows))

@@ -33,6 +33,7 @@ import logging
 import weakref
 from typing import Any, Callable, ClassVar
 
+from argus.vocab import PhaseCategory
 
 __all__ = ["ModuleTree", "ForwardTimer", "guarded_hook"]
 
@@ -212,7 +213,7 @@ class ForwardTimer:
         if self.module_stack and self.module_stack[-1][0] == id(module):
             _, phase, t0 = self.module_stack.pop()
             name = f"{phase}-recompute" if rt.in_backward else phase
-            rt.record_span(t0, rt.mark(), rt.mb_context, name, "compute")
+            rt.record_span(t0, rt.mark(), rt.mb_context, name, PhaseCategory.COMPUTE)
 
 
 def _something_compiled() -> bool:

@@ -24,6 +24,7 @@ from argus.producer.activation import TRACED_PID_ENV
 from argus.producer.config import Identity, ProducerConfig, default_socket
 from argus.producer.recorder import Recorder, now_ns
 from argus.topology import Layout, parse_layout
+from argus.vocab import GroupKind, PhaseCategory
 from argus.wire import GPU_STEP_PHASE, Msg, RingWriter, ring_dir
 
 __all__ = ["Runtime", "ring_capacities"]
@@ -208,7 +209,7 @@ class Runtime:
         if self.cuda is not None:
             self.cuda.phase(m0, m1, (step, microbatch, name, category, group))  # drops a None token
         else:
-            wait = m1[1] - m0[1] if category != "comm" else -1
+            wait = m1[1] - m0[1] if category != PhaseCategory.COMM else -1
             self.recorder.phase(step, m0[0], m1[0], microbatch, name, category, group, wait)
 
     def add_wait(self, m0: Any, m1: Any) -> None:
@@ -307,7 +308,7 @@ class Runtime:
     def forward_ends(self, start: Any) -> None:
         training = self.grad_enabled()
         self.record_span(start, self.mark(), self.fwd_mb if training else -1,
-                         "forward-compute" if training else "forward-eval", "compute")
+                         "forward-compute" if training else "forward-eval", PhaseCategory.COMPUTE)
         if training:
             self.fwd_mb += 1
             self.forwards_since_step += 1
@@ -325,7 +326,7 @@ class Runtime:
     def backward_ends(self, token: tuple[Any, int]) -> None:
         t0, mb = token
         self.in_backward = False
-        self.record_span(t0, self.mark(), mb, "backward-compute", "compute")
+        self.record_span(t0, self.mark(), mb, "backward-compute", PhaseCategory.COMPUTE)
         self.bwd_mb += 1
         self.backwards_since_step += 1
         self.mb_context = -1
@@ -362,7 +363,7 @@ class Runtime:
         a step or two ahead. The processor places kernels by it, not by host time."""
         m = self.cuda.mark()
         if self._gpu_step_mark is not None and m is not None:
-            self.cuda.phase(self._gpu_step_mark, m, (step, -1, GPU_STEP_PHASE, "host", ""))
+            self.cuda.phase(self._gpu_step_mark, m, (step, -1, GPU_STEP_PHASE, PhaseCategory.HOST, ""))
         self._gpu_step_mark = m
 
     # -- process groups ----------------------------------------------------------------------
@@ -370,16 +371,16 @@ class Runtime:
         """The layout kind of a group of global ranks (or of a p2p pair); '' if none."""
         rank = self.identity.rank
         if self.identity.world_size == 1:
-            return "dp"
+            return GroupKind.DP
         if peer is not None:  # p2p: the smallest layout group holding both ends
             best, size = "", None
-            for kind in ("tp", "cp", "ep", "pp", "edp", "dp", "world"):
+            for kind in _P2P_KINDS:
                 g = self.layout.group_of(kind, rank)
                 if peer in g and (size is None or len(g) < size):
                     best, size = kind, len(g)
             return best
         wanted = set(members)
-        for kind in ("tp", "cp", "ep", "pp", "dp", "edp", "world"):
+        for kind in _MEMBER_KINDS:
             if set(self.layout.group_of(kind, rank).tolist()) == wanted:
                 return kind
         return ""
@@ -445,6 +446,13 @@ class SchedClock:
         except (OSError, ValueError, IndexError):
             self.fd = -1
             return 0
+
+
+#: Kinds tried for a p2p pair, in order: of two groups of one size, the first found names it.
+_P2P_KINDS = (GroupKind.TP, GroupKind.CP, GroupKind.EP, GroupKind.PP, GroupKind.EDP, GroupKind.DP, GroupKind.WORLD)
+#: Kinds tried for a group's members, in order: where two kinds' groups coincide (dp and edp
+#: when ep = 1), the first names it.
+_MEMBER_KINDS = (GroupKind.TP, GroupKind.CP, GroupKind.EP, GroupKind.PP, GroupKind.DP, GroupKind.EDP, GroupKind.WORLD)
 
 
 #: Megatron-LM's names for the layout sizes (command-line flags and config keys).

@@ -29,6 +29,7 @@ from argus.producer.gemm_check import GemmSensor
 from argus.producer.modules import ForwardTimer, ModuleTree, _something_compiled, guarded_hook
 from argus.producer.recorder import now_ns
 from argus.producer.replicas import ReplicaSensor
+from argus.vocab import PhaseCategory
 
 __all__ = ["TorchHooks"]
 
@@ -180,7 +181,7 @@ class TorchHooks:
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         rt = self.rt
         t = rt.mark()
-        rt.record_span(self.opt_start if self.opt_start is not None else t, t, -1, "optimizer", "compute")
+        rt.record_span(self.opt_start if self.opt_start is not None else t, t, -1, "optimizer", PhaseCategory.COMPUTE)
         self.opt_start = None
         self.replicas.params(rt.step, optimizer)
         rt.optimizer_stepped()
@@ -202,7 +203,7 @@ class TorchHooks:
                 return original(it)
             finally:
                 try:
-                    rt.record_phase(t0, now_ns(), -1, "dataloader", "host")
+                    rt.record_phase(t0, now_ns(), -1, "dataloader", PhaseCategory.HOST)
                     rt.restore_activity()
                 except Exception as exc:  # noqa: BLE001
                     hooks._guard(exc)

@@ -33,6 +33,7 @@ from argus.sim import stacks as stack_model
 from argus.sim import telemetry
 from argus.sim.workload import STREAMS, CommOp, ComputeOp
 from argus.topology import Topology
+from argus.vocab import GroupKind, KernelKind, PhaseCategory
 
 __all__ = ["Engine"]
 
@@ -40,6 +41,8 @@ _US = 1_000.0
 _MS = 1_000_000.0
 #: Arbitrary epoch so timestamps look like real CLOCK_REALTIME nanoseconds.
 _EPOCH_NS = 1_764_000_000_000_000_000
+#: The group kinds whose collectives run within one stage (pipeline and world ones cross stages).
+_SIMULATED_KINDS = (GroupKind.TP, GroupKind.CP, GroupKind.EP, GroupKind.DP)
 #: How long a hang is observed before the job is declared dead (NCCL watchdog order).
 HANG_OBSERVED_S = 300.0
 
@@ -95,7 +98,7 @@ class Engine:
         stage0 = set(self.stage_ranks[0].tolist())
         self.groups: dict[str, np.ndarray] = {}
         self.group_hosts: dict[str, np.ndarray] = {}  # (P, nG, size) host ids
-        for kind in ("tp", "cp", "ep", "dp"):
+        for kind in _SIMULATED_KINDS:
             table = lay.groups(kind)
             table = table[[row[0] in stage0 for row in table]]
             cols = col_of[table]
@@ -206,7 +209,7 @@ class Engine:
         self.dataloader_time = dl
         self.checkpoint_time = np.zeros((P, C))
         for s in range(P):
-            self._phase(s, self.id["dataloader"], self.id["host"], self.id[""], -1, self.t[s], dl[s])
+            self._phase(s, self.id["dataloader"], self.id[PhaseCategory.HOST], self.id[""], -1, self.t[s], dl[s])
         self.t = self.t + dl
 
         # The pipeline: 1F1B on every stage, executed in an order that respects dependencies.
@@ -228,8 +231,8 @@ class Engine:
         if cfg.megatron_groups:
             if P > 1:  # each column's first and last stage: the tied embedding's gradients
                 self._across_stages(w.embedding_allreduce, [0, P - 1], np.arange(C)[:, None])
-            if P > 1 or self.groups["tp"].shape[1] > 1:  # each TP group through every stage
-                self._across_stages(w.grad_norm_mp, list(range(P)), self.groups["tp"])
+            if P > 1 or self.groups[GroupKind.TP].shape[1] > 1:  # each TP group through every stage
+                self._across_stages(w.grad_norm_mp, list(range(P)), self.groups[GroupKind.TP])
         else:
             self._world(w.grad_norm)
         for s in range(P):
@@ -239,7 +242,7 @@ class Engine:
         if cfg.is_checkpoint_step(step):
             ck = np.exp(self.rng.standard_normal((P, C)) * 0.1) * w.checkpoint_s * 1e9
             for s in range(P):
-                self._phase(s, self.id["checkpoint-save"], self.id["host"], self.id[""], -1, self.t[s], ck[s])
+                self._phase(s, self.id["checkpoint-save"], self.id[PhaseCategory.HOST], self.id[""], -1, self.t[s], ck[s])
             self.checkpoint_time = ck
             self.t = self.t + ck
             self._world(w.barrier)
@@ -290,7 +293,7 @@ class Engine:
             self._collective(s, w.tp_allreduce, m)
         if self._last(s, c):
             self._compute(s, w.loss_fwd, m)
-        self._phase(s, self.id["forward-compute"], self.id["compute"], self.id[""], m, start, self.t[s] - start)
+        self._phase(s, self.id["forward-compute"], self.id[PhaseCategory.COMPUTE], self.id[""], m, start, self.t[s] - start)
         if not self._last(s, c):
             self.fwd_out[(vs, m)] = self.t[s].copy()
 
@@ -310,7 +313,7 @@ class Engine:
             self._compute(s, w.attention_bwd, m)
             self._ring(s, m)
             self._collective(s, w.tp_allreduce, m)
-        self._phase(s, self.id["backward-compute"], self.id["compute"], self.id[""], m, start, self.t[s] - start)
+        self._phase(s, self.id["backward-compute"], self.id[PhaseCategory.COMPUTE], self.id[""], m, start, self.t[s] - start)
         if vs > 0:
             self.bwd_out[(vs, m)] = self.t[s].copy()
 
@@ -320,7 +323,7 @@ class Engine:
         if backward:
             self.tok = self._tok_cache.pop(key)
         else:
-            eg = self.groups["ep"]
+            eg = self.groups[GroupKind.EP]
             share = self.rng.dirichlet(np.full(eg.shape[1], self.cfg.moe_alpha), size=eg.shape[0]) * eg.shape[1]
             tok = np.empty(self.C)
             tok[eg] = share
@@ -337,7 +340,7 @@ class Engine:
             self._compute(s, w.experts_fwd, m)
             self._collective(s, w.ep_alltoall, m)
         name = self.id["moe_layer-bwd" if backward else "moe_layer"]
-        self._phase(s, name, self.id["compute"], self.id[""], m, start, self.t[s] - start)
+        self._phase(s, name, self.id[PhaseCategory.COMPUTE], self.id[""], m, start, self.t[s] - start)
         self.tok = np.ones(self.C)
 
     def _ring(self, s: int, m: int) -> None:
@@ -366,8 +369,8 @@ class Engine:
         ends = self.t[s][:, None] + np.cumsum(gap + d, axis=1)
         starts = ends - d
         end = ends[:, -1]
-        self._phase(s, a.phase_id, self.id["compute"], self.id[""], m, self.t[s], end - self.t[s])
-        self._kernels(s, STREAMS["compute"], a.name_ids, starts, d)
+        self._phase(s, a.phase_id, self.id[PhaseCategory.COMPUTE], self.id[""], m, self.t[s], end - self.t[s])
+        self._kernels(s, STREAMS[PhaseCategory.COMPUTE], a.name_ids, starts, d)
         self.busy[s] += d.sum(1)
         self.t[s] = end
 
@@ -404,7 +407,7 @@ class Engine:
             xfer = xfer * self.tok[g].max(1)
         end = np.empty(self.C)
         end[g] = (arrive[g].max(1) + xfer)[:, None]
-        self._phase(s, self.names.id(op.phase), self.id["comm"], self.id[op.group], m, arrive, end - arrive)
+        self._phase(s, self.names.id(op.phase), self.id[PhaseCategory.COMM], self.id[op.group], m, arrive, end - arrive)
         self._kernels(s, STREAMS[op.group], np.array([self.names.id(op.kernel.name)], np.int32),
                       arrive[:, None], (end - arrive)[:, None])
         self.waiting[s] += end - arrive
@@ -428,7 +431,7 @@ class Engine:
             start = self.t[s].copy()
             stop = start.copy()
             stop[cols] = end[:, None]
-            self._phase(s, self.names.id(op.phase), self.id["comm"], self.id[op.group], -1, start, stop - start)
+            self._phase(s, self.names.id(op.phase), self.id[PhaseCategory.COMM], self.id[op.group], -1, start, stop - start)
             self._kernels(s, STREAMS[op.group], kid, start[:, None], (stop - start)[:, None])
             self.waiting[s] += stop - start
             self.t[s] = stop
@@ -441,8 +444,8 @@ class Engine:
         end = np.full_like(arrive, arrive.max() + xfer)
         kid = np.array([self.names.id(op.kernel.name)], np.int32)
         for s in range(self.P):
-            self._phase(s, self.names.id(op.phase), self.id["comm"], self.id["world"], -1, arrive[s], end[s] - arrive[s])
-            self._kernels(s, STREAMS["world"], kid, arrive[s][:, None], (end[s] - arrive[s])[:, None])
+            self._phase(s, self.names.id(op.phase), self.id[PhaseCategory.COMM], self.id[GroupKind.WORLD], -1, arrive[s], end[s] - arrive[s])
+            self._kernels(s, STREAMS[GroupKind.WORLD], kid, arrive[s][:, None], (end[s] - arrive[s])[:, None])
         self.waiting += end - arrive
         self.t = end
 
@@ -458,10 +461,10 @@ class Engine:
             xfer = xfer * np.where(self.pp_spans[link], self.link[self.pp_hosts[link]].max(-1), 1.0)
         end = np.maximum(post, send_post) + xfer
         kid = np.array([self.names.id(op.kernel.name)], np.int32)
-        self._phase(dst, self.id["pp-recv"], self.id["comm"], self.id["pp"], m, post, end - post)
-        self._phase(src, self.id["pp-send"], self.id["comm"], self.id["pp"], m, send_post, end - send_post)
-        self._kernels(dst, STREAMS["pp"], kid, post[:, None], (end - post)[:, None])
-        self._kernels(src, STREAMS["pp"], kid, send_post[:, None], (end - send_post)[:, None])
+        self._phase(dst, self.id["pp-recv"], self.id[PhaseCategory.COMM], self.id[GroupKind.PP], m, post, end - post)
+        self._phase(src, self.id["pp-send"], self.id[PhaseCategory.COMM], self.id[GroupKind.PP], m, send_post, end - send_post)
+        self._kernels(dst, STREAMS[GroupKind.PP], kid, post[:, None], (end - post)[:, None])
+        self._kernels(src, STREAMS[GroupKind.PP], kid, send_post[:, None], (end - send_post)[:, None])
         self.waiting[dst] += end - post
         self.t[dst] = end
 
@@ -473,7 +476,7 @@ class Engine:
     def _kernels(self, s: int, stream: int, name_ids: np.ndarray, start: np.ndarray, dur: np.ndarray) -> None:
         if self.emit:
             self.rec.kernel_chunks.append(
-                (self.stage_ranks[s], self.local_rank[s], stream, name_ids, self.id["kernel"], start, dur))
+                (self.stage_ranks[s], self.local_rank[s], stream, name_ids, self.id[KernelKind.KERNEL], start, dur))
 
     def _emit_aux(self, rec: StepRecords, step: int, step_start: np.ndarray, stalls: list[HostStall], hang) -> None:
         start = self.per_rank(step_start)

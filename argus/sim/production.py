@@ -32,14 +32,15 @@ import pyarrow as pa
 
 from argus.errors import ConfigError
 from argus.sim.workload import STREAMS
+from argus.vocab import GroupKind, KernelKind, PhaseCategory
 
 __all__ = ["ProductionConfig", "ProductionKernels", "ProductionWorkload"]
 
 _NS_PER_US = 1_000.0
 #: Wait-model ids per launch (what a collective's duration is made of besides the transfer).
 _COMPUTE, _TP, _EP, _PP, _DP, _WORLD = range(6)
-_COMM_STREAM = {_TP: STREAMS["tp"], _EP: STREAMS["ep"], _PP: STREAMS["pp"], _DP: STREAMS["dp"],
-                _WORLD: STREAMS["world"]}
+_COMM_STREAM = {_TP: STREAMS[GroupKind.TP], _EP: STREAMS[GroupKind.EP], _PP: STREAMS[GroupKind.PP],
+                _DP: STREAMS[GroupKind.DP], _WORLD: STREAMS[GroupKind.WORLD]}
 #: GPU idle between back-to-back launches when the host keeps ahead (as ``Workload.launch_gap_us``).
 _LAUNCH_GAP_NS = 3_000
 
@@ -77,7 +78,7 @@ class ProductionKernels:
     dur_ns: np.ndarray
     names: list[str]
     kind_id: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    kinds: list[str] = field(default_factory=lambda: ["kernel"])
+    kinds: list[str] = field(default_factory=lambda: [KernelKind.KERNEL])
 
     def __post_init__(self) -> None:
         if self.kind_id.size != self.dur_ns.size:
@@ -223,7 +224,7 @@ class ProductionWorkload:
         self.slot = np.asarray(p.slot, np.int64)
         self.load = np.asarray(p.load, np.int64)
         self.n_loads = int(self.load.max()) + 1 if (self.load >= 0).any() else 0
-        self.stream = np.array([_COMM_STREAM.get(int(w), STREAMS["compute"]) for w in self.wait], np.int64)
+        self.stream = np.array([_COMM_STREAM.get(int(w), STREAMS[PhaseCategory.COMPUTE]) for w in self.wait], np.int64)
 
     @property
     def launches_per_step(self) -> int:

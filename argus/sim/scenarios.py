@@ -22,6 +22,7 @@ from argus.sim.faults import (ComputeSlowdown, FaultPlan, GroupLinkDegradation, 
 from argus.sim.stacks import FRAMES
 from argus.sim.workload import ComputeOp, Workload
 from argus.topology import Layout, Topology
+from argus.vocab import GroupKind
 
 __all__ = ["Scenario", "ScenarioContext", "SCENARIOS", "get_scenario", "parse_params"]
 
@@ -150,7 +151,7 @@ def _compute_straggler(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[str, 
     ops = _compute_ops(ctx.config.workload, phase)
     if not ops:
         raise ScenarioError(f"phase={phase!r} is not a compute phase of the simulated model")
-    ranks = ctx.ranks_param(lambda: ctx.layout.group_of("tp", _random_rank(ctx)).tolist())
+    ranks = ctx.ranks_param(lambda: ctx.layout.group_of(GroupKind.TP, _random_rank(ctx)).tolist())
     start, end = ctx.window(ctx.onset())
     steps = list(range(start, end + 1))
     plan = _plan(ctx)
@@ -265,11 +266,17 @@ def _hang(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[str, Any]]]:
     return plan, [_truth(ctx, "hang", ranks[:1], [step], "dataloader", [], cause="dataloader_deadlock")]
 
 
+#: Groups a link fault looks for two hosts in, in order (the first group spanning two wins).
+_LINK_FAULT_KINDS = (GroupKind.DP, GroupKind.EP, GroupKind.PP, GroupKind.WORLD)
+#: Groups whose every transfer ``group_link_degradation`` can slow (the simulator runs their collectives).
+_DEGRADABLE_KINDS = (GroupKind.DP, GroupKind.EP, GroupKind.TP, GroupKind.CP)
+
+
 def _two_hosts_in_one_group(ctx: ScenarioContext) -> list[int]:
     if ctx.n_hosts < 2:
         raise ScenarioError("link faults need at least 2 hosts; use more ranks or a smaller --gpus-per-host")
     hi = ctx.host_index
-    for kind in ("dp", "ep", "pp", "world"):
+    for kind in _LINK_FAULT_KINDS:
         members = ctx.layout.group_of(kind, _random_rank(ctx))
         hosts = np.unique(hi[members])
         if len(hosts) >= 2:
@@ -297,8 +304,8 @@ def _link_degradation(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[str, A
 
 def _group_link_degradation(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[str, Any]]]:
     kind = str(ctx.p("group"))
-    if kind not in ("dp", "ep", "tp", "cp"):
-        raise ScenarioError(f"group={kind!r}: one of dp, ep, tp, cp")
+    if kind not in _DEGRADABLE_KINDS:
+        raise ScenarioError(f"group={kind!r}: one of {', '.join(_DEGRADABLE_KINDS)}")
     if ctx.layout.group_size(kind) < 2:
         raise ScenarioError(f"the layout's {kind} groups have one member: no transfer to degrade")
     seed_rank = ctx.ranks_param(lambda: [_random_rank(ctx)])[0]
@@ -308,8 +315,8 @@ def _group_link_degradation(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[
     plan = _plan(ctx)
     plan.group_links.append(GroupLinkDegradation(kind, tuple(members), float(ctx.p("factor")), frozenset(steps)))
     w = ctx.config.workload
-    ops = {"dp": (w.dp_reduce_scatter, w.dp_allgather), "ep": (w.ep_alltoall,), "cp": (w.cp_ring,),
-           "tp": (w.tp_allreduce,)}.get(kind, ())
+    ops = {GroupKind.DP: (w.dp_reduce_scatter, w.dp_allgather), GroupKind.EP: (w.ep_alltoall,),
+           GroupKind.CP: (w.cp_ring,), GroupKind.TP: (w.tp_allreduce,)}.get(kind, ())
     return plan, [_truth(ctx, "link_degradation", members, steps, None, sorted({op.kernel.short for op in ops}),
                          factor=float(ctx.p("factor")), group=kind, cause="group_path_degraded")]
 
@@ -358,7 +365,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("group_link_degradation", "every transfer of one group (data-parallel; group= tp, cp, ep) is factor× slower from a "
              "quarter in (a degraded rail or switch port on that ring's path); its hosts' other groups are "
              "healthy", "link_degradation", _group_link_degradation,
-             {"factor": 3.0, "group": "dp", "ranks": "auto", "start_step": "auto", "end_step": "auto"}),
+             {"factor": 3.0, "group": GroupKind.DP, "ranks": "auto", "start_step": "auto", "end_step": "auto"}),
     Scenario("link_flap", "one host's NIC link flaps: its inter-host collectives are factor× slower for "
              "on_steps of every period steps", "link_degradation", _link_flap,
              {"factor": 5.0, "hosts": "auto", "period": 5, "on_steps": 2}),

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from argus.vocab import GroupKind, PhaseCategory
+
 __all__ = ["KernelSpec", "ComputeOp", "CommOp", "Workload", "STREAMS"]
 
 #: Stream ids per kind of work, as CUDA would number them on one device.
-STREAMS = {"compute": 7, "tp": 21, "cp": 23, "ep": 25, "dp": 29, "edp": 29, "pp": 33, "world": 29,
-           "model_parallel": 29, "embedding": 29}
+STREAMS = {PhaseCategory.COMPUTE: 7, GroupKind.TP: 21, GroupKind.CP: 23, GroupKind.EP: 25, GroupKind.DP: 29,
+           GroupKind.EDP: 29, GroupKind.PP: 33, GroupKind.WORLD: 29, "model_parallel": 29, "embedding": 29}
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,17 +156,17 @@ class Workload:
                                                 _k(_GEMM_B, "sm90_xmma_gemm_bf16bf16_bf16f32_f32_nt_n", 3000)))
     optimizer: ComputeOp = ComputeOp("optimizer", (_k(_L2NORM, "multi_tensor_apply_kernel", 300, seq_exp=0),
                                                   _k(_ADAM, "multi_tensor_apply_kernel", 9000, seq_exp=0)))
-    tp_allreduce: CommOp = CommOp("tp-allreduce", "tp", _k(NCCL_ALLREDUCE, "AllReduce", 260), inter_host=6.0)
-    ep_alltoall: CommOp = CommOp("ep-alltoall", "ep", _k(NCCL_SENDRECV, "SendRecv", 420), inter_host=3.0, moe=True)
+    tp_allreduce: CommOp = CommOp("tp-allreduce", GroupKind.TP, _k(NCCL_ALLREDUCE, "AllReduce", 260), inter_host=6.0)
+    ep_alltoall: CommOp = CommOp("ep-alltoall", GroupKind.EP, _k(NCCL_SENDRECV, "SendRecv", 420), inter_host=3.0, moe=True)
     # context parallelism (Megatron's ring attention, ``cp_comm_type="p2p"``): each attention
     # passes its key/value chunk (forward) or their gradients (backward) around the cp ring,
     # cp - 1 exchanges a layer; an exchange waits for the ring's slowest member
-    cp_ring: CommOp = CommOp("cp-ring-sendrecv", "cp", _k(NCCL_SENDRECV, "SendRecv", 180), inter_host=3.0)
-    pp_p2p: CommOp = CommOp("pp-send", "pp", _k(NCCL_SENDRECV, "SendRecv", 250), inter_host=2.5)
-    dp_reduce_scatter: CommOp = CommOp("dp-reduce-scatter", "dp", _k(NCCL_REDUCESCATTER, "ReduceScatter", 9000, seq_exp=0),
+    cp_ring: CommOp = CommOp("cp-ring-sendrecv", GroupKind.CP, _k(NCCL_SENDRECV, "SendRecv", 180), inter_host=3.0)
+    pp_p2p: CommOp = CommOp("pp-send", GroupKind.PP, _k(NCCL_SENDRECV, "SendRecv", 250), inter_host=2.5)
+    dp_reduce_scatter: CommOp = CommOp("dp-reduce-scatter", GroupKind.DP, _k(NCCL_REDUCESCATTER, "ReduceScatter", 9000, seq_exp=0),
                                        inter_host=2.5)
-    dp_allgather: CommOp = CommOp("dp-allgather", "dp", _k(NCCL_ALLGATHER, "AllGather", 7000, seq_exp=0), inter_host=2.5)
-    grad_norm: CommOp = CommOp("grad-norm-allreduce", "world", _k(NCCL_ALLREDUCE_F32, "AllReduce", 40, seq_exp=0),
+    dp_allgather: CommOp = CommOp("dp-allgather", GroupKind.DP, _k(NCCL_ALLGATHER, "AllGather", 7000, seq_exp=0), inter_host=2.5)
+    grad_norm: CommOp = CommOp("grad-norm-allreduce", GroupKind.WORLD, _k(NCCL_ALLREDUCE_F32, "AllReduce", 40, seq_exp=0),
                                inter_host=2.0)
     # Megatron's groups (``SimConfig.megatron_groups``): the grad norm over MODEL_PARALLEL (tp × pp),
     # the tied embedding's gradients over EMBEDDING (the first and the last stage)
@@ -172,7 +174,7 @@ class Workload:
                                   _k(NCCL_ALLREDUCE_F32, "AllReduce", 40, seq_exp=0), inter_host=2.0)
     embedding_allreduce: CommOp = CommOp("embedding-allreduce", "embedding",
                                          _k(NCCL_ALLREDUCE, "AllReduce", 900, seq_exp=0), inter_host=2.5)
-    barrier: CommOp = CommOp("barrier", "world", _k(NCCL_ALLREDUCE_F32, "AllReduce", 20, seq_exp=0), inter_host=2.0)
+    barrier: CommOp = CommOp("barrier", GroupKind.WORLD, _k(NCCL_ALLREDUCE_F32, "AllReduce", 20, seq_exp=0), inter_host=2.0)
     launch_gap_us: float = 3.0  # GPU idle between back-to-back kernels when the host keeps ahead
     dataloader_ms: float = 1.5
     checkpoint_s: float = 4.0

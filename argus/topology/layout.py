@@ -23,39 +23,29 @@ kind      varies axes             meaning
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from functools import cached_property
 from typing import Iterable, Mapping
 
 import numpy as np
 
 from argus.errors import LayoutError
+from argus.vocab import GroupKind  # re-exported: the kinds live in the shared vocabulary
 
 __all__ = ["AXES", "DEFAULT_ORDER", "GROUP_KINDS", "GroupKind", "Layout", "parse_layout", "parse_order"]
 
 AXES: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp")
 DEFAULT_ORDER: tuple[str, ...] = ("tp", "cp", "ep", "dp", "pp")
-class GroupKind(StrEnum):
-    """The process-group kinds of the table above; members are their strings."""
-
-    TP = "tp"
-    CP = "cp"
-    EP = "ep"
-    PP = "pp"
-    DP = "dp"
-    EDP = "edp"
-    WORLD = "world"
-
-
+#: The axes each group kind varies (the table above, in its order).
 GROUP_AXES: Mapping[str, tuple[str, ...]] = {
-    "tp": ("tp",),
-    "cp": ("cp",),
-    "ep": ("ep",),
-    "pp": ("pp",),
-    "dp": ("cp", "ep", "dp"),
-    "edp": ("dp",),
-    "world": AXES,
+    GroupKind.TP: ("tp",),
+    GroupKind.CP: ("cp",),
+    GroupKind.EP: ("ep",),
+    GroupKind.PP: ("pp",),
+    GroupKind.DP: ("cp", "ep", "dp"),
+    GroupKind.EDP: ("dp",),
+    GroupKind.WORLD: AXES,
 }
+#: Every group kind (``GroupKind``'s order: the wire's code order).
 GROUP_KINDS: tuple[GroupKind, ...] = tuple(GroupKind)
 assert set(GROUP_KINDS) == set(GROUP_AXES)
 
@@ -211,7 +201,7 @@ class Layout:
 
     def peer_set(self, rank: int) -> np.ndarray:
         """Ranks that execute the same work as ``rank``: same pipeline stage, same TP shard."""
-        return self.group_of("dp", rank)
+        return self.group_of(GroupKind.DP, rank)
 
     def stage_of(self, ranks: np.ndarray | int) -> np.ndarray:
         return self.coords(ranks)["pp"]
@@ -220,7 +210,7 @@ class Layout:
         try:
             return GROUP_AXES[kind]
         except KeyError:
-            raise LayoutError(f"unknown group kind {kind!r}; kinds are {', '.join(GROUP_KINDS)}") from None
+            raise LayoutError(f"unknown group kind {kind!r}; kinds are {', '.join(GROUP_AXES)}") from None
 
     def _group_tables(self, kind: str) -> tuple[np.ndarray, np.ndarray]:
         cache = self.__dict__.setdefault("_group_cache", {})
@@ -242,16 +232,17 @@ class Layout:
 #: the gradient-norm all-reduce) and ``EMBEDDING_GROUP`` (the first and the last stage: the
 #: tied embedding's gradients). The analysis keeps the latter as kinds of their own.
 MEGATRON_DESC: Mapping[str, str] = {
-    "tp": "TENSOR_MODEL_PARALLEL_GROUP", "cp": "CONTEXT_PARALLEL_GROUP", "ep": "EXPERT_MODEL_PARALLEL_GROUP",
-    "dp": "DATA_PARALLEL_GROUP", "edp": "EXPERT_DATA_PARALLEL_GROUP", "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
-    "world": "default_pg", "model_parallel": "MODEL_PARALLEL_GROUP", "embedding": "EMBEDDING_GROUP",
+    GroupKind.TP: "TENSOR_MODEL_PARALLEL_GROUP", GroupKind.CP: "CONTEXT_PARALLEL_GROUP",
+    GroupKind.EP: "EXPERT_MODEL_PARALLEL_GROUP", GroupKind.DP: "DATA_PARALLEL_GROUP",
+    GroupKind.EDP: "EXPERT_DATA_PARALLEL_GROUP", GroupKind.PP: "PIPELINE_MODEL_PARALLEL_GROUP",
+    GroupKind.WORLD: "default_pg", "model_parallel": "MODEL_PARALLEL_GROUP", "embedding": "EMBEDDING_GROUP",
 }
 
 
 def megatron_desc(layout: Layout, kind: str) -> str:
     """Megatron-core's name for a group of ``kind``: with context parallelism the gradients are
     reduced over ``DATA_PARALLEL_GROUP_WITH_CP`` (our ``dp`` kind spans cp, ep and dp)."""
-    if kind == "dp" and layout.cp > 1:
+    if kind == GroupKind.DP and layout.cp > 1:
         return "DATA_PARALLEL_GROUP_WITH_CP"
     return MEGATRON_DESC.get(kind, kind.upper())
 
@@ -263,9 +254,10 @@ def megatron_group(layout: Layout, kind: str, rank: int) -> np.ndarray | None:
     if kind in GROUP_AXES:
         return layout.group_of(kind, rank)
     if kind == "model_parallel":
-        return np.unique(np.concatenate([layout.group_of("tp", int(q)) for q in layout.group_of("pp", rank)]))
+        line = layout.group_of(GroupKind.PP, rank)
+        return np.unique(np.concatenate([layout.group_of(GroupKind.TP, int(q)) for q in line]))
     if kind == "embedding" and layout.pp > 1:
-        line = layout.group_of("pp", rank)
+        line = layout.group_of(GroupKind.PP, rank)
         by_stage = line[np.argsort(layout.stage_of(line))]
         return np.array(sorted({int(by_stage[0]), int(by_stage[-1])}), np.int64)
     return None

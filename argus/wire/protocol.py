@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from argus.errors import ProtocolError
+from argus.vocab import GroupKind, KernelKind, PhaseCategory, Rerun, Sensor
 
 __all__ = ["MAGIC", "VERSION", "HEADER", "MAX_PAYLOAD", "MAX_JSON_PAYLOAD", "JSON_MSGS", "Msg", "DTYPES", "CATEGORIES",
            "GROUP_KINDS", "KINDS", "SENSORS", "RERUNS", "GPU_STEP_PHASE",
@@ -85,19 +86,17 @@ DTYPES: dict[Msg, np.dtype] = {
 #: Store table each data message feeds.
 TABLES_BY_MSG = {Msg.STEPS: "steps", Msg.PHASES: "phases", Msg.KERNELS: "kernels", Msg.STACKS: "stacks",
                  Msg.HW: "hw", Msg.CHECKS: "checks"}
-#: Code → string for small enumerations carried as bytes.
-CATEGORIES = ("compute", "comm", "host")
-GROUP_KINDS = ("", "tp", "cp", "ep", "dp", "edp", "pp", "world")
-KINDS = ("kernel", "memcpy", "memset", "cpu_op")
+#: Code → string for small enumerations carried as bytes: the vocabulary's declaration order
+#: is the code table (``tests/wire/test_protocol.py`` pins it, so reordering an enum fails).
+CATEGORIES: tuple[PhaseCategory, ...] = tuple(PhaseCategory)
+#: Code 0 is "no group" (a phase outside any collective).
+GROUP_KINDS: tuple[str, ...] = ("", *GroupKind)
+KINDS: tuple[KernelKind, ...] = tuple(KernelKind)
 DROP_TABLES = ("steps", "phases", "kernels", "stacks", "hw", "frames", "checks")
-#: What a CHECKS record checks: the gradients the optimizer is about to apply (after their
-#: all-reduce) and the parameters it has just written (digests replicas compare); a sampled
-#: GEMM's output against its inputs (an algebraic check, ``violations`` and ``rerun``).
-SENSORS = ("grads", "params", "gemm")
-#: A GEMM check's re-run after a violation: not re-run; re-run on the device, correct this time
-#: (a transient upset); wrong again, the same bits, and a float64 reference on the host
-#: disagrees (the device computes it wrong); the reference agrees with the first result.
-RERUNS = ("none", "passed", "reproduced", "reference_agrees")
+#: What a CHECKS record checks (``argus.vocab.Sensor``).
+SENSORS: tuple[Sensor, ...] = tuple(Sensor)
+#: A GEMM check's re-run after a violation (``argus.vocab.Rerun``).
+RERUNS: tuple[Rerun, ...] = tuple(Rerun)
 #: A PHASES record of this name is a step's interval on the GPU (between the events recorded at
 #: the previous and this step's end on the compute stream): the processor places kernels in
 #: steps by it and stores it nowhere else.

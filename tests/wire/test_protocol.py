@@ -41,3 +41,15 @@ def test_bad_payloads_are_protocol_errors():
         decode_json(b"\xff{")
     with pytest.raises(ProtocolError, match="exceeds"):
         encode_frame(Msg.KERNELS, b"\x00" * (MAX_PAYLOAD + 1))
+
+
+def test_wire_code_tables_are_pinned():
+    """The code tables are derived from ``argus.vocab``'s declaration order; a reordered enum
+    would silently re-map every stored byte, so the tables are pinned to their literal values."""
+    from argus.wire.protocol import CATEGORIES, GROUP_KINDS, KINDS, RERUNS, SENSORS
+
+    assert tuple(map(str, CATEGORIES)) == ("compute", "comm", "host")
+    assert tuple(map(str, GROUP_KINDS)) == ("", "tp", "cp", "ep", "dp", "edp", "pp", "world")
+    assert tuple(map(str, KINDS)) == ("kernel", "memcpy", "memset", "cpu_op")
+    assert tuple(map(str, SENSORS)) == ("grads", "params", "gemm")
+    assert tuple(map(str, RERUNS)) == ("none", "passed", "reproduced", "reference_agrees")
