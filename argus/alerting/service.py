@@ -84,7 +84,7 @@ class AnalysisService:
                 c = self.cycle()
                 if on_cycle is not None:
                     on_cycle(c)
-            except Exception as exc:  # a bad cycle (store mid-write, server down) must not end the service
+            except Exception as exc:  # noqa: BLE001 - a bad cycle (store mid-write, server down) must not end the service
                 log.warning("analysis cycle failed: %s", exc)
             stop.wait(interval_s)
 

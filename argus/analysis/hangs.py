@@ -32,13 +32,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State, grade
+from argus.store import FLIGHT_RECORDER_DIR, Attempt
+from argus.topology import Topology
+from argus.vocab import EvidenceKind, Level
 
 #: process states of a rank that cannot be taking part in anything (``/proc/PID/stat``)
 FROZEN = {"T": "stopped (T: SIGSTOP or a debugger)", "t": "stopped by a tracer (t)",
           "D": "in uninterruptible sleep (D: stuck in the kernel — storage or a driver)"}
-from argus.store import FLIGHT_RECORDER_DIR, Attempt
-from argus.topology import Topology
-from argus.vocab import EvidenceKind, Level
 
 log = logging.getLogger("argus.analysis")
 

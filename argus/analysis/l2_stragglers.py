@@ -127,7 +127,7 @@ def nanmedian(a: np.ndarray, keepdims: bool = True) -> np.ndarray:
 def _group_stats(values: np.ndarray, groups: np.ndarray, mad_floor: float):
     """Per rank: peer median, robust z, ratio and the group's coefficient of variation."""
     g = values[..., groups]  # (..., nG, size)
-    with np.errstate(invalid="ignore", divide="ignore"), _quiet():
+    with np.errstate(invalid="ignore", divide="ignore"), _Quiet():
         if groups.shape[-1] == 2:
             # Two peers have no spread to estimate: faults only lengthen work, so the faster
             # one is the reference, and a rank is z = 4 out when PAIR_Z4_EXCESS above it.
@@ -144,7 +144,7 @@ def _group_stats(values: np.ndarray, groups: np.ndarray, mad_floor: float):
     return flat(med), flat(z), flat(cv)
 
 
-class _quiet:
+class _Quiet:
     def __enter__(self):
         import warnings
 
@@ -351,7 +351,7 @@ def _own_excess(vals: np.ndarray, own: np.ndarray, groups: np.ndarray, mad_floor
     peers = _group_stats(change, groups, mad_floor)[0]
     excess = change - peers
     g = np.moveaxis(excess[:, groups], 0, -1).reshape(groups.shape[0], -1)  # (nG, S × size)
-    with np.errstate(invalid="ignore", divide="ignore"), _quiet():
+    with np.errstate(invalid="ignore", divide="ignore"), _Quiet():
         mad = nanmedian(np.abs(g - nanmedian(g)))  # (nG, 1)
         level = _scatter(np.broadcast_to(np.abs(own[groups]), groups.shape), groups, own.shape)
         scale = np.maximum(1.4826 * _scatter(np.broadcast_to(mad, groups.shape), groups, own.shape),

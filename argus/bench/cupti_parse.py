@@ -72,16 +72,17 @@ def _per_record(activities: list, name_id: Any, offset: int) -> np.ndarray:
     """The callback as it was: one branch ladder, demangle lookup, name lookup and tuple per record."""
     from argus.producer.cupti import demangle
     from argus.producer.recorder import KIND
+    from argus.vocab import KernelKind
     from argus.wire import DTYPES, Msg
 
     rows = []
     for a in activities:
         if a.kind in (_Kind.CONCURRENT_KERNEL, _Kind.KERNEL):
-            name, kind = demangle(str(a.name)), KIND["kernel"]
+            name, kind = demangle(str(a.name)), KIND[KernelKind.KERNEL]
         elif a.kind == _Kind.MEMCPY:
-            name, kind = f"Memcpy {_MemcpyKind(a.copy_kind).name}", KIND["memcpy"]
+            name, kind = f"Memcpy {_MemcpyKind(a.copy_kind).name}", KIND[KernelKind.MEMCPY]
         elif a.kind == _Kind.MEMSET:
-            name, kind = "Memset", KIND["memset"]
+            name, kind = "Memset", KIND[KernelKind.MEMSET]
         else:
             continue
         rows.append((-1, int(a.start) + offset, int(a.end - a.start), name_id(name),

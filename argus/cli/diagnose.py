@@ -212,7 +212,7 @@ def print_diagnosis(diagnosis: Diagnosis, evidence: bool = False, left_out: int 
         elif thin:
             out.print(f"[yellow]no incident found, but {term(thin)}[/yellow]")
         elif partial:
-            out.print(f"[green]no incident[/green] among the {cov.comparable} ranks that could be compared")
+            out.print(f"[green]no incident[/green] among the {cov.comparable if cov else 0} ranks that could be compared")
         else:
             out.print("[green]no incident[/green]: every rank's work, collectives and kernels match its peers'")
         _print_observations(out, diagnosis.observations)

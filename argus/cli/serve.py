@@ -39,7 +39,7 @@ def _local_store(source: str, every_s: float):
             while not stop.wait(every_s):
                 try:
                     pull(remote, path)
-                except Exception as exc:  # an unreachable bucket must not end the UI
+                except Exception as exc:  # noqa: BLE001 - an unreachable bucket must not end the UI
                     print(f"argus serve: pulling {source} failed (will retry): {exc}", file=sys.stderr)
 
         threading.Thread(target=follow, name="argus-serve-pull", daemon=True).start()

@@ -92,7 +92,7 @@ class TsdbExporter:
         for key, partition in self._partitions().items():
             try:
                 self._store_drops(key, partition)
-            except Exception as exc:  # shutting down: log, never raise
+            except Exception as exc:  # noqa: BLE001 - shutting down: log, never raise
                 log.warning("cannot record remote-write drops: %s", exc)
 
     def stats(self) -> list[dict[str, Any]]:

@@ -171,7 +171,7 @@ class Connections:
                     return
                 self._status.frames += 1
                 self._dispatch(conn, msg, payload)
-        except Exception as exc:  # noqa: BLE001 - whatever a client causes drops that client only
+        except Exception as exc:  # whatever a client causes drops that client only
             reason = drop_reason(exc)
             self._status.garbage_frames += 1
             if not self.count_drop(reason):

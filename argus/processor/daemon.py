@@ -145,7 +145,7 @@ class Processor:
         """Import what the writer needs before the first window, not in it: the compression
         brings in scipy (~0.4 CPU-s, once per process), which otherwise stalls the first
         window's write and shares the GIL with ingest while it runs."""
-        import argus.compress  # noqa: F401
+        import argus.compress
 
         if self.config.evidence:
             import argus.evidence  # noqa: F401

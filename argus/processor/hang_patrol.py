@@ -68,7 +68,7 @@ class HangPatrol:
                 window = max(st.assembler.windows, default=0)
                 st.store.partition.write("hangs", cols, window=window)
                 self._status.hang_snapshots += 1
-            except Exception as exc:  # noqa: BLE001 - keep serving
+            except Exception as exc:  # keep serving
                 log.exception("cannot write the hang snapshot of %s/%s: %s", key[0], key[1], exc)
             self._ask_flight_recorder(key, st, conns, send)
 

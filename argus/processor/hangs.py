@@ -133,6 +133,11 @@ class HangWatch:
         return out
 
 
+def _signed(k: int) -> int:
+    """A u64 group key as the int64 the store keeps."""
+    return k - (1 << 64) if k >= 1 << 63 else k
+
+
 def _main_group(state: InflightState) -> Any:
     """The group a rank's snapshot row names: its oldest pending collective's, else the one
     it used most."""
@@ -160,7 +165,6 @@ def snapshot_rows(rows: list[tuple[RankView, InflightState]], host: str, detecte
                 log.info("hang snapshot: no stack of rank %d (%s)", v.rank, exc)
     for v, s in sorted(rows, key=lambda r: r[0].rank):
         g = _main_group(s)
-        signed = (lambda k: k - (1 << 64) if k >= 1 << 63 else k)
         cols["detected_ns"].append(detected_ns)
         cols["stalled_s"].append(round(stalled_s, 3))
         cols["threshold_s"].append(round(threshold_s, 3))
@@ -172,7 +176,7 @@ def snapshot_rows(rows: list[tuple[RankView, InflightState]], host: str, detecte
         cols["activity"].append(v.name(s.activity) if s.activity >= 0 else "")
         cols["activity_since_ns"].append(s.activity_since_ns)
         cols["waiting"].append(waiting[v.rank])
-        cols["group_key"].append(signed(g.key) if g else 0)
+        cols["group_key"].append(_signed(g.key) if g else 0)
         cols["group_kind"].append(GROUP_KINDS[min(g.kind_code, len(GROUP_KINDS) - 1)] if g else "")
         cols["group_size"].append(g.size if g else 0)
         cols["group_first_rank"].append(g.first_rank if g else -1)
@@ -181,7 +185,7 @@ def snapshot_rows(rows: list[tuple[RankView, InflightState]], host: str, detecte
         cols["completed"].append(g.completed if g else 0)
         cols["pending_since_ns"].append(g.oldest_pending_ns if g else 0)
         cols["groups"].append(json.dumps([
-            {"key": signed(x.key), "kind": GROUP_KINDS[min(x.kind_code, len(GROUP_KINDS) - 1)], "size": x.size,
+            {"key": _signed(x.key), "kind": GROUP_KINDS[min(x.kind_code, len(GROUP_KINDS) - 1)], "size": x.size,
              "first_rank": x.first_rank, "issued": x.issued, "completed": x.completed,
              "op": v.name(x.op) if x.op >= 0 else ""} for x in s.groups]))
         cols["stack"].append(stacks.get(v.rank, ""))

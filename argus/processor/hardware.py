@@ -112,7 +112,7 @@ class HardwareSampler(Sampler):
                 return
         try:
             nvml.nvmlInit()
-        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
             self._off(f"NVML unavailable ({type(exc).__name__}: {exc})")
             return
         self.nvml = nvml
@@ -120,7 +120,7 @@ class HardwareSampler(Sampler):
             for index in range(int(nvml.nvmlDeviceGetCount())):
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 self.gpus.append((index, _text(nvml.nvmlDeviceGetUUID(handle)), handle))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - NVML raises its own error classes: any failure is logged, sampling goes on
             self._shutdown_nvml()
             self._off(f"cannot enumerate GPUs through NVML ({exc})")
             return
@@ -142,7 +142,7 @@ class HardwareSampler(Sampler):
         nvml = self.nvml
         try:
             events = nvml.nvmlEventSetCreate()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - NVML raises its own error classes: any failure is logged, sampling goes on
             log.debug("no XID events: %s", exc)
             return
         kind = getattr(nvml, "nvmlEventTypeXidCriticalError", 8)
@@ -151,7 +151,7 @@ class HardwareSampler(Sampler):
             try:
                 nvml.nvmlDeviceRegisterEvents(handle, kind, events)
                 registered += 1
-            except Exception as exc:  # not supported on this GPU, or not permitted
+            except Exception as exc:  # noqa: BLE001 - not supported on this GPU, or not permitted
                 log.debug("no XID events for GPU %d: %s", index, exc)
         if registered:
             self._events = events
@@ -178,7 +178,7 @@ class HardwareSampler(Sampler):
     def _guard(fn) -> None:
         try:
             fn()
-        except Exception:  # teardown of a library we are done with: nothing to do about it
+        except Exception:  # noqa: BLE001 - teardown of a library we are done with: nothing to do about it
             pass
 
     def _loop(self) -> None:
@@ -272,7 +272,7 @@ class HardwareSampler(Sampler):
             return None
         try:
             return getattr(self.nvml, fn)(*args)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - NVML raises its own error classes: any failure is logged, sampling goes on
             if getattr(exc, "value", None) in _NOT_SUPPORTED or isinstance(exc, AttributeError):
                 self._unsupported.add((index, metric))
                 log.debug("GPU %d does not report %s (%s)", index, metric, exc)
@@ -295,11 +295,11 @@ class HardwareSampler(Sampler):
         for _ in range(_MAX_XID_PER_ROUND):
             try:
                 event = wait(self._events, 0)
-            except Exception:  # NVML_ERROR_TIMEOUT: nothing pending (or the set broke: same answer)
+            except Exception:  # noqa: BLE001 - NVML_ERROR_TIMEOUT: nothing pending (or the set broke: same answer)
                 break
             try:
                 uuid = _text(nvml.nvmlDeviceGetUUID(event.device))
-            except Exception:
+            except Exception:  # noqa: BLE001 - NVML raises its own error classes: any failure is logged, sampling goes on
                 continue
             found.append((uuid, int(event.eventData)))
         return found

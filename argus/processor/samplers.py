@@ -136,7 +136,7 @@ class Samplers:
         for s in self.samplers:
             try:
                 s.start()
-            except Exception as exc:  # a sampler that cannot start leaves the processor serving
+            except Exception as exc:  # noqa: BLE001 - a sampler that cannot start leaves the processor serving
                 log.warning("%s sampler off: %s", s.name, exc)
 
     def rank_joined(self, token: int, info: RankInfo, attempt_key: tuple[str, str], hello: dict[str, Any]) -> None:

@@ -282,7 +282,7 @@ class _Handler(BaseHTTPRequestHandler):
         cookie = SimpleCookie()
         try:
             cookie.load(self.headers.get("Cookie") or "")
-        except Exception:
+        except Exception:  # noqa: BLE001 - one bad request must not end the server
             pass
         if COOKIE in cookie and self.server.session and \
                 hmac.compare_digest(cookie[COOKIE].value.encode(), self.server.session.encode()):
@@ -298,16 +298,16 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     # -- dispatch ----------------------------------------------------------------------
-    def do_HEAD(self) -> None:  # noqa: N802 - stdlib naming
+    def do_HEAD(self) -> None:  # stdlib naming
         self.do_GET()
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._path = urlsplit(self.path).path
         self._error(405, "the UI is read-only", {"Allow": "GET, HEAD"})
 
-    do_PUT = do_DELETE = do_PATCH = do_POST  # noqa: N815
+    do_PUT = do_DELETE = do_PATCH = do_POST
 
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         split = urlsplit(self.path)
         self._path = split.path
         query = parse_qs(split.query)
@@ -330,7 +330,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(404, str(exc) or "not found")
         except OSError:  # the client went away or stopped reading (timeout): nothing to answer
             self.close_connection = True
-        except Exception as exc:  # a store a crash left behind, an analysis bug: one line, keep serving
+        except Exception as exc:  # noqa: BLE001 - a store a crash left behind, an analysis bug: one line, keep serving
             self.close_connection = True
             print(f"argus serve: {visible(self._path)} failed: {visible(f'{type(exc).__name__}: {exc}')}",
                   file=sys.stderr, flush=True)

@@ -96,7 +96,7 @@ class AttemptState:
 
             attempt = Attempt.open(self.path)
             result = _Result(fp, diagnose(attempt, DiagnoseConfig(store_incidents=False)))
-        except Exception as exc:  # a store mid-write, an analysis bug: report it, keep serving
+        except Exception as exc:  # noqa: BLE001 - a store mid-write, an analysis bug: report it, keep serving
             detail = traceback.format_exception_only(type(exc), exc)[-1].strip()
             result = _Result(fp, None, detail)
         with self._cond:
@@ -139,7 +139,7 @@ class AttemptState:
             g = self.gatherer(fp)
             diagnosis = res.diagnosis if res else None
             return g.report(diagnosis, incidents_of(g.attempt, diagnosis), details=False)
-        except Exception:
+        except Exception:  # noqa: BLE001 - an unreadable store is shown as such, the UI keeps serving
             return None  # an attempt directory still being created
 
     def gatherer(self, fp: Fingerprint | None = None) -> Gatherer:
@@ -182,7 +182,7 @@ class StoreState:
         """The store's attempts, less any reached through a symbolic link."""
         try:
             found = self.store.attempts()
-        except Exception:  # an attempt directory half-created by a writer right now
+        except Exception:  # noqa: BLE001 - an attempt directory half-created by a writer right now
             return []
         return [a for a in found if reached_without_links(self.root, a.path)]
 

@@ -376,7 +376,7 @@ class ProductionWorkload:
                 f_next += 1
             order.append(("b", b_next))
             b_next += 1
-        for slot, (phase, m) in enumerate(order):
+        for slot, (phase, _m) in enumerate(order):
             # PP: receive the activation (forward) or its gradient (backward), send ours on.
             recv_slot = slot if phase == "f" else len(order) + slot
             p.add(nccl["a2a"], 140, _PP, slot=recv_slot)

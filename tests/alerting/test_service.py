@@ -29,7 +29,7 @@ class _Hook:
         hook = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 n = int(self.headers.get("Content-Length", 0))
                 hook.bodies.append((self.path, json.loads(self.rfile.read(n) or b"null")))
                 self.send_response(200)

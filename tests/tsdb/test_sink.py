@@ -126,7 +126,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     statuses: list[int] = []
     bodies: list[bytes] = []
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         assert self.headers["Content-Encoding"] == "snappy"
         type(self).bodies.append(decompress(body))

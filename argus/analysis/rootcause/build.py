@@ -20,7 +20,7 @@ __all__ = ["build_incidents"]
 
 def build_incidents(attempt: Attempt, topology: Topology, l1: L1Result, windows: list[WindowAnalysis],
                     hw: HwSignals, step_time: dict[int, float],
-                    config: RootCauseConfig = RootCauseConfig()) -> list[Incident]:
+                    config: RootCauseConfig = RootCauseConfig()) -> list[Incident]:  # noqa: B008 - never mutated
     ctx = _Ctx(attempt, topology, l1, hw, step_time, config)
     incidents: list[Incident] = []
     live = hang_incident(attempt, topology)  # the processors' snapshots of a real job
