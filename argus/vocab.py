@@ -83,6 +83,7 @@ class Level(StrEnum):
     LOG = "log"  # the job's own output (argus run's logs table)
     FLIGHT_RECORDER = "flight_recorder"  # PyTorch's Flight Recorder dumps (argus/flight_recorder)
     SDC = "sdc"  # the correctness sensors: replicas' digests (argus/analysis/sdc.py)
+    ACTIVE = "active"  # an active check run on the suspects: argus verify (analysis/verification.py)
 
 
 class EvidenceKind(StrEnum):
@@ -141,3 +142,6 @@ class EvidenceKind(StrEnum):
     EXPOSURE = "exposure"  # from which step the state may be wrong, and the checkpoints that follow
     NONFINITE_OUTLIER = "nonfinite_outlier"  # NaN/Inf on a minority of replicas: a heuristic
     GEMM_VIOLATION = "gemm_violation"  # a sampled GEMM's output off its inputs, and what its re-run said
+    # L2 links, and active checks
+    NOT_COMPARED = "not_compared"  # transfers that had no like group to be compared with
+    VERIFICATION = "verification"  # argus verify's outcome for the incident's suspects

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from argus.vocab import EvidenceKind
+
 __all__ = ["remedy", "named_cause", "in_the_job", "STALL_REMEDIES"]
 
 #: host-stall cause → what to change in the job
@@ -69,7 +71,7 @@ def remedy(klass: str, evidence: list[Any]) -> str:
             return STALL_REMEDIES[cause]
     if klass in ("compute_straggler", "link_degradation"):
         outcome = next((e.get("outcome") for e in reversed(evidence)
-                        if isinstance(e, dict) and e.get("kind") == "verification"), None)
+                        if isinstance(e, dict) and e.get("kind") == EvidenceKind.VERIFICATION), None)
         if outcome in _VERIFIED:
             return _VERIFIED[outcome]
     return _BY_CLASS.get(klass, "")

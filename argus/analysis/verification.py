@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from argus.analysis.incident import Action, Incident, State
-from argus.vocab import Level
+from argus.vocab import EvidenceKind, Level
 
 __all__ = ["Outcome", "Verification", "save", "load", "apply", "DIRECTORY"]
 
@@ -107,7 +107,7 @@ def apply(incidents: list[Incident], verifications: dict[str, Verification]) -> 
         v = verifications.get(inc.id)
         if v is None:
             continue
-        inc.evidence.append({"level": "active", "kind": "verification", **v.to_json()})
+        inc.evidence.append({"level": Level.ACTIVE, "kind": EvidenceKind.VERIFICATION, **v.to_json()})
         if v.outcome == Outcome.CONFIRMED:
             inc.state = State.CONFIRMED
             inc.action = Action.CORDON_NODE  # bounded by the incident: a host must be known, the impact real
@@ -119,7 +119,7 @@ def apply(incidents: list[Incident], verifications: dict[str, Verification]) -> 
         else:
             inc.summary += f" — verification inconclusive: {v.reason}"
     for inc in incidents:
-        checked = any(e.get("kind") == "verification" and e.get("outcome") == Outcome.CONFIRMED for e in inc.evidence)
+        checked = any(e.get("kind") == EvidenceKind.VERIFICATION and e.get("outcome") == Outcome.CONFIRMED for e in inc.evidence)
         if inc.action == Action.CORDON_NODE and not checked and not any(e.get("level") == Level.HW for e in inc.evidence):
             inc.action = Action.VERIFY
             inc.summary += (" — verify before cordoning (argus verify): the timings agree, but neither an active "
