@@ -42,6 +42,10 @@ class Cluster:
     max: float
 
 
+_DUR_SLOT = 1 << 40  # durations share a sort key with their group: 40 bits of ns (18 min)
+_DENSE_LIMIT = 1 << 22  # codes below this factorize by lookup table (32 MB at most) instead of a sort
+
+
 @dataclass
 class _Grouped:
     """Valid events sorted by (group, duration), with group boundaries."""
@@ -53,19 +57,64 @@ class _Grouped:
 
 
 def _group_sorted(gid: np.ndarray, dur: np.ndarray, n_groups: int) -> _Grouped:
+    integral = np.issubdtype(np.asarray(dur).dtype, np.integer)
     dur = np.asarray(dur, dtype=np.float64)
     valid = np.isfinite(dur) & (dur >= 0)
     invalid = int(dur.size - valid.sum())
     if invalid:
         gid, dur = gid[valid], dur[valid]
+    sizes = np.bincount(gid, minlength=n_groups)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    if integral and (dur.size == 0 or dur.max() < _DUR_SLOT):
+        # Integer durations below 2^40 ns are their own sort slot: sort the combined key itself
+        # (no permutation to gather through) and read the durations back from its low bits.
+        key = (gid.astype(np.int64) << 40) | dur.astype(np.int64)
+        key.sort(kind="stable")  # timsort: the events arrive in long sorted runs
+        return _Grouped((key & (_DUR_SLOT - 1)).astype(np.float64), starts, sizes, invalid)
     # Sort by group, then duration: one argsort of a combined key. Durations ≥ 2^40 ns (18 min)
     # share the top sort slot; their exact values are still taken from ``dur``.
     key = (gid.astype(np.int64) << 40) | np.minimum(dur, 2.0**40 - 1).astype(np.int64)
     order = np.argsort(key)
-    sorted_gid = gid[order]
-    sizes = np.bincount(sorted_gid, minlength=n_groups)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     return _Grouped(dur[order], starts, sizes, invalid)
+
+
+def _dense_unique(codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``np.unique(codes, return_inverse=True, return_counts=True)`` for codes in ``[0, size)``:
+    one bincount and a lookup table, O(n + size) instead of a sort of every event."""
+    counts = np.bincount(codes, minlength=size)
+    uniq = np.flatnonzero(counts)
+    lookup = np.zeros(size, np.intp)
+    lookup[uniq] = np.arange(len(uniq))
+    return uniq, lookup[codes], counts[uniq]
+
+
+def _factorize_pairs(pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct (name, kind) codes and each event's index into them."""
+    if pair.size and pair.min() >= 0 and pair.max() < _DENSE_LIMIT:
+        uniq, inverse, _ = _dense_unique(pair, int(pair.max()) + 1)
+        return uniq, inverse
+    return np.unique(pair, return_inverse=True)
+
+
+def _factorize_groups(rank: np.ndarray, stream: np.ndarray, label: np.ndarray, n_labels: int
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct keys ``rank << 32 | (stream & 0xFFFF) << 16 | label``, ascending, and each
+    event's group index, as ``np.unique(key, return_inverse=True)`` would give them. A block
+    of ranks has few streams and labels: a dense code (rank offset, stream's rank among the
+    streams present, label) orders as the key does and factorizes without a sort."""
+    rank = np.asarray(rank, np.int64)
+    stream16 = np.asarray(stream, np.int64) & 0xFFFF
+    if rank.size and n_labels <= 0xFFFF:
+        r_lo = int(rank.min())
+        streams, stream_at, _ = _dense_unique(stream16, 0x10000)
+        space = (int(rank.max()) - r_lo + 1) * len(streams) * n_labels
+        if space <= max(_DENSE_LIMIT, 2 * rank.size):
+            code = ((rank - r_lo) * len(streams) + stream_at) * n_labels + label
+            ucode, gid, _ = _dense_unique(code, space)
+            g_rank = ucode // (len(streams) * n_labels) + r_lo
+            ukeys = (g_rank << 32) | (streams[(ucode // n_labels) % len(streams)] << 16) | (ucode % n_labels)
+            return ukeys, gid
+    return np.unique((rank << 32) | (stream16 << 16) | label, return_inverse=True)
 
 
 def _clusters(g: _Grouped, config: CompressConfig) -> tuple[np.ndarray, ...]:
@@ -131,7 +180,7 @@ def summarize_kernel_arrays(rank: np.ndarray, stream: np.ndarray, name_id: np.nd
     n_kinds = max(len(kinds), 1)
     # Few distinct (name, kind) pairs: normalise and categorise them once each.
     pair = np.asarray(name_id, np.int64) * n_kinds + np.asarray(kind_id, np.int64)
-    upairs, pair_inv = np.unique(pair, return_inverse=True)
+    upairs, pair_inv = _factorize_pairs(pair)
     labels = []
     for p in upairs:
         raw, kind = names[p // n_kinds], kinds[p % n_kinds]
@@ -139,8 +188,7 @@ def summarize_kernel_arrays(rank: np.ndarray, stream: np.ndarray, name_id: np.nd
     label_index = {lab: i for i, lab in enumerate(dict.fromkeys(labels))}
     pair_label = np.array([label_index[lab] for lab in labels], np.int64)
     label_of_event = pair_label[pair_inv]
-    key = (np.asarray(rank, np.int64) << 32) | ((np.asarray(stream, np.int64) & 0xFFFF) << 16) | label_of_event
-    ukeys, gid = np.unique(key, return_inverse=True)
+    ukeys, gid = _factorize_groups(rank, stream, label_of_event, len(label_index))
     g = _group_sorted(gid, dur_ns, len(ukeys))
     g_rank, g_stream, g_label = ukeys >> 32, (ukeys >> 16) & 0xFFFF, ukeys & 0xFFFF
     label_list = list(label_index)
