@@ -104,15 +104,31 @@ def _cut_rows(logd, starts, sizes, rows, lo, span, h, min_side, G, config, cuts)
     window_bins = np.ceil(3 * h[g_min] / dx[has_min]).astype(np.int64)
     kept_row, kept_bin = _kept_valleys(dens[has_min], cum[has_min], is_min[has_min], dx[has_min], min_sep,
                                        min_side[g_min], config.valley_ratio, config.min_significance, window_bins)
-    bounds = np.flatnonzero(np.r_[True, kept_row[1:] != kept_row[:-1], True]) if kept_row.size else []
-    for lo_i, hi_i in zip(bounds[:-1], bounds[1:]):  # groups with a cut: a few thousand searchsorted
-        r = has_min[kept_row[lo_i]]
-        g = rows[r]
-        cut_x = grid_lo[r] + kept_bin[lo_i:hi_i] * dx[r]
-        seg = logd[starts[g]:starts[g] + sizes[g]]
-        at = np.searchsorted(seg, cut_x, side="left")  # ascending: duplicates are neighbours
-        at = at[np.r_[True, at[1:] != at[:-1]]]
-        cuts[g] = at[(at > 0) & (at < len(seg))]
+    if kept_row.size == 0:
+        return
+    r = has_min[kept_row]
+    g = rows[r]
+    at = _searchsorted_runs(logd, starts[g], sizes[g], grid_lo[r] + kept_bin * dx[r])
+    fresh = np.r_[True, (g[1:] != g[:-1]) | (at[1:] != at[:-1])]  # ascending per group: duplicates are neighbours
+    fresh &= (at > 0) & (at < sizes[g])
+    g, at = g[fresh], at[fresh]
+    first = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    for group, group_cuts in zip(g[first], np.split(at, first[1:])):
+        cuts[group] = group_cuts
+
+
+def _searchsorted_runs(values: np.ndarray, start: np.ndarray, size: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(values[start[k]:start[k] + size[k]], x[k], side="left")`` for every k at
+    once: a bisection over all runs together (log₂ of the longest run steps)."""
+    lo = np.zeros(len(x), np.int64)
+    hi = np.asarray(size, np.int64).copy()
+    for _ in range(int(hi.max()).bit_length() if hi.size else 0):
+        mid = (lo + hi) // 2
+        below = values[np.minimum(start + mid, len(values) - 1)] < x
+        active = lo < hi
+        lo = np.where(active & below, mid + 1, lo)
+        hi = np.where(active & ~below, mid, hi)
+    return lo
 
 
 def _kept_valleys(dens: np.ndarray, cum: np.ndarray, is_min: np.ndarray, dx: np.ndarray, min_sep: np.ndarray,

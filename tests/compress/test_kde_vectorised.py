@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from argus.compress.kde import _kept_valleys, _merge_valleys
+from argus.compress.kde import _kept_valleys, _merge_valleys, _searchsorted_runs
 
 
 def _rows(seed: int, n_rows: int, n_bins: int):
@@ -32,3 +32,15 @@ def test_all_rows_at_once_keep_the_valleys_the_loop_keeps(seed, n_bins, ratio, z
                            ratio, z, int(window_bins[r])) for r in range(len(dens))]
     assert got == want
     assert sum(map(len, want)) > 0 and sum(len(np.flatnonzero(m)) for m in is_min) > sum(map(len, want))
+
+
+def test_searching_every_run_at_once_is_searchsorted_per_run():
+    rng = np.random.default_rng(5)
+    size = rng.integers(1, 300, 200)
+    start = np.cumsum(size) - size
+    values = np.concatenate([np.sort(np.round(rng.normal(0, 3, n), 1)) for n in size])  # ties included
+    run = rng.integers(0, len(size), 2000)
+    x = np.round(rng.normal(0, 4, run.size), 1)
+    got = _searchsorted_runs(values, start[run], size[run], x)
+    want = [np.searchsorted(values[start[k]:start[k] + size[k]], v, side="left") for k, v in zip(run, x)]
+    assert got.tolist() == want
