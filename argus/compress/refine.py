@@ -134,12 +134,12 @@ def cluster_w1_sums(dur: np.ndarray, c_start: np.ndarray, c_size: np.ndarray, po
         owner = np.repeat(np.arange(e.size), n)
         i = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
         x = dur[np.repeat(cs[e], n) + i]
-        err = _abs_err(x, i, a[e][owner], scale[e][owner], mu[e][owner], sigma[e][owner], lo[e][owner],
-                       hi[e][owner])
+        hi_e = np.repeat(hi[e], n)
+        err = _abs_err(x, i, *(np.repeat(v[e], n) for v in (a, scale, mu, sigma, lo)), hi_e)
         res[e] = np.bincount(owner, weights=err, minlength=e.size)
         step_e = step[e]
         if step_e.any():
-            res[e[step_e]] = np.bincount(owner, weights=np.abs(x - hi[e][owner]), minlength=e.size)[step_e]
+            res[e[step_e]] = np.bincount(owner, weights=np.abs(x - hi_e), minlength=e.size)[step_e]
     s = np.flatnonzero(~small)
     if s.size:  # the tails exactly and the body on strata: the same ``points`` positions for each
         n = cn[s]
