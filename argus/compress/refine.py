@@ -115,11 +115,12 @@ def cluster_w1_sums(dur: np.ndarray, c_start: np.ndarray, c_size: np.ndarray, po
     out = np.zeros(len(c_start))
     if len(c_start) == 0:
         return out
-    spread = np.flatnonzero(dur[c_start + c_size - 1] > dur[c_start])
+    first_x, last_x = dur[c_start], dur[c_start + c_size - 1]
+    spread = np.flatnonzero(last_x > first_x)
     if spread.size == 0:
         return out
     cs, cn = c_start[spread], c_size[spread]
-    lo, hi = dur[cs], dur[cs + cn - 1]
+    lo, hi = first_x[spread], last_x[spread]
     mu = np.log(np.maximum(quantile_sorted(dur, cs, cn, 0.5), 1.0))
     sigma = np.maximum((np.log(np.maximum(quantile_sorted(dur, cs, cn, 0.99), 1.0)) - mu) / _Z99, _MIN_SIGMA)
     a = ndtr((np.log(np.maximum(lo, 1.0)) - mu) / sigma)
@@ -132,10 +133,13 @@ def cluster_w1_sums(dur: np.ndarray, c_start: np.ndarray, c_size: np.ndarray, po
     if e.size:  # every event: ragged, one owner per point
         n = cn[e]
         owner = np.repeat(np.arange(e.size), n)
-        i = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-        x = dur[np.repeat(cs[e], n) + i]
+        at = np.arange(int(n.sum()))
+        at -= np.repeat(np.cumsum(n) - n, n)  # i, the rank within the cluster
+        pos = at + 0.5
+        at += np.repeat(cs[e], n)
+        x = dur.take(at)
         hi_e = np.repeat(hi[e], n)
-        err = _abs_err(x, i, *(np.repeat(v[e], n) for v in (a, scale, mu, sigma, lo)), hi_e)
+        err = _abs_err(x, pos, *(np.repeat(v[e], n) for v in (a, scale, mu, sigma, lo)), hi_e)
         res[e] = np.bincount(owner, weights=err, minlength=e.size)
         step_e = step[e]
         if step_e.any():
@@ -144,14 +148,17 @@ def cluster_w1_sums(dur: np.ndarray, c_start: np.ndarray, c_size: np.ndarray, po
     if s.size:  # the tails exactly and the body on strata: the same ``points`` positions for each
         n = cn[s]
         strata = points - 2 * tail
-        i = np.empty((s.size, points), np.int64)
-        i[:, :tail] = np.arange(tail)
-        i[:, points - tail:] = (n - tail)[:, None] + np.arange(tail)
-        i[:, tail:points - tail] = tail + ((np.arange(strata) + 0.5)[None, :] * ((n - 2 * tail) / strata)[:, None]
-                                           ).astype(np.int64)
-        x = dur[cs[s][:, None] + i]
+        at = np.empty((s.size, points), np.int64)
+        at[:, :tail] = np.arange(tail)
+        np.add((n - tail)[:, None], np.arange(tail), out=at[:, points - tail:])
+        body = at[:, tail:points - tail]
+        body[...] = (np.arange(strata) + 0.5)[None, :] * ((n - 2 * tail) / strata)[:, None]  # truncated, as astype
+        body += tail
+        pos = at + 0.5
+        at += cs[s][:, None]
+        x = dur.take(at)
         col = (slice(None), None)
-        err = _abs_err(x, i, a[s][col], scale[s][col], mu[s][col], sigma[s][col], lo[s][col], hi[s][col])
+        err = _abs_err(x, pos, a[s][col], scale[s][col], mu[s][col], sigma[s][col], lo[s][col], hi[s][col])
         step_s = step[s]
         if step_s.any():
             err[step_s] = np.abs(x[step_s] - hi[s][step_s][:, None])
@@ -161,9 +168,10 @@ def cluster_w1_sums(dur: np.ndarray, c_start: np.ndarray, c_size: np.ndarray, po
     return out
 
 
-def _abs_err(x: np.ndarray, i: np.ndarray, a, scale, mu, sigma, lo, hi) -> np.ndarray:
-    """|x_(i) − Q̂(a + scale·(i + ½))|, Q̂ = exp(μ + σ·Φ⁻¹) clipped to [lo, hi] (arrays broadcast)."""
-    z = i + 0.5
+def _abs_err(x: np.ndarray, pos: np.ndarray, a, scale, mu, sigma, lo, hi) -> np.ndarray:
+    """|x_(i) − Q̂(a + scale·pos)|, ``pos`` = i + ½ (overwritten with the result), Q̂ = exp(μ + σ·Φ⁻¹)
+    clipped to [lo, hi] (arrays broadcast)."""
+    z = pos
     z *= scale
     z += a
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):

@@ -56,65 +56,93 @@ class _Grouped:
     invalid: int
 
 
-def _group_sorted(gid: np.ndarray, dur: np.ndarray, n_groups: int) -> _Grouped:
-    integral = np.issubdtype(np.asarray(dur).dtype, np.integer)
+def _group_sorted(code: np.ndarray, dur: np.ndarray, code_of_group: np.ndarray, n_codes: int) -> _Grouped:
+    """Valid events sorted by group, then duration. ``code`` per event orders as its group does
+    (``code_of_group``, ascending, all below ``n_codes``: the group index itself or a sparser code)."""
+    raw = np.asarray(dur)
+    if np.issubdtype(raw.dtype, np.integer) and (raw.size == 0 or raw.max() < _DUR_SLOT):
+        # Integer durations below 2^40 ns are their own sort slot: sort the combined key itself
+        # (no permutation to gather through) and read the durations back from its low bits.
+        valid = raw >= 0
+        invalid = int(raw.size - np.count_nonzero(valid))
+        if invalid:
+            code, raw = code[valid], raw[valid]
+        key = np.left_shift(code, 40, dtype=np.int64)
+        key |= raw.astype(np.int64, copy=False)
+        key.sort(kind="stable")  # timsort: the events arrive in long sorted runs
+        sizes = np.bincount(code, minlength=n_codes)[code_of_group]
+        key &= _DUR_SLOT - 1
+        return _Grouped(key.astype(np.float64), _starts(sizes), sizes, invalid)
     dur = np.asarray(dur, dtype=np.float64)
     valid = np.isfinite(dur) & (dur >= 0)
     invalid = int(dur.size - valid.sum())
     if invalid:
-        gid, dur = gid[valid], dur[valid]
-    sizes = np.bincount(gid, minlength=n_groups)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    if integral and (dur.size == 0 or dur.max() < _DUR_SLOT):
-        # Integer durations below 2^40 ns are their own sort slot: sort the combined key itself
-        # (no permutation to gather through) and read the durations back from its low bits.
-        key = (gid.astype(np.int64) << 40) | dur.astype(np.int64)
-        key.sort(kind="stable")  # timsort: the events arrive in long sorted runs
-        return _Grouped((key & (_DUR_SLOT - 1)).astype(np.float64), starts, sizes, invalid)
+        code, dur = code[valid], dur[valid]
+    sizes = np.bincount(code, minlength=n_codes)[code_of_group]
     # Sort by group, then duration: one argsort of a combined key. Durations ≥ 2^40 ns (18 min)
     # share the top sort slot; their exact values are still taken from ``dur``.
-    key = (gid.astype(np.int64) << 40) | np.minimum(dur, 2.0**40 - 1).astype(np.int64)
+    key = (code.astype(np.int64) << 40) | np.minimum(dur, 2.0**40 - 1).astype(np.int64)
     order = np.argsort(key)
-    return _Grouped(dur[order], starts, sizes, invalid)
+    return _Grouped(dur[order], _starts(sizes), sizes, invalid)
 
 
-def _dense_unique(codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``np.unique(codes, return_inverse=True, return_counts=True)`` for codes in ``[0, size)``:
-    one bincount and a lookup table, O(n + size) instead of a sort of every event."""
-    counts = np.bincount(codes, minlength=size)
-    uniq = np.flatnonzero(counts)
-    lookup = np.zeros(size, np.intp)
-    lookup[uniq] = np.arange(len(uniq))
-    return uniq, lookup[codes], counts[uniq]
+def _starts(sizes: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(sizes)[:-1]])
 
 
-def _factorize_pairs(pair: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted distinct (name, kind) codes and each event's index into them."""
-    if pair.size and pair.min() >= 0 and pair.max() < _DENSE_LIMIT:
-        uniq, inverse, _ = _dense_unique(pair, int(pair.max()) + 1)
-        return uniq, inverse
-    return np.unique(pair, return_inverse=True)
+@dataclass
+class _Distinct:
+    """The sorted distinct codes of the events, and each event's place among them."""
+
+    values: np.ndarray
+    codes: np.ndarray
+    inverse: np.ndarray | None  # None: small ids, spread through a lookup table instead
+
+    @classmethod
+    def of(cls, codes: np.ndarray) -> "_Distinct":
+        """Small non-negative codes (ids) need no sort: a bincount finds them."""
+        if codes.size and codes.min() >= 0 and codes.max() < _DENSE_LIMIT:
+            return cls(np.flatnonzero(np.bincount(codes)), codes, None)
+        values, inverse = np.unique(codes, return_inverse=True)
+        return cls(values, codes, inverse)
+
+    def spread(self, per_value: np.ndarray) -> np.ndarray:
+        """One value per distinct code → the value of every event (one gather)."""
+        if self.inverse is not None:
+            return per_value[self.inverse]
+        lookup = np.zeros(int(self.values[-1]) + 1, per_value.dtype)
+        lookup[self.values] = per_value
+        return lookup[self.codes]
 
 
-def _factorize_groups(rank: np.ndarray, stream: np.ndarray, label: np.ndarray, n_labels: int
-                      ) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct keys ``rank << 32 | (stream & 0xFFFF) << 16 | label``, ascending, and each
-    event's group index, as ``np.unique(key, return_inverse=True)`` would give them. A block
-    of ranks has few streams and labels: a dense code (rank offset, stream's rank among the
-    streams present, label) orders as the key does and factorizes without a sort."""
-    rank = np.asarray(rank, np.int64)
-    stream16 = np.asarray(stream, np.int64) & 0xFFFF
+def _group_codes(rank: np.ndarray, stream: np.ndarray, label: np.ndarray, n_labels: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The groups' keys ``rank << 32 | (stream & 0xFFFF) << 16 | label``, ascending (as
+    ``np.unique`` gives them); per event a code that orders as its key; each group's code; and
+    the codes' bound. A block of ranks has few streams and labels: a dense code (rank offset,
+    stream's index among the streams present, label) orders as the key does and needs no sort."""
+    stream = np.asarray(stream)
+    stream16 = stream.view(np.uint16) if stream.dtype in (np.int16, np.uint16) else stream.astype(np.int64) & 0xFFFF
+    rank = np.asarray(rank)
     if rank.size and n_labels <= 0xFFFF:
         r_lo = int(rank.min())
-        streams, stream_at, _ = _dense_unique(stream16, 0x10000)
-        space = (int(rank.max()) - r_lo + 1) * len(streams) * n_labels
+        present = _Distinct.of(stream16)
+        streams, n_streams = present.values, len(present.values)
+        space = (int(rank.max()) - r_lo + 1) * n_streams * n_labels
         if space <= max(_DENSE_LIMIT, 2 * rank.size):
-            code = ((rank - r_lo) * len(streams) + stream_at) * n_labels + label
-            ucode, gid, _ = _dense_unique(code, space)
-            g_rank = ucode // (len(streams) * n_labels) + r_lo
-            ukeys = (g_rank << 32) | (streams[(ucode // n_labels) % len(streams)] << 16) | (ucode % n_labels)
-            return ukeys, gid
-    return np.unique((rank << 32) | (stream16 << 16) | label, return_inverse=True)
+            code = rank.astype(np.int64)
+            code -= r_lo
+            code *= n_streams
+            code += present.spread(np.arange(n_streams, dtype=np.int64))
+            code *= n_labels
+            code += label
+            ucode = np.flatnonzero(np.bincount(code, minlength=space))
+            g_rank = ucode // (n_streams * n_labels) + r_lo
+            ukeys = (g_rank << 32) | (streams.astype(np.int64)[(ucode // n_labels) % n_streams] << 16) | (ucode % n_labels)
+            return ukeys, code, ucode, space
+    key = (rank.astype(np.int64) << 32) | (stream16.astype(np.int64) << 16) | label
+    ukeys, gid = np.unique(key, return_inverse=True)
+    return ukeys, gid, np.arange(len(ukeys)), len(ukeys)
 
 
 def _clusters(g: _Grouped, config: CompressConfig) -> tuple[np.ndarray, ...]:
@@ -147,7 +175,7 @@ def _clusters(g: _Grouped, config: CompressConfig) -> tuple[np.ndarray, ...]:
 def summarize_durations(durations: np.ndarray, config: CompressConfig = CompressConfig()) -> list[Cluster]:
     """The KDE summary of one distribution (for tests and one-off use)."""
     d = np.asarray(durations, dtype=np.float64).ravel()
-    g = _group_sorted(np.zeros(d.size, np.int64), d, 1)
+    g = _group_sorted(np.zeros(d.size, np.int64), d, np.zeros(1, np.int64), 1)
     if g.sizes.sum() == 0:
         return []
     _, _, c_start, c_size = _clusters(g, config)
@@ -179,17 +207,18 @@ def summarize_kernel_arrays(rank: np.ndarray, stream: np.ndarray, name_id: np.nd
         return TABLES["kernel_summaries"].schema.empty_table(), TABLES["kernel_sketches"].schema.empty_table()
     n_kinds = max(len(kinds), 1)
     # Few distinct (name, kind) pairs: normalise and categorise them once each.
-    pair = np.asarray(name_id, np.int64) * n_kinds + np.asarray(kind_id, np.int64)
-    upairs, pair_inv = _factorize_pairs(pair)
+    pair = np.asarray(name_id).astype(np.int64)
+    pair *= n_kinds
+    pair += kind_id
+    pairs = _Distinct.of(pair)
     labels = []
-    for p in upairs:
+    for p in pairs.values:
         raw, kind = names[p // n_kinds], kinds[p % n_kinds]
         labels.append((normalize_kernel_name(raw), *categorize_kernel(raw, kind)))
     label_index = {lab: i for i, lab in enumerate(dict.fromkeys(labels))}
     pair_label = np.array([label_index[lab] for lab in labels], np.int64)
-    label_of_event = pair_label[pair_inv]
-    ukeys, gid = _factorize_groups(rank, stream, label_of_event, len(label_index))
-    g = _group_sorted(gid, dur_ns, len(ukeys))
+    ukeys, code, code_of_group, n_codes = _group_codes(rank, stream, pairs.spread(pair_label), len(label_index))
+    g = _group_sorted(code, dur_ns, code_of_group, n_codes)
     g_rank, g_stream, g_label = ukeys >> 32, (ukeys >> 16) & 0xFFFF, ukeys & 0xFFFF
     label_list = list(label_index)
     short = np.array([lab[0] for lab in label_list], dtype=object)
