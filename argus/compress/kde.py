@@ -79,13 +79,17 @@ def _cut_rows(logd, starts, sizes, rows, lo, span, h, min_side, G, config, cuts)
     r_start, r_size = starts[rows], sizes[rows]
     grid_lo = lo[rows] - 3 * h[rows]
     dx = span[rows] / G
-    # Event indices of these groups, and the row each belongs to.
+    # The events of these groups, binned on their own row's grid (in place: these are most events).
     total = int(r_size.sum())
-    row_of = np.repeat(np.arange(len(rows)), r_size)
-    offsets = np.arange(total) - np.repeat(np.cumsum(r_size) - r_size, r_size)
-    idx = np.repeat(r_start, r_size) + offsets
-    bins = np.clip(((logd[idx] - grid_lo[row_of]) / dx[row_of]).astype(np.int64), 0, G - 1)
-    hist = np.bincount(row_of * G + bins, minlength=len(rows) * G).reshape(len(rows), G).astype(np.float64)
+    at = np.arange(total)
+    at += np.repeat(r_start - (np.cumsum(r_size) - r_size), r_size)
+    x = logd.take(at)
+    x -= np.repeat(grid_lo, r_size)
+    x /= np.repeat(dx, r_size)
+    bins = x.astype(np.int64)
+    np.clip(bins, 0, G - 1, out=bins)
+    bins += np.repeat(np.arange(len(rows)) * G, r_size)
+    hist = np.bincount(bins, minlength=len(rows) * G).reshape(len(rows), G).astype(np.float64)
     # Gaussian smoothing in the Fourier domain, zero-padded so nothing wraps around.
     spec = np.fft.rfft(hist, n=2 * G, axis=1)
     freq = np.fft.rfftfreq(2 * G)

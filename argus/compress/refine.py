@@ -392,10 +392,17 @@ def _gap_keys(values: np.ndarray) -> np.ndarray:
     with the low ``_POS_BITS`` of the mantissa replaced by the position, earlier ones larger):
     the largest gap of any run and where it is come from one ``np.maximum.reduceat``, without
     gathering the run. Gaps that agree to 28 bits (1 in 2.7·10⁸) tie, and the first is taken."""
-    gap = np.maximum(np.diff(values), 0.0)
-    key = gap.view(np.int64) & ~_POS_MASK
-    key |= _POS_MASK - (np.arange(len(gap), dtype=np.int64) & _POS_MASK)
-    return np.append(key, 0)  # a last element, so that a run ending at the end can be closed
+    key = np.zeros(max(len(values), 1), np.int64)  # a last 0, so that a run ending at the end can be closed
+    body = key[:-1]
+    gap = body.view(np.float64)
+    np.subtract(values[1:], values[:-1], out=gap)
+    np.maximum(gap, 0.0, out=gap)
+    body &= ~_POS_MASK
+    position = np.arange(len(body), dtype=np.int64)
+    position &= _POS_MASK
+    np.subtract(_POS_MASK, position, out=position)
+    body |= position
+    return key
 
 
 def _largest_gaps(keys: np.ndarray, start: np.ndarray, size: np.ndarray) -> np.ndarray:
