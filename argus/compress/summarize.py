@@ -250,25 +250,23 @@ def summarize_kernel_arrays(rank: np.ndarray, stream: np.ndarray, name_id: np.nd
 def _sketch_table(g: _Grouped, g_rank, g_stream, short, cat, op, window, start_step, end_step, schema) -> pa.Table:
     keep = g.sizes > 0
     starts, sizes = g.starts[keep], g.sizes[keep]
-    group_of = np.repeat(np.arange(len(starts)), sizes)
     pos = g.dur > 0
-    b = np.zeros(len(g.dur), np.int64)
-    b[pos] = bucket_index(g.dur[pos], schema)
-    # Run-length encode (group, bucket) over the sorted events; zero durations counted apart.
-    sel = np.flatnonzero(pos)
-    if sel.size:
-        grp_b = group_of[sel]
-        change = np.ones(sel.size, bool)
-        change[1:] = (grp_b[1:] != grp_b[:-1]) | (b[sel][1:] != b[sel][:-1])
+    if len(pos) and pos.all():  # the usual case: no zero durations, so every event has a bucket
+        b = bucket_index(g.dur, schema)
+        # Run-length encode (group, bucket) over the sorted events: a run also starts at each group.
+        change = np.empty(len(b), bool)
+        change[0] = True
+        np.not_equal(b[1:], b[:-1], out=change[1:])
+        change[starts] = True
         run_start = np.flatnonzero(change)
-        run_counts = np.diff(np.append(run_start, sel.size))
-        run_group = grp_b[run_start]
-        run_bucket = b[sel][run_start]
+        run_counts = np.diff(np.append(run_start, len(b)))
+        run_group = np.searchsorted(starts, run_start, side="right") - 1
+        run_bucket = b[run_start].astype(np.int64)
+        zero = np.zeros(len(starts), np.int64)
     else:
-        run_counts = run_group = run_bucket = np.empty(0, np.int64)
+        run_counts, run_group, run_bucket, zero = _bucket_runs(g.dur, starts, sizes, pos, schema)
     per_group = np.bincount(run_group, minlength=len(starts))
     offsets = np.concatenate([[0], np.cumsum(per_group)]).astype(np.int32)
-    zero = sizes - np.bincount(group_of[sel], minlength=len(starts)) if sel.size else sizes.copy()
     sums = np.add.reduceat(g.dur, starts) if len(g.dur) else np.zeros(len(starts))
     idx = np.flatnonzero(keep)
     n = len(starts)
@@ -290,6 +288,28 @@ def _sketch_table(g: _Grouped, g_rank, g_stream, short, cat, op, window, start_s
         "buckets": pa.ListArray.from_arrays(pa.array(offsets), pa.array(run_bucket.astype(np.int32))),
         "counts": pa.ListArray.from_arrays(pa.array(offsets), pa.array(run_counts.astype(np.int64))),
     }, schema=TABLES["kernel_sketches"].schema)
+
+
+def _bucket_runs(dur: np.ndarray, starts: np.ndarray, sizes: np.ndarray, pos: np.ndarray, schema: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Runs of equal (group, bucket) over the sorted positive durations: counts, group, bucket;
+    and each group's zero durations, counted apart."""
+    group_of = np.repeat(np.arange(len(starts)), sizes)
+    b = np.zeros(len(dur), np.int64)
+    b[pos] = bucket_index(dur[pos], schema)
+    sel = np.flatnonzero(pos)
+    if sel.size:
+        grp_b = group_of[sel]
+        change = np.ones(sel.size, bool)
+        change[1:] = (grp_b[1:] != grp_b[:-1]) | (b[sel][1:] != b[sel][:-1])
+        run_start = np.flatnonzero(change)
+        run_counts = np.diff(np.append(run_start, sel.size))
+        run_group = grp_b[run_start]
+        run_bucket = b[sel][run_start]
+    else:
+        run_counts = run_group = run_bucket = np.empty(0, np.int64)
+    zero = sizes - np.bincount(group_of[sel], minlength=len(starts)) if sel.size else sizes.copy()
+    return run_counts, run_group, run_bucket, zero
 
 
 def sketch_from_row(row: dict) -> LogSketch:
