@@ -294,19 +294,22 @@ def _propose(dur: np.ndarray, gap_keys: tuple[np.ndarray, np.ndarray], c: _Clust
     start, size, err = c.start[pick], c.size[pick], c.err[pick]
     owner, cut = _candidate_cuts(start, size, gap_keys)
     k = len(pick)
-    scores = cluster_w1_sums(dur, np.concatenate([start[owner], start[owner] + cut]), np.concatenate([cut, size[owner] - cut]),
-                             CANDIDATE_POINTS, CANDIDATE_TAIL).reshape(2, -1).sum(axis=0)
+    pieces = cluster_w1_sums(dur, np.concatenate([start[owner], start[owner] + cut]),
+                             np.concatenate([cut, size[owner] - cut]), CANDIDATE_POINTS, CANDIDATE_TAIL).reshape(2, -1)
+    scores = pieces.sum(axis=0)
     first, best, best_at = _segment_argmin(scores, owner, k)
     cuts = np.full((k, 2), -1, np.int64)
     one = np.isfinite(best) & (best < err)
     cuts[one, 0] = cut[best_at[one]]
     need = np.flatnonzero(~one & two_ok)
     if need.size:  # a mode that only two cuts together fit (a few long waits, whose halves fit worse)
-        p_owner, ca, cb = _cut_pairs(owner, cut, first, need)
+        p_owner, ia, ib = _cut_pairs(owner, first, need)
         if p_owner.size:
-            s, n = start[p_owner], size[p_owner]
-            scores2 = cluster_w1_sums(dur, np.concatenate([s, s + ca, s + cb]), np.concatenate([ca, cb - ca, n - cb]),
-                                      CANDIDATE_POINTS, CANDIDATE_TAIL).reshape(3, -1).sum(axis=0)
+            ca, cb = cut[ia], cut[ib]
+            # The outer pieces of a pair are the left piece of its first cut and the right piece
+            # of its second, scored above: only the middle ones are new.
+            middle = cluster_w1_sums(dur, start[p_owner] + ca, cb - ca, CANDIDATE_POINTS, CANDIDATE_TAIL)
+            scores2 = np.stack([pieces[0, ia], middle, pieces[1, ib]]).sum(axis=0)
             _, best2, at2 = _segment_argmin(scores2, p_owner, k)
             two = np.zeros(k, bool)
             two[need] = np.isfinite(best2[need]) & (best2[need] < err[need])
@@ -365,10 +368,10 @@ def _segment_argmin(values: np.ndarray, owner: np.ndarray, k: int) -> tuple[np.n
     return first, best, at
 
 
-def _cut_pairs(owner: np.ndarray, cut: np.ndarray, first: np.ndarray, need: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every pair (a < b) of each needing cluster's candidate cuts, thinned to at most
-    ``PAIR_CANDIDATES`` evenly spaced ones per cluster: (owner, cut a, cut b)."""
+def _cut_pairs(owner: np.ndarray, first: np.ndarray, need: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every pair (a < b) of each needing cluster's candidate cuts (runs of ``owner``), thinned
+    to at most ``PAIR_CANDIDATES`` evenly spaced ones per cluster: (owner, index of cut a, index
+    of cut b), indices into the candidates."""
     counts = np.bincount(owner, minlength=len(first))[need]
     m = np.minimum(counts, PAIR_CANDIDATES)
     ok = m >= 2
@@ -379,12 +382,11 @@ def _cut_pairs(owner: np.ndarray, cut: np.ndarray, first: np.ndarray, need: np.n
     sub_owner = np.repeat(np.arange(need.size), m)
     sub_j = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m)
     sub_pos = first[need][sub_owner] + (sub_j * counts[sub_owner]) // m[sub_owner]
-    sub_cut = cut[sub_pos]
     # Pairs: for each chosen a, every later b of the same cluster.
     later = m[sub_owner] - 1 - sub_j  # how many b follow a
-    pa = np.repeat(np.arange(len(sub_cut)), later)
+    pa = np.repeat(np.arange(len(sub_pos)), later)
     pb = pa + 1 + (np.arange(int(later.sum())) - np.repeat(np.cumsum(later) - later, later))
-    return need[sub_owner[pa]], sub_cut[pa], sub_cut[pb]
+    return need[sub_owner[pa]], sub_pos[pa], sub_pos[pb]
 
 
 def _gap_keys(values: np.ndarray) -> np.ndarray:
