@@ -4,9 +4,10 @@ at density valleys, with guards against spurious valleys.
 Input is every event of a window sorted by (group, duration); output is cluster boundaries
 (indices into that sorted array). The density of each group is a histogram on its own log
 grid smoothed by a Gaussian of Silverman's bandwidth, computed for all groups together with
-one FFT per grid size (numpy; no per-event Python). Valleys are then checked per candidate
-(there are few): a valley is a cut only if it is deep, has enough events on each side, and
-separates modes that are far enough apart.
+one FFT per grid size (numpy; no per-event Python). Valleys are then checked for all groups
+at once, in rounds that drop each group's weakest failing valley (``_kept_valleys``; the
+per-group loop ``_merge_valleys`` is its tested reference): a valley is a cut only if it is
+deep, has enough events on each side, and separates modes that are far enough apart.
 """
 
 from __future__ import annotations

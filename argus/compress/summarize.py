@@ -2,8 +2,9 @@
 
 Per ``(rank, stream, kernel)`` of the window: the paper's KDE summary (one row per mode:
 count, p50, p99, min, max) and a mergeable log-bucket sketch. Everything is vectorised over
-the window's events: one dictionary encode of names, one sort by (group, duration), then
-array arithmetic; per-group Python work only where a density has a candidate valley.
+the window's events: names and kinds categorised once per distinct pair, groups numbered by
+a dense code (a block has few ranks, streams and labels: bincounts, no sort), one sort of
+the integer (group, duration) key, then array arithmetic; no Python work per group.
 
 Events with a NaN, infinite or negative duration (``-1`` = never finished) are not data:
 they are left out of the distributions, never replaced by made-up values.
