@@ -130,7 +130,7 @@ def _group_codes(rank: np.ndarray, stream: np.ndarray, label: np.ndarray, n_labe
         present = _Distinct.of(stream16)
         streams, n_streams = present.values, len(present.values)
         space = (int(rank.max()) - r_lo + 1) * n_streams * n_labels
-        if space <= max(_DENSE_LIMIT, 2 * rank.size):
+        if space <= max(_DENSE_LIMIT, rank.size):  # counts no larger than the codes themselves
             code = rank.astype(np.int64)
             code -= r_lo
             code *= n_streams
