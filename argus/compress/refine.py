@@ -115,11 +115,12 @@ def cluster_w1_sums(dur: np.ndarray, c_start: np.ndarray, c_size: np.ndarray, po
     out = np.zeros(len(c_start))
     if len(c_start) == 0:
         return out
-    spread = np.flatnonzero(dur[c_start + c_size - 1] > dur[c_start])
+    first_x, last_x = dur[c_start], dur[c_start + c_size - 1]
+    spread = np.flatnonzero(last_x > first_x)
     if spread.size == 0:
         return out
     cs, cn = c_start[spread], c_size[spread]
-    lo, hi = dur[cs], dur[cs + cn - 1]
+    lo, hi = first_x[spread], last_x[spread]
     mu = np.log(np.maximum(quantile_sorted(dur, cs, cn, 0.5), 1.0))
     sigma = np.maximum((np.log(np.maximum(quantile_sorted(dur, cs, cn, 0.99), 1.0)) - mu) / _Z99, _MIN_SIGMA)
     a = ndtr((np.log(np.maximum(lo, 1.0)) - mu) / sigma)
@@ -132,26 +133,32 @@ def cluster_w1_sums(dur: np.ndarray, c_start: np.ndarray, c_size: np.ndarray, po
     if e.size:  # every event: ragged, one owner per point
         n = cn[e]
         owner = np.repeat(np.arange(e.size), n)
-        i = np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
-        x = dur[np.repeat(cs[e], n) + i]
-        err = _abs_err(x, i, a[e][owner], scale[e][owner], mu[e][owner], sigma[e][owner], lo[e][owner],
-                       hi[e][owner])
+        at = np.arange(int(n.sum()))
+        at -= np.repeat(np.cumsum(n) - n, n)  # i, the rank within the cluster
+        pos = at + 0.5
+        at += np.repeat(cs[e], n)
+        x = dur.take(at)
+        hi_e = np.repeat(hi[e], n)
+        err = _abs_err(x, pos, *(np.repeat(v[e], n) for v in (a, scale, mu, sigma, lo)), hi_e)
         res[e] = np.bincount(owner, weights=err, minlength=e.size)
         step_e = step[e]
         if step_e.any():
-            res[e[step_e]] = np.bincount(owner, weights=np.abs(x - hi[e][owner]), minlength=e.size)[step_e]
+            res[e[step_e]] = np.bincount(owner, weights=np.abs(x - hi_e), minlength=e.size)[step_e]
     s = np.flatnonzero(~small)
     if s.size:  # the tails exactly and the body on strata: the same ``points`` positions for each
         n = cn[s]
         strata = points - 2 * tail
-        i = np.empty((s.size, points), np.int64)
-        i[:, :tail] = np.arange(tail)
-        i[:, points - tail:] = (n - tail)[:, None] + np.arange(tail)
-        i[:, tail:points - tail] = tail + ((np.arange(strata) + 0.5)[None, :] * ((n - 2 * tail) / strata)[:, None]
-                                           ).astype(np.int64)
-        x = dur[cs[s][:, None] + i]
+        at = np.empty((s.size, points), np.int64)
+        at[:, :tail] = np.arange(tail)
+        np.add((n - tail)[:, None], np.arange(tail), out=at[:, points - tail:])
+        body = at[:, tail:points - tail]
+        body[...] = (np.arange(strata) + 0.5)[None, :] * ((n - 2 * tail) / strata)[:, None]  # truncated, as astype
+        body += tail
+        pos = at + 0.5
+        at += cs[s][:, None]
+        x = dur.take(at)
         col = (slice(None), None)
-        err = _abs_err(x, i, a[s][col], scale[s][col], mu[s][col], sigma[s][col], lo[s][col], hi[s][col])
+        err = _abs_err(x, pos, a[s][col], scale[s][col], mu[s][col], sigma[s][col], lo[s][col], hi[s][col])
         step_s = step[s]
         if step_s.any():
             err[step_s] = np.abs(x[step_s] - hi[s][step_s][:, None])
@@ -161,9 +168,10 @@ def cluster_w1_sums(dur: np.ndarray, c_start: np.ndarray, c_size: np.ndarray, po
     return out
 
 
-def _abs_err(x: np.ndarray, i: np.ndarray, a, scale, mu, sigma, lo, hi) -> np.ndarray:
-    """|x_(i) − Q̂(a + scale·(i + ½))|, Q̂ = exp(μ + σ·Φ⁻¹) clipped to [lo, hi] (arrays broadcast)."""
-    z = i + 0.5
+def _abs_err(x: np.ndarray, pos: np.ndarray, a, scale, mu, sigma, lo, hi) -> np.ndarray:
+    """|x_(i) − Q̂(a + scale·pos)|, ``pos`` = i + ½ (overwritten with the result), Q̂ = exp(μ + σ·Φ⁻¹)
+    clipped to [lo, hi] (arrays broadcast)."""
+    z = pos
     z *= scale
     z += a
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
@@ -286,19 +294,22 @@ def _propose(dur: np.ndarray, gap_keys: tuple[np.ndarray, np.ndarray], c: _Clust
     start, size, err = c.start[pick], c.size[pick], c.err[pick]
     owner, cut = _candidate_cuts(start, size, gap_keys)
     k = len(pick)
-    scores = cluster_w1_sums(dur, np.concatenate([start[owner], start[owner] + cut]), np.concatenate([cut, size[owner] - cut]),
-                             CANDIDATE_POINTS, CANDIDATE_TAIL).reshape(2, -1).sum(axis=0)
+    pieces = cluster_w1_sums(dur, np.concatenate([start[owner], start[owner] + cut]),
+                             np.concatenate([cut, size[owner] - cut]), CANDIDATE_POINTS, CANDIDATE_TAIL).reshape(2, -1)
+    scores = pieces.sum(axis=0)
     first, best, best_at = _segment_argmin(scores, owner, k)
     cuts = np.full((k, 2), -1, np.int64)
     one = np.isfinite(best) & (best < err)
     cuts[one, 0] = cut[best_at[one]]
     need = np.flatnonzero(~one & two_ok)
     if need.size:  # a mode that only two cuts together fit (a few long waits, whose halves fit worse)
-        p_owner, ca, cb = _cut_pairs(owner, cut, first, need)
+        p_owner, ia, ib = _cut_pairs(owner, first, need)
         if p_owner.size:
-            s, n = start[p_owner], size[p_owner]
-            scores2 = cluster_w1_sums(dur, np.concatenate([s, s + ca, s + cb]), np.concatenate([ca, cb - ca, n - cb]),
-                                      CANDIDATE_POINTS, CANDIDATE_TAIL).reshape(3, -1).sum(axis=0)
+            ca, cb = cut[ia], cut[ib]
+            # The outer pieces of a pair are the left piece of its first cut and the right piece
+            # of its second, scored above: only the middle ones are new.
+            middle = cluster_w1_sums(dur, start[p_owner] + ca, cb - ca, CANDIDATE_POINTS, CANDIDATE_TAIL)
+            scores2 = np.stack([pieces[0, ia], middle, pieces[1, ib]]).sum(axis=0)
             _, best2, at2 = _segment_argmin(scores2, p_owner, k)
             two = np.zeros(k, bool)
             two[need] = np.isfinite(best2[need]) & (best2[need] < err[need])
@@ -357,10 +368,10 @@ def _segment_argmin(values: np.ndarray, owner: np.ndarray, k: int) -> tuple[np.n
     return first, best, at
 
 
-def _cut_pairs(owner: np.ndarray, cut: np.ndarray, first: np.ndarray, need: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every pair (a < b) of each needing cluster's candidate cuts, thinned to at most
-    ``PAIR_CANDIDATES`` evenly spaced ones per cluster: (owner, cut a, cut b)."""
+def _cut_pairs(owner: np.ndarray, first: np.ndarray, need: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every pair (a < b) of each needing cluster's candidate cuts (runs of ``owner``), thinned
+    to at most ``PAIR_CANDIDATES`` evenly spaced ones per cluster: (owner, index of cut a, index
+    of cut b), indices into the candidates."""
     counts = np.bincount(owner, minlength=len(first))[need]
     m = np.minimum(counts, PAIR_CANDIDATES)
     ok = m >= 2
@@ -371,12 +382,11 @@ def _cut_pairs(owner: np.ndarray, cut: np.ndarray, first: np.ndarray, need: np.n
     sub_owner = np.repeat(np.arange(need.size), m)
     sub_j = np.arange(int(m.sum())) - np.repeat(np.cumsum(m) - m, m)
     sub_pos = first[need][sub_owner] + (sub_j * counts[sub_owner]) // m[sub_owner]
-    sub_cut = cut[sub_pos]
     # Pairs: for each chosen a, every later b of the same cluster.
     later = m[sub_owner] - 1 - sub_j  # how many b follow a
-    pa = np.repeat(np.arange(len(sub_cut)), later)
+    pa = np.repeat(np.arange(len(sub_pos)), later)
     pb = pa + 1 + (np.arange(int(later.sum())) - np.repeat(np.cumsum(later) - later, later))
-    return need[sub_owner[pa]], sub_cut[pa], sub_cut[pb]
+    return need[sub_owner[pa]], sub_pos[pa], sub_pos[pb]
 
 
 def _gap_keys(values: np.ndarray) -> np.ndarray:
@@ -384,10 +394,17 @@ def _gap_keys(values: np.ndarray) -> np.ndarray:
     with the low ``_POS_BITS`` of the mantissa replaced by the position, earlier ones larger):
     the largest gap of any run and where it is come from one ``np.maximum.reduceat``, without
     gathering the run. Gaps that agree to 28 bits (1 in 2.7·10⁸) tie, and the first is taken."""
-    gap = np.maximum(np.diff(values), 0.0)
-    key = gap.view(np.int64) & ~_POS_MASK
-    key |= _POS_MASK - (np.arange(len(gap), dtype=np.int64) & _POS_MASK)
-    return np.append(key, 0)  # a last element, so that a run ending at the end can be closed
+    key = np.zeros(max(len(values), 1), np.int64)  # a last 0, so that a run ending at the end can be closed
+    body = key[:-1]
+    gap = body.view(np.float64)
+    np.subtract(values[1:], values[:-1], out=gap)
+    np.maximum(gap, 0.0, out=gap)
+    body &= ~_POS_MASK
+    position = np.arange(len(body), dtype=np.int64)
+    position &= _POS_MASK
+    np.subtract(_POS_MASK, position, out=position)
+    body |= position
+    return key
 
 
 def _largest_gaps(keys: np.ndarray, start: np.ndarray, size: np.ndarray) -> np.ndarray:

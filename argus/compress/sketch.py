@@ -31,7 +31,9 @@ def relative_error(schema: int = DEFAULT_SCHEMA) -> float:
 
 def bucket_index(values: np.ndarray, schema: int = DEFAULT_SCHEMA) -> np.ndarray:
     """Bucket of each positive value: ``ceil(log_γ v)`` (deterministic, so merges are exact)."""
-    return np.ceil(np.log2(values) * (2.0 ** schema)).astype(np.int32)
+    scaled = np.log2(values)
+    scaled *= 2.0 ** schema
+    return np.ceil(scaled, out=scaled).astype(np.int32)
 
 
 @dataclass(frozen=True)

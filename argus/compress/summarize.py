@@ -2,8 +2,9 @@
 
 Per ``(rank, stream, kernel)`` of the window: the paper's KDE summary (one row per mode:
 count, p50, p99, min, max) and a mergeable log-bucket sketch. Everything is vectorised over
-the window's events: one dictionary encode of names, one sort by (group, duration), then
-array arithmetic; per-group Python work only where a density has a candidate valley.
+the window's events: names and kinds categorised once per distinct pair, groups numbered by
+a dense code (a block has few ranks, streams and labels: bincounts, no sort), one sort of
+the integer (group, duration) key, then array arithmetic; no Python work per group.
 
 Events with a NaN, infinite or negative duration (``-1`` = never finished) are not data:
 they are left out of the distributions, never replaced by made-up values.
@@ -42,6 +43,10 @@ class Cluster:
     max: float
 
 
+_DUR_SLOT = 1 << 40  # durations share a sort key with their group: 40 bits of ns (18 min)
+_DENSE_LIMIT = 1 << 22  # codes below this factorize by lookup table (32 MB at most) instead of a sort
+
+
 @dataclass
 class _Grouped:
     """Valid events sorted by (group, duration), with group boundaries."""
@@ -52,20 +57,93 @@ class _Grouped:
     invalid: int
 
 
-def _group_sorted(gid: np.ndarray, dur: np.ndarray, n_groups: int) -> _Grouped:
+def _group_sorted(code: np.ndarray, dur: np.ndarray, code_of_group: np.ndarray, n_codes: int) -> _Grouped:
+    """Valid events sorted by group, then duration. ``code`` per event orders as its group does
+    (``code_of_group``, ascending, all below ``n_codes``: the group index itself or a sparser code)."""
+    raw = np.asarray(dur)
+    if np.issubdtype(raw.dtype, np.integer) and (raw.size == 0 or raw.max() < _DUR_SLOT):
+        # Integer durations below 2^40 ns are their own sort slot: sort the combined key itself
+        # (no permutation to gather through) and read the durations back from its low bits.
+        valid = raw >= 0
+        invalid = int(raw.size - np.count_nonzero(valid))
+        if invalid:
+            code, raw = code[valid], raw[valid]
+        key = np.left_shift(code, 40, dtype=np.int64)
+        key |= raw.astype(np.int64, copy=False)
+        key.sort(kind="stable")  # timsort: the events arrive in long sorted runs
+        sizes = np.bincount(code, minlength=n_codes)[code_of_group]
+        key &= _DUR_SLOT - 1
+        return _Grouped(key.astype(np.float64), _starts(sizes), sizes, invalid)
     dur = np.asarray(dur, dtype=np.float64)
     valid = np.isfinite(dur) & (dur >= 0)
     invalid = int(dur.size - valid.sum())
     if invalid:
-        gid, dur = gid[valid], dur[valid]
+        code, dur = code[valid], dur[valid]
+    sizes = np.bincount(code, minlength=n_codes)[code_of_group]
     # Sort by group, then duration: one argsort of a combined key. Durations ≥ 2^40 ns (18 min)
     # share the top sort slot; their exact values are still taken from ``dur``.
-    key = (gid.astype(np.int64) << 40) | np.minimum(dur, 2.0**40 - 1).astype(np.int64)
+    key = (code.astype(np.int64) << 40) | np.minimum(dur, 2.0**40 - 1).astype(np.int64)
     order = np.argsort(key)
-    sorted_gid = gid[order]
-    sizes = np.bincount(sorted_gid, minlength=n_groups)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    return _Grouped(dur[order], starts, sizes, invalid)
+    return _Grouped(dur[order], _starts(sizes), sizes, invalid)
+
+
+def _starts(sizes: np.ndarray) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(sizes)[:-1]])
+
+
+@dataclass
+class _Distinct:
+    """The sorted distinct codes of the events, and each event's place among them."""
+
+    values: np.ndarray
+    codes: np.ndarray
+    inverse: np.ndarray | None  # None: small ids, spread through a lookup table instead
+
+    @classmethod
+    def of(cls, codes: np.ndarray) -> "_Distinct":
+        """Small non-negative codes (ids) need no sort: a bincount finds them."""
+        if codes.size and codes.min() >= 0 and codes.max() < _DENSE_LIMIT:
+            return cls(np.flatnonzero(np.bincount(codes)), codes, None)
+        values, inverse = np.unique(codes, return_inverse=True)
+        return cls(values, codes, inverse)
+
+    def spread(self, per_value: np.ndarray) -> np.ndarray:
+        """One value per distinct code → the value of every event (one gather)."""
+        if self.inverse is not None:
+            return per_value[self.inverse]
+        lookup = np.zeros(int(self.values[-1]) + 1, per_value.dtype)
+        lookup[self.values] = per_value
+        return lookup[self.codes]
+
+
+def _group_codes(rank: np.ndarray, stream: np.ndarray, label: np.ndarray, n_labels: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """The groups' keys ``rank << 32 | (stream & 0xFFFF) << 16 | label``, ascending (as
+    ``np.unique`` gives them); per event a code that orders as its key; each group's code; and
+    the codes' bound. A block of ranks has few streams and labels: a dense code (rank offset,
+    stream's index among the streams present, label) orders as the key does and needs no sort."""
+    stream = np.asarray(stream)
+    stream16 = stream.view(np.uint16) if stream.dtype in (np.int16, np.uint16) else stream.astype(np.int64) & 0xFFFF
+    rank = np.asarray(rank)
+    if rank.size and n_labels <= 0xFFFF:
+        r_lo = int(rank.min())
+        present = _Distinct.of(stream16)
+        streams, n_streams = present.values, len(present.values)
+        space = (int(rank.max()) - r_lo + 1) * n_streams * n_labels
+        if space <= max(_DENSE_LIMIT, rank.size):  # counts no larger than the codes themselves
+            code = rank.astype(np.int64)
+            code -= r_lo
+            code *= n_streams
+            code += present.spread(np.arange(n_streams, dtype=np.int64))
+            code *= n_labels
+            code += label
+            ucode = np.flatnonzero(np.bincount(code, minlength=space))
+            g_rank = ucode // (n_streams * n_labels) + r_lo
+            ukeys = (g_rank << 32) | (streams.astype(np.int64)[(ucode // n_labels) % n_streams] << 16) | (ucode % n_labels)
+            return ukeys, code, ucode, space
+    key = (rank.astype(np.int64) << 32) | (stream16.astype(np.int64) << 16) | label
+    ukeys, gid = np.unique(key, return_inverse=True)
+    return ukeys, gid, np.arange(len(ukeys)), len(ukeys)
 
 
 def _clusters(g: _Grouped, config: CompressConfig) -> tuple[np.ndarray, ...]:
@@ -98,7 +176,7 @@ def _clusters(g: _Grouped, config: CompressConfig) -> tuple[np.ndarray, ...]:
 def summarize_durations(durations: np.ndarray, config: CompressConfig = CompressConfig()) -> list[Cluster]:
     """The KDE summary of one distribution (for tests and one-off use)."""
     d = np.asarray(durations, dtype=np.float64).ravel()
-    g = _group_sorted(np.zeros(d.size, np.int64), d, 1)
+    g = _group_sorted(np.zeros(d.size, np.int64), d, np.zeros(1, np.int64), 1)
     if g.sizes.sum() == 0:
         return []
     _, _, c_start, c_size = _clusters(g, config)
@@ -130,18 +208,18 @@ def summarize_kernel_arrays(rank: np.ndarray, stream: np.ndarray, name_id: np.nd
         return TABLES["kernel_summaries"].schema.empty_table(), TABLES["kernel_sketches"].schema.empty_table()
     n_kinds = max(len(kinds), 1)
     # Few distinct (name, kind) pairs: normalise and categorise them once each.
-    pair = np.asarray(name_id, np.int64) * n_kinds + np.asarray(kind_id, np.int64)
-    upairs, pair_inv = np.unique(pair, return_inverse=True)
+    pair = np.asarray(name_id).astype(np.int64)
+    pair *= n_kinds
+    pair += kind_id
+    pairs = _Distinct.of(pair)
     labels = []
-    for p in upairs:
+    for p in pairs.values:
         raw, kind = names[p // n_kinds], kinds[p % n_kinds]
         labels.append((normalize_kernel_name(raw), *categorize_kernel(raw, kind)))
     label_index = {lab: i for i, lab in enumerate(dict.fromkeys(labels))}
     pair_label = np.array([label_index[lab] for lab in labels], np.int64)
-    label_of_event = pair_label[pair_inv]
-    key = (np.asarray(rank, np.int64) << 32) | ((np.asarray(stream, np.int64) & 0xFFFF) << 16) | label_of_event
-    ukeys, gid = np.unique(key, return_inverse=True)
-    g = _group_sorted(gid, dur_ns, len(ukeys))
+    ukeys, code, code_of_group, n_codes = _group_codes(rank, stream, pairs.spread(pair_label), len(label_index))
+    g = _group_sorted(code, dur_ns, code_of_group, n_codes)
     g_rank, g_stream, g_label = ukeys >> 32, (ukeys >> 16) & 0xFFFF, ukeys & 0xFFFF
     label_list = list(label_index)
     short = np.array([lab[0] for lab in label_list], dtype=object)
@@ -173,25 +251,23 @@ def summarize_kernel_arrays(rank: np.ndarray, stream: np.ndarray, name_id: np.nd
 def _sketch_table(g: _Grouped, g_rank, g_stream, short, cat, op, window, start_step, end_step, schema) -> pa.Table:
     keep = g.sizes > 0
     starts, sizes = g.starts[keep], g.sizes[keep]
-    group_of = np.repeat(np.arange(len(starts)), sizes)
     pos = g.dur > 0
-    b = np.zeros(len(g.dur), np.int64)
-    b[pos] = bucket_index(g.dur[pos], schema)
-    # Run-length encode (group, bucket) over the sorted events; zero durations counted apart.
-    sel = np.flatnonzero(pos)
-    if sel.size:
-        grp_b = group_of[sel]
-        change = np.ones(sel.size, bool)
-        change[1:] = (grp_b[1:] != grp_b[:-1]) | (b[sel][1:] != b[sel][:-1])
+    if len(pos) and pos.all():  # the usual case: no zero durations, so every event has a bucket
+        b = bucket_index(g.dur, schema)
+        # Run-length encode (group, bucket) over the sorted events: a run also starts at each group.
+        change = np.empty(len(b), bool)
+        change[0] = True
+        np.not_equal(b[1:], b[:-1], out=change[1:])
+        change[starts] = True
         run_start = np.flatnonzero(change)
-        run_counts = np.diff(np.append(run_start, sel.size))
-        run_group = grp_b[run_start]
-        run_bucket = b[sel][run_start]
+        run_counts = np.diff(np.append(run_start, len(b)))
+        run_group = np.searchsorted(starts, run_start, side="right") - 1
+        run_bucket = b[run_start].astype(np.int64)
+        zero = np.zeros(len(starts), np.int64)
     else:
-        run_counts = run_group = run_bucket = np.empty(0, np.int64)
+        run_counts, run_group, run_bucket, zero = _bucket_runs(g.dur, starts, sizes, pos, schema)
     per_group = np.bincount(run_group, minlength=len(starts))
     offsets = np.concatenate([[0], np.cumsum(per_group)]).astype(np.int32)
-    zero = sizes - np.bincount(group_of[sel], minlength=len(starts)) if sel.size else sizes.copy()
     sums = np.add.reduceat(g.dur, starts) if len(g.dur) else np.zeros(len(starts))
     idx = np.flatnonzero(keep)
     n = len(starts)
@@ -213,6 +289,28 @@ def _sketch_table(g: _Grouped, g_rank, g_stream, short, cat, op, window, start_s
         "buckets": pa.ListArray.from_arrays(pa.array(offsets), pa.array(run_bucket.astype(np.int32))),
         "counts": pa.ListArray.from_arrays(pa.array(offsets), pa.array(run_counts.astype(np.int64))),
     }, schema=TABLES["kernel_sketches"].schema)
+
+
+def _bucket_runs(dur: np.ndarray, starts: np.ndarray, sizes: np.ndarray, pos: np.ndarray, schema: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Runs of equal (group, bucket) over the sorted positive durations: counts, group, bucket;
+    and each group's zero durations, counted apart."""
+    group_of = np.repeat(np.arange(len(starts)), sizes)
+    b = np.zeros(len(dur), np.int64)
+    b[pos] = bucket_index(dur[pos], schema)
+    sel = np.flatnonzero(pos)
+    if sel.size:
+        grp_b = group_of[sel]
+        change = np.ones(sel.size, bool)
+        change[1:] = (grp_b[1:] != grp_b[:-1]) | (b[sel][1:] != b[sel][:-1])
+        run_start = np.flatnonzero(change)
+        run_counts = np.diff(np.append(run_start, sel.size))
+        run_group = grp_b[run_start]
+        run_bucket = b[sel][run_start]
+    else:
+        run_counts = run_group = run_bucket = np.empty(0, np.int64)
+    zero = sizes - np.bincount(group_of[sel], minlength=len(starts)) if sel.size else sizes.copy()
+    return run_counts, run_group, run_bucket, zero
 
 
 def sketch_from_row(row: dict) -> LogSketch:
