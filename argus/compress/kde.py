@@ -144,15 +144,15 @@ def _kept_valleys(dens: np.ndarray, cum: np.ndarray, is_min: np.ndarray, dx: np.
     drops each other row's weakest failing valley. ``is_min`` flags inner bins (bin − 1), the
     other arguments are per row. Returns (row, bin) of the valleys kept, ordered by row and bin."""
     n_bins = dens.shape[1]
-    row, v = np.nonzero(is_min)
-    v = v.astype(np.int64) + 1
+    row, v0 = np.nonzero(is_min)
+    v: np.ndarray = v0.astype(np.int64) + 1
     kept: list[tuple[np.ndarray, np.ndarray]] = []
     while row.size:
         live, local = np.unique(row, return_inverse=True)
         d, c = dens[live], cum[live]
         first = np.r_[True, row[1:] != row[:-1]]
         last = np.r_[row[1:] != row[:-1], True]
-        left = np.where(first, 0, np.r_[0, v[:-1]])
+        left: np.ndarray = np.where(first, 0, np.r_[0, v[:-1]])
         right = np.where(last, n_bins, np.r_[v[1:], 0])
         # Each row's valleys cut it into segments; valley i's left peak is in segment i and its
         # right peak in segment i + 1 (one extra segment per row: from the last valley on).

@@ -139,7 +139,8 @@ def cluster_w1_sums(dur: np.ndarray, c_start: np.ndarray, c_size: np.ndarray, po
         at += np.repeat(cs[e], n)
         x = dur.take(at)
         hi_e = np.repeat(hi[e], n)
-        err = _abs_err(x, pos, *(np.repeat(v[e], n) for v in (a, scale, mu, sigma, lo)), hi_e)
+        a_e, scale_e, mu_e, sigma_e, lo_e = (np.repeat(v[e], n) for v in (a, scale, mu, sigma, lo))
+        err = _abs_err(x, pos, a_e, scale_e, mu_e, sigma_e, lo_e, hi_e)
         res[e] = np.bincount(owner, weights=err, minlength=e.size)
         step_e = step[e]
         if step_e.any():
