@@ -153,7 +153,8 @@ def _kept_valleys(dens: np.ndarray, cum: np.ndarray, is_min: np.ndarray, dx: np.
         first = np.r_[True, row[1:] != row[:-1]]
         last = np.r_[row[1:] != row[:-1], True]
         left: np.ndarray = np.where(first, 0, np.r_[0, v[:-1]])
-        right: np.ndarray = np.where(last, n_bins, np.r_[v[1:], 0])
+        right = np.r_[v[1:], 0]
+        right[last] = n_bins
         # Each row's valleys cut it into segments; valley i's left peak is in segment i and its
         # right peak in segment i + 1 (one extra segment per row: from the last valley on).
         seg_start = np.sort(np.concatenate([local * n_bins + left, (local * n_bins + v)[last]]))
