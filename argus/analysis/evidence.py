@@ -109,8 +109,7 @@ def victim_transfers(hosts: list[str], ranks: list[int], steps: list[int], colle
 
 
 def not_compared(note: str) -> dict[str, Any]:
-    """Transfers no comparison could judge (every group crosses the suspect hosts). Not (yet) an
-    ``EvidenceKind``: the string is what stored documents hold."""
+    """Transfers no comparison could judge (every group crosses the suspect hosts)."""
     return {"level": Level.L2, "kind": EvidenceKind.NOT_COMPARED, "note": note}
 
 

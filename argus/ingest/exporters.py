@@ -18,7 +18,7 @@ from argus.ingest.window import ClosedWindow, summarize
 from argus.store import Attempt, AttemptWriter, WindowWriter
 from argus.topology import Topology
 
-__all__ = ["WindowExporter", "StoreExporter", "TsdbExporter", "EvidenceExporter"]
+__all__ = ["WindowExporter", "StoreExporter", "TsdbExporter", "EvidenceExporter", "window_job"]
 
 log = logging.getLogger("argus.processor")
 
@@ -73,9 +73,7 @@ class TsdbExporter:
             sink.start()
 
     def export(self, window: ClosedWindow) -> None:
-        from argus.tsdb import WindowJob
-
-        job = WindowJob.from_window(window)
+        job = window_job(window)
         for sink in self.sinks:
             sink.submit(job)
         partition = self._partitions().get(window.key)
@@ -167,3 +165,17 @@ class EvidenceExporter:
                              title=f"{self.attempt.identity.run_id} window {data.window} ({self.host})")
         enforce_retention(directory, max_bytes=self.max_bytes, max_age_s=self.max_age_s)
         return path
+
+
+def window_job(window: ClosedWindow) -> Any:
+    """The TSDB sinks' view of a closed window (``argus.tsdb.WindowJob``): its tables are shared,
+    not copied. Built here, so the pipeline depends on the tsdb package and never the reverse;
+    imported on first use: the TSDB path is optional."""
+    from argus.tsdb import WindowJob
+
+    d, summaries = window.data, window.summaries
+    return WindowJob(run_id=window.run.run_id, attempt_id=window.run.attempt_id, host=window.host,
+                     layout=window.layout, ranks={r: (p.host, p.local_rank, p.gpu_uuid) for r, p in window.ranks.items()},
+                     window=d.window, start_step=d.start_step, end_step=d.end_step, steps=d.steps, phases=d.phases,
+                     hw=d.hw, drops=d.drops, summaries=summaries.summaries if summaries is not None else None,
+                     sketches=summaries.sketches if summaries is not None else None)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -31,8 +31,6 @@ import pyarrow.compute as pc
 
 from argus.topology import Layout
 
-if TYPE_CHECKING:
-    from argus.ingest import ClosedWindow
 
 __all__ = ["WindowJob", "AttemptClock", "SeriesBatch", "build_window_series", "rank_label_names", "METRICS",
            "HISTOGRAM"]
@@ -75,7 +73,7 @@ def rank_label_names(layout: Layout) -> tuple[str, ...]:
 @dataclass
 class WindowJob:
     """One closed window handed to a sink: the store tables plus who the ranks are
-    (built from the pipeline's ``ClosedWindow`` with :meth:`from_window`)."""
+    (built from the pipeline's ``ClosedWindow`` by ``argus.ingest.window_job``)."""
 
     run_id: str
     attempt_id: str
@@ -96,16 +94,6 @@ class WindowJob:
     def key(self) -> tuple[str, str]:
         return (self.run_id, self.attempt_id)
 
-    @classmethod
-    def from_window(cls, window: ClosedWindow) -> WindowJob:
-        """The sink's view of a closed window (``argus.ingest``): its tables are shared, not copied."""
-        d = window.data
-        summaries = window.summaries
-        return cls(run_id=window.run.run_id, attempt_id=window.run.attempt_id, host=window.host, layout=window.layout,
-                   ranks={r: (p.host, p.local_rank, p.gpu_uuid) for r, p in window.ranks.items()},
-                   window=d.window, start_step=d.start_step, end_step=d.end_step, steps=d.steps, phases=d.phases,
-                   hw=d.hw, drops=d.drops, summaries=summaries.summaries if summaries is not None else None,
-                   sketches=summaries.sketches if summaries is not None else None)
 
 
 @dataclass

@@ -11,10 +11,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from argus.ingest import ClosedWindow, RankPlace, StoreExporter, TsdbExporter, WrittenWindow, summarize, write_window
+from argus.ingest import ClosedWindow, RankPlace, StoreExporter, TsdbExporter, WrittenWindow, summarize, window_job, write_window
 from argus.store import Store, WindowData, WindowWriter, conform
 from argus.topology import RunIdentity, Topology, parse_layout
-from argus.tsdb import WindowJob
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,7 +88,7 @@ def test_the_tsdb_job_is_derived_from_the_closed_window(tmp_path):
     data = WindowData(window=3, start_step=15, end_step=19, steps=_steps(), kernels=_kernels())
     closed = _closed(attempt, data)
     closed.summaries = summarize(data)
-    job = WindowJob.from_window(closed)
+    job = window_job(closed)
     assert job.key == ("job", "0") and job.host == "node-0" and job.layout == attempt.layout
     assert (job.window, job.start_step, job.end_step) == (3, 15, 19)
     assert job.ranks == {0: ("node-0", 0, "GPU-0"), 1: ("node-0", 1, "GPU-1")}
