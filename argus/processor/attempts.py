@@ -4,16 +4,19 @@ table, and the attempt's exporters (its store partition, its Perfetto evidence).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Mapping
 
 import numpy as np
 
 from argus.ingest import ClosedWindow, EvidenceExporter, RankPlace, StoreExporter
 from argus.processor.assembler import WindowAssembler
 from argus.processor.config import ProcessorConfig
-from argus.store import Attempt
+from argus.store import Attempt, AttemptWriter
 from argus.topology import Layout, Topology
 
-__all__ = ["AttemptState"]
+__all__ = ["AttemptKey", "AttemptState", "partitions"]
+
+AttemptKey = tuple[str, str]  # (run id, attempt id)
 
 
 @dataclass
@@ -55,3 +58,8 @@ class AttemptState:
                   for r in ranks}
         return ClosedWindow(run=self.attempt.identity, host=host, layout=self.attempt.layout, data=data,
                             ranks=places, topology_rows=topology_rows)
+
+
+def partitions(attempts: Mapping[AttemptKey, AttemptState]) -> dict[AttemptKey, AttemptWriter]:
+    """The store partition of every attempt served now (where TSDB drops are recorded)."""
+    return {key: st.store.partition for key, st in attempts.items()}

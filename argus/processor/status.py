@@ -13,11 +13,22 @@ from __future__ import annotations
 
 import json
 import logging
+import resource
+import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
-__all__ = ["FlushProgress", "ProcessorStatus", "STATUS_DIR", "read_all_statuses", "read_status", "status_path"]
+if TYPE_CHECKING:  # the daemon's parts: readers of the file (argus run, drill) import none of them
+    from argus.ingest import TsdbExporter
+    from argus.processor.attempts import AttemptKey, AttemptState
+    from argus.processor.config import ProcessorConfig
+    from argus.processor.connection import Connection
+    from argus.processor.samplers import Samplers
+    from argus.tsdb.sink import Liveness
+
+__all__ = ["FlushProgress", "ProcessorStatus", "STATUS_DIR", "liveness", "read_all_statuses", "read_status",
+           "status_path"]
 
 log = logging.getLogger("argus.processor")
 
@@ -103,6 +114,24 @@ class ProcessorStatus:
         if key not in self.runs and len(self.runs) < limit:
             self.runs.append(key)
 
+    def take_snapshot(self, config: ProcessorConfig, attempts: Mapping[AttemptKey, AttemptState],
+                      conns: list[Connection], pending_frame_bytes: int, samplers: Samplers,
+                      tsdb: TsdbExporter | None) -> None:
+        """The fields taken at each write: the process's CPU (and py-spy's, its children's),
+        the windows still open, what is held in memory, the samplers' and sinks' figures."""
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        self.cpu_s = round(own.ru_utime + own.ru_stime, 3)
+        self.children_cpu_s = round(children.ru_utime + children.ru_stime, 3)  # py-spy
+        self.updated = time.time()
+        self.open_windows = {f"{k[0]}/{k[1]}": sorted(st.assembler.windows) for k, st in attempts.items()}
+        self.buffered_events = sum(st.assembler.buffered_events for st in attempts.values())
+        self.pending_frame_bytes = pending_frame_bytes
+        self.open_connections = len(conns)
+        self.samplers = samplers.status()
+        self.config = {k: str(v) for k, v in asdict(config).items()}
+        if tsdb is not None:
+            self.remote_write = tsdb.stats()
+
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
         for name in _ABSENT_WHILE_ZERO:
@@ -139,6 +168,21 @@ _ABSENT_WHILE_ZERO = ("attempts_forgotten", "remote_write_errors", "acks_dropped
                       "hang_snapshots", "flight_recorder_asked", "drops_before_hello", "sampled_records",
                       "controls_sent", "cpu_ops_cpu_timed", "cpu_ops_wall_ns", "cpu_ops_cpu_ns", "producer_cpu_s",
                       "rank_pids")
+
+
+def liveness(host: str, conns: Iterable[Connection], attempts: Mapping[AttemptKey, AttemptState],
+             last_step_wall: Mapping[AttemptKey, float], last_window_wall: float) -> Liveness:
+    """The snapshot the TSDB sinks' heartbeats send (built on the loop's thread, read by the
+    sinks' threads): per attempt served, its ranks connected and its last step's wall time."""
+    from argus.tsdb.sink import Liveness
+
+    connected: dict[AttemptKey, int] = {}
+    for conn in conns:
+        if conn.info is not None and conn.attempt_key is not None:
+            connected[conn.attempt_key] = connected.get(conn.attempt_key, 0) + 1
+    runs = tuple((run, attempt, connected.get((run, attempt), 0), last_step_wall.get((run, attempt), 0.0))
+                 for run, attempt in sorted(set(attempts) | set(connected)))
+    return Liveness(host, runs, sum(st.in_flight for st in attempts.values()), last_window_wall)
 
 
 def read_status(store: str | Path, host: str) -> ProcessorStatus | None:
