@@ -18,19 +18,32 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _dump_fr_trace
 
 
+def _barrier(name: str) -> None:
+    """Every rank here, through the rendezvous store: a collective barrier would be in the Flight
+    Recorder itself, and one not yet marked complete when a rank dumps (it happened in 1 run of
+    few) is a collective every member issued and none finished — a stuck one, which the
+    analysis then rightly blames on the link instead of the rank that never came."""
+    store = dist.distributed_c10d._get_default_store()
+    world = dist.get_world_size()
+    store.add(f"barrier/{name}", 1)
+    deadline = time.monotonic() + 60
+    while store.add(f"barrier/{name}", 0) < world:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"barrier {name}: not every rank came")
+        time.sleep(0.01)
+
+
 def dump(out: str, rank: int) -> None:
     os.makedirs(out, exist_ok=True)
-    dist.barrier(group=CONTROL)  # every rank has issued what it will: the state a timeout finds
+    _barrier(out)  # every rank has issued what it will: the state a timeout finds
     with open(os.path.join(out, f"fr_trace_{rank}"), "wb") as f:
         f.write(_dump_fr_trace(True, True, False))
 
 
 def main() -> None:
-    global CONTROL
     scenario, out = sys.argv[1], sys.argv[2]
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    CONTROL = dist.new_group(backend="gloo", group_desc="CONTROL")  # the test's own barrier
     x = torch.ones(8)
     work = None  # the stuck collective, kept unwaited
     if scenario == "skip":
@@ -55,6 +68,5 @@ def main() -> None:
     os._exit(0)  # the stuck works are never waited for
 
 
-CONTROL = None
 if __name__ == "__main__":
     main()
