@@ -17,8 +17,9 @@ _DS = {"type": "prometheus", "uid": "${datasource}"}
 
 def _panel(i: int, p: Panel) -> dict[str, Any]:
     w, h = (24, 9) if p.kind in ("heatmap",) or i == 0 else (12, 8)
-    targets = [{"refId": chr(65 + j), "datasource": _DS, "expr": expr, "legendFormat": legend}
-               for j, (legend, expr) in enumerate(p.exprs)]
+    targets: list[dict[str, Any]] = [
+        {"refId": chr(65 + j), "datasource": _DS, "expr": expr, "legendFormat": legend}
+        for j, (legend, expr) in enumerate(p.exprs)]
     panel: dict[str, Any] = {"id": i + 1, "title": p.title, "type": p.kind, "datasource": _DS,
                              "description": p.description, "targets": targets,
                              "fieldConfig": {"defaults": {"unit": p.unit}, "overrides": []},

@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NoReturn, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, NoReturn, Sequence, cast
 
 import numpy as np
 import pyarrow as pa
@@ -206,7 +206,7 @@ def group_kind_of(layout: Layout, rank: int, members: Sequence[int]) -> str:
 def _resolve_layout(text: str | Mapping[str, int], order: str | None, traces: list[RankTrace]) -> Layout:
     parse_layout(text, order=order)  # syntax first: a typo is reported as such
     sized = [t for t in traces if t.world_size]
-    worlds = {t.world_size for t in sized}
+    worlds = {cast(int, t.world_size) for t in sized}  # sized: only traces that state a world size
     if len(worlds) > 1:
         a = next(t for t in sized if t.world_size == min(worlds))
         b = next(t for t in sized if t.world_size == max(worlds))

@@ -40,7 +40,7 @@ RUN_ID_KEY = "argus/run_id"  # the key the ranks agree on a run id under, in the
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
-        self.callbacks: dict[str, list[Callable[[Any], None]]] = {}
+        self.callbacks: dict[str, list[Callable[[Any], object]]] = {}  # results ignored
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         callbacks = self.callbacks.pop(name, None)
@@ -75,7 +75,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 _FINDER = _AfterImport()
 
 
-def after_import(name: str, callback: Callable[[Any], None]) -> None:
+def after_import(name: str, callback: Callable[[Any], object]) -> None:
     """Run ``callback(module)`` right after ``name`` is first imported (now if it already is)."""
     module = sys.modules.get(name)
     if module is not None:

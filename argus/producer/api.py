@@ -24,7 +24,7 @@ import os
 import sys
 import threading
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 from argus import env as argus_env
 from argus.vocab import PhaseCategory
@@ -152,7 +152,7 @@ class phase(contextlib.ContextDecorator):  # noqa: N801 - public API: argus.phas
                 rt.fail(f"phase() failed ({err})")
         return self
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(self, *exc: object) -> Literal[False]:
         rt = _RUNTIME
         if rt is not None and rt.active and self._start:
             try:

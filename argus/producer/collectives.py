@@ -42,7 +42,7 @@ import functools
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from argus.producer.flight_recorder import FlightRecorderTimes, fr_key, nccl_dump
 from argus.producer.recorder import GROUP, now_ns
@@ -100,7 +100,7 @@ class CollectiveTracker:
         self.coalescing: dict[int, list[tuple]] = {}
         self.coalesced: dict[int, list[tuple]] = {}  # id(coalesced work) → its launches after the first
         self._ddp_register: Callable | None = None
-        self._fr: FlightRecorderTimes | None | bool = None  # False: not usable in this process
+        self._fr: FlightRecorderTimes | Literal[False] | None = None  # False: not usable in this process
         self.fr_dump: Callable[[], dict] | None = None  # tests: a ring of their own
 
     # -- install ---------------------------------------------------------------------------

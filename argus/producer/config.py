@@ -154,7 +154,7 @@ def resolve_identity(config: ProducerConfig, environ: Mapping[str, str] | None =
     own start time; hosts started a second apart would otherwise split one job into two runs."""
     env = os.environ if environ is None else environ
 
-    def first(*names: str, default: str | None = None) -> str | None:
+    def first(*names: str, default: str) -> str:
         for n in names:
             if env.get(n, "") != "":
                 return env[n]

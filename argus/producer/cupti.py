@@ -33,7 +33,7 @@ import logging
 import operator
 import time
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -153,7 +153,7 @@ class CuptiSource:
             source.step_aside()
             return original(prof)
 
-        profiler.profile._prepare_trace = _prepare_trace
+        setattr(profiler.profile, "_prepare_trace", _prepare_trace)
         self._patched = (profiler.profile, original)
 
     def step_aside(self) -> None:
@@ -257,7 +257,7 @@ class CuptiSource:
                     if key not in cache:
                         cache[key] = self.recorder.name_id(self._label(key))
                     ids[j] = cache[key]
-        return ids
+        return cast(list[int], ids)  # every None filled above
 
     def _label(self, key: Any) -> str:
         if not isinstance(key, tuple):

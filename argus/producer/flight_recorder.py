@@ -71,7 +71,7 @@ def nccl_dump() -> Callable[[], dict] | None:
     try:
         from torch._C import _distributed_c10d as c10d
 
-        dump = c10d._dump_nccl_trace
+        dump = c10d._dump_nccl_trace  # type: ignore[attr-defined]  # NCCL builds only; the stubs lack it
     except (ImportError, AttributeError):
         return None
     return lambda: pickle.loads(dump(includeCollectives=True, includeStackTraces=False, onlyActive=False))
@@ -266,7 +266,7 @@ class FlightRecorderTimes:
 
     def _complete(self, group: str, final: bool = False) -> None:
         """Emit the group's leading collectives whose arrival and duration are both known."""
-        out = []
+        out: list[tuple[Any, int | None, int | None]] = []
         with self._lock:
             waiting = self._groups.get(group)
             if not waiting:
@@ -284,8 +284,8 @@ class FlightRecorderTimes:
                 else:
                     break  # later ones wait for this one: its end is their earliest start
                 del waiting[seq]
-        for launch, t0, t1 in out:
+        for launch, start_ns, end_ns in out:
             try:
-                self.done(launch, t0, t1)
+                self.done(launch, start_ns, end_ns)
             except Exception:  # noqa: BLE001
                 pass

@@ -28,7 +28,7 @@ import functools
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from argus.producer.recorder import KIND, Recorder, now_ns
 from argus.vocab import KernelKind
 from argus.wire import DTYPES, Msg
 from argus.wire.inflight import CAPTURE_IDLE, CAPTURE_SOON, OP_CAPTURE_LEAD_S
+
+if TYPE_CHECKING:
+    from argus.producer.cupti import CuptiSource
 
 __all__ = ["KernelSource", "CpuOpSource", "select_source", "working_ops"]
 
@@ -80,7 +83,8 @@ def working_ops(events: list, offset_ns: int, name_id: Any, step: int) -> np.nda
     out = np.zeros(len(rows), DTYPES[Msg.KERNELS])
     if rows:
         cols = list(zip(*rows))
-        for i, field in enumerate(DTYPES[Msg.KERNELS].names):
+        # a structured dtype: names is never None (numpy's stubs allow it for plain dtypes)
+        for i, field in enumerate(DTYPES[Msg.KERNELS].names):  # type: ignore[arg-type]
             out[field] = cols[i]
     return out
 
@@ -123,7 +127,7 @@ class CpuOpSource(KernelSource):
             source.end_sample()  # the user's profiler wins
             return original(prof)
 
-        profiler.profile._prepare_trace = _prepare_trace
+        setattr(profiler.profile, "_prepare_trace", _prepare_trace)
         self._patched = (profiler.profile, original)
         os.register_at_fork(before=self._before_fork)
         self._announce(0)  # idle until the first capture comes near
@@ -182,7 +186,8 @@ class CpuOpSource(KernelSource):
         except RuntimeError:  # someone else stopped it
             return
         mark = next((e for events in threads for e in events if e.kind() == "mark"), None)
-        offset = self.offset_ns - int(mark.start_us() * 1000) if mark is not None else 0
+        # the legacy events have start_us; torch's stubs leave it out of ProfilerEvent
+        offset = self.offset_ns - int(mark.start_us() * 1000) if mark is not None else 0  # type: ignore[attr-defined]
         for events in threads:
             records = working_ops(events, offset, self.recorder.name_id, self.step)
             if len(records):
@@ -200,7 +205,7 @@ class CpuOpSource(KernelSource):
             self._patched = None
 
 
-def select_source(mode: str, recorder: Recorder, op_sample_every: int) -> KernelSource:
+def select_source(mode: str, recorder: Recorder, op_sample_every: int) -> KernelSource | CuptiSource:
     """``auto``: CUPTI when a CUDA device and cupti-python work, else sampled CPU ops."""
     if mode == "off":
         return KernelSource()
@@ -211,9 +216,9 @@ def select_source(mode: str, recorder: Recorder, op_sample_every: int) -> Kernel
             if torch.cuda.is_available():
                 from argus.producer.cupti import CuptiSource
 
-                source = CuptiSource(recorder)
-                source.start()
-                return source
+                cupti_source = CuptiSource(recorder)
+                cupti_source.start()
+                return cupti_source
             if mode == "cupti":
                 log.warning("argus: kernels=cupti but no CUDA device; using CPU ops")
         except Exception as exc:  # noqa: BLE001 - NotSupportedError, missing library…

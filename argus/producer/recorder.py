@@ -29,7 +29,7 @@ def now_ns() -> int:
     return time.monotonic_ns() + _OFFSET
 
 
-CATEGORY = {c: i for i, c in enumerate(CATEGORIES)}
+CATEGORY: dict[str, int] = {c: i for i, c in enumerate(CATEGORIES)}  # str keys: a category or its value
 GROUP = {g: i for i, g in enumerate(GROUP_KINDS)}
 KIND = {k: i for i, k in enumerate(KINDS)}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 from argus.producer.recorder import Recorder, now_ns
 
@@ -26,7 +26,8 @@ def fold(frame: Any, limit: int = 64) -> str:
     that lead into them), so an op captured by the producer is not read as, say, a
     ``torch/_dynamo`` compile stall. User code called *from* a hook (a tensor hook run under
     the producer's backward hook) stays: it is what the host was doing."""
-    parts, files = [], []
+    parts: list[str] = []
+    files: list[str] = []
     while frame is not None and len(parts) < limit:
         code = frame.f_code
         parts.append(f"{code.co_name} ({code.co_filename}:{frame.f_lineno})")
@@ -47,7 +48,8 @@ class StackSampler:
         self.recorder = recorder
         self.rt = runtime
         self.hz = hz
-        self.target = thread_ident or threading.main_thread().ident
+        # the main thread is running, so it has an ident
+        self.target = cast(int, thread_ident or threading.main_thread().ident)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="argus-stacks", daemon=True)
         self._agg: dict[tuple[int, str], list[int]] = {}

@@ -134,10 +134,10 @@ class _Scale:
         self.a, self.b = a, b
 
     def __call__(self, v: np.ndarray | float) -> np.ndarray:
-        v = np.asarray(v, np.float64)
+        arr = np.asarray(v, np.float64)
         if self.log:
-            v = np.log10(np.maximum(v, 1e-300))
-        return self.a + (v - self.lo) / (self.hi - self.lo) * (self.b - self.a)
+            arr = np.log10(np.maximum(arr, 1e-300))
+        return self.a + (arr - self.lo) / (self.hi - self.lo) * (self.b - self.a)
 
 
 def _polyline(xs: np.ndarray, ys: np.ndarray) -> list[str]:
@@ -185,13 +185,13 @@ def line_chart(x: Sequence[float] | np.ndarray, series: Sequence[Series], *, ban
         p.append(f'<rect class="span" x="{a:.1f}" y="{fr.top}" width="{max(b - a, 2.0):.1f}" height="{fr.ph}" '
                  f'fill="{esc(sp.color)}" opacity="0.14"><title>{esc(sp.label)}</title></rect>')
     _axes(fr, sx, sy, lo, hi, x_lo, x_hi, log_x, x_label, y_label, integer_x)
-    for b in bands:
-        top = _polyline(sx(xs), sy(np.asarray(b.hi, np.float64)))
-        bot = _polyline(sx(xs), sy(np.asarray(b.lo, np.float64)))
+    for band in bands:
+        top = _polyline(sx(xs), sy(np.asarray(band.hi, np.float64)))
+        bot = _polyline(sx(xs), sy(np.asarray(band.lo, np.float64)))
         if len(top) == 1 and len(bot) == 1:
             pts = top[0] + " " + " ".join(reversed(bot[0].split(" ")))
-            p.append(f'<polygon points="{pts}" fill="{esc(b.color)}" opacity="{b.opacity}" stroke="none">'
-                     f'<title>{esc(b.name)}</title></polygon>')
+            p.append(f'<polygon points="{pts}" fill="{esc(band.color)}" opacity="{band.opacity}" stroke="none">'
+                     f'<title>{esc(band.name)}</title></polygon>')
     for value, label in hlines:
         yy = float(sy(value))
         if fr.top <= yy <= fr.top + fr.ph:
@@ -298,7 +298,7 @@ def heatmap(row_labels: Sequence[str], col_labels: Sequence[str], colors: Sequen
                  f'<title>{esc(c)}</title>{esc(short)}</text>')
     hl = set(highlight_rows)
     for i, r in enumerate(row_labels):
-        y = fr.top + i * cell
+        y: float = fr.top + i * cell
         bold = ' font-weight="bold" fill="#b00"' if i in hl else ' fill="#222"'
         p.append(f'<text x="{fr.left - 6}" y="{y + cell * 0.7:.1f}" text-anchor="end" {_FONT}{bold}>{esc(r)}</text>')
         for j in range(n_c):

@@ -223,7 +223,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing ----------------------------------------------------------------------
     def setup(self) -> None:
-        self.timeout = self.server.config.socket_timeout_s  # StreamRequestHandler.setup sets it on the socket
+        # StreamRequestHandler.setup sets it on the socket; it reads self.timeout, so an instance value is
+        # right, but typeshed declares the attribute a ClassVar
+        self.timeout = self.server.config.socket_timeout_s  # type: ignore[misc]
         super().setup()
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature

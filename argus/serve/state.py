@@ -81,7 +81,7 @@ class AttemptState:
         self._result: _Result | None = None
         self._running: tuple[int, int, int] | None = None  # data fingerprint being diagnosed
         self._gatherer: tuple[tuple[int, int, int], Gatherer] | None = None
-        self._summary: tuple[tuple, ReportData] | None = None
+        self._summary: tuple[tuple, ReportData | None] | None = None
         self._views: dict[tuple, IncidentView] = {}
 
     # -- diagnosis in the background -------------------------------------------------------

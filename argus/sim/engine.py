@@ -134,9 +134,9 @@ class Engine:
             "compute", "comm", "host", "", "kernel", "forward-compute", "backward-compute", "dataloader",
             "checkpoint-save", "pp-send", "pp-recv", "moe_layer", "moe_layer-bwd", "tp", "cp", "ep", "dp",
             "pp", "world", "model_parallel", "embedding")}
-        for op in w.comm_ops():
-            self.names.id(op.phase)
-            self.names.id(op.kernel.name)
+        for comm in w.comm_ops():
+            self.names.id(comm.phase)
+            self.names.id(comm.kernel.name)
         self.block_kernels = {
             (s, b, c): self._count_block_kernels(s, b, c) for s in range(self.P) for b in ("F", "B")
             for c in range(self.V)}

@@ -20,7 +20,7 @@ from argus.sim.config import SimConfig
 from argus.sim.faults import (ComputeSlowdown, FaultPlan, GroupLinkDegradation, Hang, HostStall, HwOverride,
                               LinkDegradation)
 from argus.sim.stacks import FRAMES
-from argus.sim.workload import ComputeOp, Workload
+from argus.sim.workload import CommOp, ComputeOp, Workload
 from argus.topology import Layout, Topology
 from argus.vocab import GroupKind
 
@@ -315,8 +315,10 @@ def _group_link_degradation(ctx: ScenarioContext) -> tuple[FaultPlan, list[dict[
     plan = _plan(ctx)
     plan.group_links.append(GroupLinkDegradation(kind, tuple(members), float(ctx.p("factor")), frozenset(steps)))
     w = ctx.config.workload
-    ops = {GroupKind.DP: (w.dp_reduce_scatter, w.dp_allgather), GroupKind.EP: (w.ep_alltoall,),
-           GroupKind.CP: (w.cp_ring,), GroupKind.TP: (w.tp_allreduce,)}.get(kind, ())
+    ops_of: dict[str, tuple[CommOp, ...]] = {
+        GroupKind.DP: (w.dp_reduce_scatter, w.dp_allgather), GroupKind.EP: (w.ep_alltoall,),
+        GroupKind.CP: (w.cp_ring,), GroupKind.TP: (w.tp_allreduce,)}
+    ops = ops_of.get(kind, ())
     return plan, [_truth(ctx, "link_degradation", members, steps, None, sorted({op.kernel.short for op in ops}),
                          factor=float(ctx.p("factor")), group=kind, cause="group_path_degraded")]
 

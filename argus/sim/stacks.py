@@ -69,9 +69,9 @@ def step_stacks(*, step: int, start: np.ndarray, end: np.ndarray, busy: np.ndarr
         (dataloader * per_ns, FRAMES["dataloader"]),
     ]
     for st in stalls:
-        counts = np.zeros(n)
-        counts[list(st.ranks)] = stalled[list(st.ranks)] * per_ns
-        parts.append((counts, st.frames))
+        stall_counts = np.zeros(n)
+        stall_counts[list(st.ranks)] = stalled[list(st.ranks)] * per_ns
+        parts.append((stall_counts, st.frames))
     if hang is not None:
         observed = np.where(unfinished, hang_observed_s * 1e9 * per_ns, 0.0)
         culprit = np.zeros(n)
@@ -80,7 +80,10 @@ def step_stacks(*, step: int, start: np.ndarray, end: np.ndarray, busy: np.ndarr
         others[hang.rank] = 0.0
         parts += [(culprit, hang.frames), (others, FRAMES["hung_collective"])]
 
-    ranks, frames, counts, labels = [], [], [], []
+    ranks: list[np.ndarray] = []
+    frames: list[np.ndarray] = []
+    counts: list[np.ndarray] = []
+    labels: list[str] = []
     for values, label in parts:
         c = np.rint(values).astype(np.int64)
         idx = np.flatnonzero(c > 0)

@@ -159,6 +159,6 @@ class PromClient:
         sizes = np.array([len(v) for _, v in chunks])
         pairs = [p for _, v in chunks for p in v]
         ts = np.rint(np.array([p[0] for p in pairs], np.float64) * 1000).astype(np.int64)
-        values = np.array([p[1] for p in pairs]).astype(np.float64)
+        sample_values = np.array([p[1] for p in pairs]).astype(np.float64)
         cols = {k: np.repeat(np.array([m.get(k, "") for m, _ in chunks], object), sizes) for k in labels}
-        return RawSeries(ts, values, cols)
+        return RawSeries(ts, sample_values, cols)

@@ -241,11 +241,15 @@ def build_window_series(job: WindowJob, clock: AttemptClock, job_label: str,
     if steps is not None and steps.num_rows:
         s_rank, s_step = _np(steps, "rank").astype(np.int64), _np(steps, "step").astype(np.int64)
         s_start, s_end = _np(steps, "start_ns").astype(np.int64), _np(steps, "end_ns").astype(np.int64)
-        parts_r.append(s_rank), parts_s.append(s_step), parts_t.append(np.where(s_end >= 0, s_end, s_start))
+        parts_r.append(s_rank)
+        parts_s.append(s_step)
+        parts_t.append(np.where(s_end >= 0, s_end, s_start))
     if phases is not None and phases.num_rows:
         p_rank, p_step = _np(phases, "rank").astype(np.int64), _np(phases, "step").astype(np.int64)
         p_start, p_dur = _np(phases, "start_ns").astype(np.int64), _np(phases, "dur_ns").astype(np.int64)
-        parts_r.append(p_rank), parts_s.append(p_step), parts_t.append(p_start + np.maximum(p_dur, 0))
+        parts_r.append(p_rank)
+        parts_s.append(p_step)
+        parts_t.append(p_start + np.maximum(p_dur, 0))
     hw = job.hw
     raw_max = [int(t.max()) for t in parts_t if len(t)]
     if hw is not None and hw.num_rows:
@@ -375,7 +379,8 @@ def _add_kernels(batch: SeriesBatch, base, summ: pa.Table, window_ms: int, label
             "category": _np(summ, "category").astype(str), "op": _np(summ, "op").astype(str),
             "cluster": _np(summ, "cluster").astype(np.int64)}
     ts = np.full(len(rank), window_ms, np.int64)
-    metrics = {"argus_kernel_count": (_np(summ, "count").astype(np.float64), None)}
+    metrics: dict[str, tuple[np.ndarray, np.ndarray | None]] = {
+        "argus_kernel_count": (_np(summ, "count").astype(np.float64), None)}
     metrics.update({f"argus_kernel_{name}_seconds": (_np(summ, col) / 1e9, None)
                     for col, name in (("p50_ns", "p50"), ("p99_ns", "p99"), ("min_ns", "min"), ("max_ns", "max"))})
     batch.add_family(metrics, base, cols, ts, rank=rank, rank_labels=rank_labels)

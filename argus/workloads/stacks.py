@@ -61,6 +61,7 @@ import sys
 import time
 import traceback
 from datetime import timedelta
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
@@ -68,6 +69,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from argus.workloads.train_transformer import Block, SelfAttention
+
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from torch.distributed.fsdp import FSDPModule
 
 STACKS = ["ddp", "fsdp2", "pipeline", "compile", "compile_ddp", "checkpoint", "manual", "dataloader"]
 FAULTS = ["none", "hang", "gc", "recompile", "slow_data", "varlen", "gradual", "kill", "flip_grad", "flip_param", "flip_gemm"]
@@ -96,6 +102,7 @@ class LM(nn.Module):
                 x = block(x)
         if self.head is None:
             return x
+        assert self.ln_f is not None  # made with the head (last stage)
         # (B*T, V) from a 2-D matmul: not a view (FSDP2 warns about views returned by the root)
         return self.head(self.ln_f(x).reshape(-1, x.shape[-1]))
 
@@ -103,6 +110,8 @@ class LM(nn.Module):
 class Faults:
     """Where each fault acts: before the step (gc, gradual), before backward (hang); the data
     plan (varlen, recompile, slow_data) is :meth:`seq_len` and :meth:`slow`."""
+
+    _linear: Callable[..., torch.Tensor]  # the real F.linear while flip_gemm's broken one stands in
 
     def __init__(self, a: argparse.Namespace, rank: int):
         self.a, self.rank = a, rank
@@ -194,6 +203,7 @@ class Faults:
             return
         p = next(p for p in model.parameters() if p.grad is not None)
         target = p.grad if self.a.fault == "flip_grad" else p.data
+        assert target is not None  # p was picked for its gradient
         with torch.no_grad():
             target.view(-1).view(torch.int32)[0] ^= 1 << 20
         print(f"[rank {self.rank}] step {step}: flipped bit 20 of {self.a.fault[5:]} {tuple(p.shape)}[0]", flush=True)
@@ -280,7 +290,8 @@ def run_stack(a: argparse.Namespace, rank: int, world: int, f: Faults, res: dict
         if a.stack in ("ddp", "checkpoint", "dataloader", "compile_ddp"):
             ddp = nn.parallel.DistributedDataParallel(model)
             forward = torch.compile(ddp) if a.stack == "compile_ddp" else ddp
-            sync = lambda last: contextlib.nullcontext() if last else ddp.no_sync()  # noqa: E731
+            sync: Callable[[bool], contextlib.AbstractContextManager] = (  # noqa: E731
+                lambda last: contextlib.nullcontext() if last else ddp.no_sync())
         elif a.stack == "fsdp2":
             from torch.distributed.fsdp import fully_shard
             for block in model.blocks:
@@ -289,7 +300,7 @@ def run_stack(a: argparse.Namespace, rank: int, world: int, f: Faults, res: dict
             forward = model
 
             def sync(last: bool) -> contextlib.AbstractContextManager:
-                model.set_requires_gradient_sync(last)  # reduce-scatter only on the last one
+                cast("FSDPModule", model).set_requires_gradient_sync(last)  # reduce-scatter only on the last one
                 return contextlib.nullcontext()
             res["fsdp_param_type"] = type(next(model.parameters())).__name__
         elif a.stack == "compile":
@@ -310,11 +321,14 @@ def run_stack(a: argparse.Namespace, rank: int, world: int, f: Faults, res: dict
                 opt.zero_grad(set_to_none=True)
             else:  # manual: explicit gradient averaging and SGD, no optimizer
                 for p in params:
+                    assert p.grad is not None  # after backward every parameter has one
                     dist.all_reduce(p.grad)
                     p.grad /= world
                 with torch.no_grad():
                     for p in params:
-                        p -= a.lr_sgd * p.grad
+                        assert p.grad is not None
+                        # in place: p stays the Parameter (torch's stubs say __isub__ gives a Tensor)
+                        p -= a.lr_sgd * p.grad  # type: ignore[misc]
                         p.grad = None
             if after is not None:
                 after(loss)
@@ -427,6 +441,7 @@ def _pipeline(a, rank, world, f, res):
         loss = torch.stack(losses).mean().detach().reshape(1) if stage == 1 else torch.zeros(1)
         work = dist.isend(loss, peer) if stage == 1 else dist.irecv(loss, peer)
         types.setdefault("isend" if stage == 1 else "irecv", type(work).__name__)
+        assert work is not None  # None only for a rank outside the group
         work.wait()
         # ...and both exchange a step tag with batch_isend_irecv
         mine, theirs = torch.tensor([step, rank], dtype=torch.float32), torch.zeros(2)

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import time
+from typing import cast
 
 import torch
 import torch.distributed as dist
@@ -99,9 +100,10 @@ def _compile_for(ms: float) -> None:
     # the stall lasts ``ms`` in all: keep back what the collection at its end took last time
     deadline = start + ms / 1000.0 - getattr(_compile_for, "gc_s", 0.0)
     while time.perf_counter() < deadline:
-        _compile_for.count = getattr(_compile_for, "count", 0) + 1
-        name = f"argus_jit_{os.getpid()}_{_compile_for.count}"
-        src = ("import torch\n" f"def fused_{_compile_for.count}(x: torch.Tensor) -> torch.Tensor:\n"
+        count = getattr(_compile_for, "count", 0) + 1
+        setattr(_compile_for, "count", count)  # a function attribute: the names stay new across stalls
+        name = f"argus_jit_{os.getpid()}_{count}"
+        src = ("import torch\n" f"def fused_{count}(x: torch.Tensor) -> torch.Tensor:\n"
                + "".join(f"    x = x * {j + 1} + torch.relu(x)\n" for j in range(40)) + "    return x\n")
         filename = f"<{name}>"
         linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
@@ -109,11 +111,11 @@ def _compile_for(ms: float) -> None:
         module.__file__ = filename
         sys.modules[name] = module
         exec(compile(src, filename, "exec"), module.__dict__)
-        torch.jit.script(module.__dict__[f"fused_{_compile_for.count}"])  # compiled, not run: no device work
+        torch.jit.script(module.__dict__[f"fused_{count}"])  # compiled, not run: no device work
         del sys.modules[name], linecache.cache[filename]  # the source is needed only while compiling
     t = time.perf_counter()
     gc.collect()  # the compiler's garbage is collected inside the stall, not in the steps after it
-    _compile_for.gc_s = time.perf_counter() - t
+    setattr(_compile_for, "gc_s", time.perf_counter() - t)
 
 
 def _stall_hook(ms: float, kind: str = "jit"):
@@ -184,7 +186,7 @@ def _ddp(args: argparse.Namespace, rank: int, world: int) -> None:
     for step in range(args.steps):
         slow = args.slowdown if args.fault == "compute" and _faulty(args, rank, step) else 1
         for block in model.blocks:
-            block.attn.slowdown = slow
+            cast(Block, block).attn.slowdown = slow
         for mb in range(args.microbatches):
             x = torch.randint(0, args.vocab, (args.batch, args.seq))
             last = mb == args.microbatches - 1
@@ -257,7 +259,7 @@ def _pipeline(args: argparse.Namespace, rank: int, world: int) -> None:
     for step in range(args.steps):
         slow = args.slowdown if args.fault == "compute" and _faulty(args, rank, step) else 1
         for block in model.blocks:
-            block.attn.slowdown = slow
+            cast(Block, block).attn.slowdown = slow
         for mb in range(args.microbatches):
             tokens = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(
                 step * 1000 + mb * 10 + dp_index))
@@ -278,6 +280,7 @@ def _pipeline(args: argparse.Namespace, rank: int, world: int) -> None:
                     logits.register_hook(_stall_hook(args.stall_ms, args.stall_kind))
                 loss = F.cross_entropy(logits.view(-1, args.vocab), tokens.view(-1)) / args.microbatches
                 loss.backward()
+                assert inp.grad is not None  # inp requires grad and the loss was computed from it
                 dist.send(inp.grad, peer)
         for param in model.parameters():
             if param.grad is not None:
