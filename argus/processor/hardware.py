@@ -106,7 +106,7 @@ class HardwareSampler(Sampler):
         nvml = self.nvml
         if nvml is None:
             try:
-                import pynvml as nvml
+                import pynvml as nvml  # type: ignore[no-redef]  # the real library where no fake was given
             except ImportError:
                 self._off("nvidia-ml-py is not installed")
                 return

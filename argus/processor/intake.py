@@ -7,10 +7,11 @@ never said HELLO) is counted in the status file, never in another run.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, cast
 
 import numpy as np
 
+from argus.processor.assembler import RankInfo
 from argus.processor.attempts import AttemptKey, AttemptState
 from argus.processor.connection import Connection
 from argus.processor.cpu_time import CpuTimeSampler
@@ -46,7 +47,7 @@ class Intake:
                     self._status.cpu_ops_cpu_ns += int(cpu.sum())
                     records["dur_ns"][ops] = cpu
         st = self._attempts[conn.attempt_key]  # type: ignore[index]
-        st.assembler.add(conn.info, msg, records)
+        st.assembler.add(cast(RankInfo, conn.info), msg, records)  # a rank's records come after its HELLO
         self._status.events += len(records)
         if msg == Msg.STEPS:
             self._samplers.steps_reported(conn.token, records)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from argus.errors import ProtocolError
+from argus.processor.assembler import RankInfo
 from argus.processor.connection import Connection
 from argus.processor.hangs import RankView
 from argus.processor.status import ProcessorStatus
@@ -109,9 +110,7 @@ class Rings:
             if conn.ring is None or conn.info is None or conn.attempt_key is None:
                 continue
             info, id_map, ring = conn.info, conn.id_map, conn.ring
-            views.append(RankView(conn.attempt_key, info.rank, conn.pid, ring.inflight.read,
-                                  lambda i, info=info, id_map=id_map: info.names[id_map[i]]
-                                  if 0 <= i < len(id_map) else ""))
+            views.append(RankView(conn.attempt_key, info.rank, conn.pid, ring.inflight.read, _namer(info, id_map)))
         live = {(v.key, v.rank) for v in views}
         jobs = {v.key for v in views}
         for k in [k for k in self.departed if k[0] not in jobs]:
@@ -144,3 +143,10 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _namer(info: RankInfo, id_map: list[int]) -> Callable[[int], str]:
+    """A rank's name id → its name (``""`` for an id it never sent)."""
+    def name(i: int) -> str:
+        return info.names[id_map[i]] if 0 <= i < len(id_map) else ""
+    return name

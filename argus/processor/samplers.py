@@ -143,7 +143,7 @@ class Samplers:
         if self._closed:
             return
         handle = RankHandle(token=token, info=info, attempt_key=attempt_key, pid=_int(hello.get("pid"), None),
-                            local_rank=_int(hello.get("local_rank"), -1))
+                            local_rank=_int_or(hello.get("local_rank"), -1))
         self.ranks[token] = handle
         for s in self.samplers:
             s.rank_joined(handle)
@@ -195,6 +195,12 @@ class Samplers:
         for token in list(self.ranks):
             out += self.rank_left(token)
         return out
+
+
+def _int_or(value: Any, default: int) -> int:
+    """``value`` as an int, else ``default``."""
+    out = _int(value, default)
+    return default if out is None else out
 
 
 def _int(value: Any, default: int | None) -> int | None:

@@ -360,7 +360,7 @@ class StackSampler(Sampler):
     def steps_reported(self, handle: RankHandle, records: np.ndarray) -> None:
         st = self.states.get(handle.token)
         done = records[records["end_ns"] >= 0] if st is not None else records[:0]
-        if not len(done):
+        if st is None or not len(done):
             return
         now = self.clock()
         if st.last_report is not None:
