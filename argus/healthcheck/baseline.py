@@ -77,7 +77,7 @@ def _concerns(key: str, subject: str) -> bool:
 def judge(report: HealthReport, baseline: HealthReport | None, threshold: float = DEFAULT_THRESHOLD) -> list[Verdict]:
     """One verdict per measurement: against the baseline's same measurement, the peers', and
     the figure the hardware says it should reach (``Measurement.expected``)."""
-    base = {m.key: m.value for m in baseline.measurements} if baseline is not None else {}
+    base = {m.key: m for m in baseline.measurements} if baseline is not None else {}
     by_metric: dict[tuple, list[Measurement]] = defaultdict(list)
     for m in report.measurements:
         by_metric[(m.level, m.metric, m.size_bytes)].append(m)
@@ -86,20 +86,23 @@ def judge(report: HealthReport, baseline: HealthReport | None, threshold: float 
     for m in report.measurements:
         rest = [x for x in by_metric[(m.level, m.metric, m.size_bytes)] if x.subject != m.subject]
         mine = [k.partition(" ")[0] for k in changed if _concerns(k, m.subject)]
-        out.append(_verdict(m, base.get(m.key), rest, threshold, mine))
+        b = base.get(m.key)
+        out.append(_verdict(m, b.value if b else None, rest, threshold, mine, b.noise if b else 0.0))
     return out
 
 
 def _verdict(m: Measurement, b: float | None, rest: list[Measurement], threshold: float,
-             changed: list[str]) -> Verdict:
+             changed: list[str], b_noise: float = 0.0) -> Verdict:
     line = threshold * (3 if 0 < m.size_bytes < LATENCY_BYTES else 1)
     peers = float(np.median([x.value for x in rest])) if rest else None
     # never a deficit inside twice the measured noise of what it is compared with — the
     # peers' (their rounds' spread: a slowed subject's own erratic rounds must not excuse
-    # it) or its own against its baseline — up to NOISE_CAP: beyond it, whatever the noise
+    # it) or, against its baseline, the larger of its own and the baseline's: two runs of a few
+    # rounds each are compared, and the baseline's rounds are noise too (a healthy loopback
+    # link failed once in CI against a baseline taken a minute before) — up to NOISE_CAP
     peer_noise = float(np.median([x.noise for x in rest])) if rest else 0.0
     limit_peer = max(line, min(NOISE_K * peer_noise, NOISE_CAP))
-    limit_base = max(line, min(NOISE_K * m.noise, NOISE_CAP))
+    limit_base = max(line, min(NOISE_K * max(m.noise, b_noise), NOISE_CAP))
     d_base = 1.0 - m.value / b if b else 0.0
     d_peer = 1.0 - m.value / peers if peers else 0.0
     d_expected = 1.0 - m.value / m.expected if m.expected else 0.0
