@@ -63,29 +63,37 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _timed_collective(fn, sync, group, device, seconds: float) -> float:  # type: ignore[no-untyped-def]
-    """Seconds per call of ``fn`` as the slowest member of ``group`` saw it, after a warm-up,
-    for as many calls as fit ``seconds`` — the same count on every member."""
+def _timed_collective(fn, sync, group, device, seconds: float, warm_up: bool = True) -> float:  # type: ignore[no-untyped-def]
+    """Seconds per call of ``fn`` as the slowest member of ``group`` saw it, for as many calls
+    as fit ``seconds`` — the same count on every member. ``warm_up``: one untimed call first
+    (connections, buffers); a group measured again has them already.
+
+    A call that takes half the budget or more is measured once: the probe call that sizes the
+    loop is the figure. A link throttled to a crawl (1 MiB at 20 Mbit/s: 0.4 s) would otherwise
+    take four calls, twice its budget, in every round."""
     import time
 
     import torch
     import torch.distributed as dist
 
-    fn()  # warm-up: connections, buffers
-    sync()
+    if warm_up:
+        fn()
+        sync()
     t0 = time.perf_counter()
     fn()
     sync()
-    iters = int(max(2, min(200, seconds / max(time.perf_counter() - t0, 1e-6))))
-    probe = torch.tensor([float(iters)], device=device)
+    once = time.perf_counter() - t0
+    probe = torch.tensor([float(min(200, int(seconds / max(once, 1e-6))))], device=device)
     dist.all_reduce(probe, op=dist.ReduceOp.MIN, group=group)
     iters = int(probe.item())
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    sync()
-    took = torch.tensor([(time.perf_counter() - t0) / iters], device=device, dtype=torch.float64)
+    if iters >= 2:
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync()
+        once = (time.perf_counter() - t0) / iters
+    took = torch.tensor([once], device=device, dtype=torch.float64)
     dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
     return float(took.item())
 
@@ -143,12 +151,12 @@ def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: 
     links = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
     groups = [dist.new_group([first[a], first[b]]) for a, b in links]  # every rank takes part in creating each
     rounds: dict[tuple[str, str], list[float]] = {}
-    for _ in range(PAIR_ROUNDS):  # round-robin, the median of the rounds: a moment's slowdown of one
+    for round_ in range(PAIR_ROUNDS):  # round-robin, the median of the rounds: a moment's slowdown of one
         for (a, b), group in zip(links, groups):  # host (a busy neighbour, a slow vCPU) hits one round only
             if rank in (first[a], first[b]):
                 x = torch.ones(pair_bytes // 4, device=device)
                 took = _timed_collective(lambda: dist.all_reduce(x, group=group), sync, group, device,  # noqa: B023
-                                         seconds / PAIR_ROUNDS)
+                                         seconds / PAIR_ROUNDS, warm_up=round_ == 0)
                 rounds.setdefault((a, b), []).append(took)
             dist.barrier()  # one pair at a time: nothing else on the wire
     # (a, b, median seconds, spread: 1 − best/worst, the link's own noise in this run). The
