@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -82,14 +81,15 @@ def bundled_job(ranks: int = 4, steps: int = 40) -> list[str]:
 def bundled_link_job(hosts: int = 6, steps: int = 30) -> list[str]:
     """The demo's transformer as a two-stage pipeline, one rank a host (the link drill runs it
     once per namespace host with the rank's environment). With more hosts than vCPUs every rank
-    runs on one vCPU: ranks floating over vCPUs of different speed are devices of different
-    speed, which a drill must not mistake for its fault (``tests/e2e/jobs.same_hardware``)."""
+    trains on one vCPU (``--pin-cpu``, once its process group is up): ranks floating over vCPUs
+    of different speed are devices of different speed, which a drill must not mistake for its
+    fault (``tests/e2e/jobs.same_hardware``)."""
     pin = []
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if cpus and len(cpus) < hosts and shutil.which("taskset"):
-        pin = ["taskset", "-c", str(cpus[-1])]
-    return [*pin, sys.executable, "-m", "argus.workloads.train_transformer", "--mode", "pipeline", "--steps", str(steps),
-            "--microbatches", "2", "--d-model", "64", "--layers", "1", "--vocab", "256", "--fault", "none"]
+    if cpus and len(cpus) < hosts:
+        pin = ["--pin-cpu", str(cpus[-1])]
+    return [sys.executable, "-m", "argus.workloads.train_transformer", "--mode", "pipeline", "--steps", str(steps),
+            "--microbatches", "2", "--d-model", "64", "--layers", "1", "--vocab", "256", "--fault", "none", *pin]
 
 
 def _status(store: Path, host: str) -> ProcessorStatus:

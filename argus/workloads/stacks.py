@@ -68,6 +68,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from argus.workloads.affinity import pin_threads
 from argus.workloads.train_transformer import Block, SelfAttention
 
 if TYPE_CHECKING:
@@ -336,7 +337,7 @@ def run_stack(a: argparse.Namespace, rank: int, world: int, f: Faults, res: dict
 
     for step in range(a.steps):
         if step == 1 and a.pin_cpu is not None:
-            _pin_threads(a.pin_cpu)
+            pin_threads(a.pin_cpu)
         t = time.perf_counter()
         f.before_step(step, model)
         loss = step_fn(step)
@@ -355,16 +356,6 @@ def _save(a: argparse.Namespace, model: nn.Module, rank: int, step: int) -> None
     torch.save(model.state_dict(), path)
     sys.stdout.flush()  # one write of the whole line: ranks share the pipe, and print's pieces interleave
     os.write(sys.stdout.fileno(), f"[rank {rank}] saved checkpoint to {path}\n".encode())
-
-
-def _pin_threads(cpu: int) -> None:
-    """Every thread of this process onto ``cpu`` (``sched_setaffinity`` moves one thread;
-    threads started later inherit their creator's set)."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), {cpu})
-        except OSError:  # a thread that just ended, or a CPU outside our cgroup: leave it
-            pass
 
 
 def _checksum(model: nn.Module) -> float:

@@ -31,6 +31,8 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from argus.workloads.affinity import pin_threads
+
 
 class SelfAttention(nn.Module):
     def __init__(self, d: int, heads: int, slowdown: int = 1):
@@ -150,10 +152,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--progress", action="store_true", help='rank 0 prints {"step": n} after each step')
     p.add_argument("--stats", help="directory: each rank writes rank<r>.json with its step times and RSS")
     p.add_argument("--profile", action="store_true", help="keep torch.profiler (CPU activities) on all run")
+    p.add_argument("--pin-cpu", type=int, default=None,
+                   help="once the process group is up, run all of this process's threads on this CPU (the "
+                        "imports ran on every core): ranks that share it share its speed in every step")
     args = p.parse_args(argv)
 
     torch.set_num_threads(args.threads)
     dist.init_process_group("gloo")
+    if args.pin_cpu is not None:
+        pin_threads(args.pin_cpu)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(1234 + rank)
     stats = _Stats(args, rank)

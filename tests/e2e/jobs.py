@@ -34,6 +34,14 @@ def same_hardware(nproc: int) -> list[str]:
     return ["taskset", "-c", str(cpu)]
 
 
+def pin_cpu() -> list[str]:
+    """``--pin-cpu N`` for ``argus.workloads.train_transformer``: every rank on one vCPU, as
+    :func:`same_hardware`, but from when its process group is up — six ranks' imports queued on
+    one vCPU (``taskset``) took 12 s of a netns test while the other idled."""
+    cpu = _one_cpu(1)
+    return [] if cpu is None else ["--pin-cpu", str(cpu)]
+
+
 def launcher(nproc: int, pinned: bool = True) -> list[str]:
     return [*(same_hardware(nproc) if pinned else []), sys.executable, "-m", "torch.distributed.run",
             "--standalone", f"--nproc_per_node={nproc}"]

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("torch")
 
 from argus.workloads.netns import NamespaceCluster, available, cleanup_stale, launch_job
-from tests.e2e.jobs import same_hardware
+from tests.e2e.jobs import pin_cpu
 
 WORKLOAD = [sys.executable, "-m", "argus.workloads.train_transformer"]
 STEPS = ["--steps", "30", "--microbatches", "2"]
@@ -28,15 +28,15 @@ JOB_ENV = {"OMP_NUM_THREADS": "1", "ARGUS_OP_SAMPLE_EVERY": "5"}  # short jobs: 
 
 def _argus_run(store: Path, job: list[str], layout: str | None = None, nproc: int = 4,
                env: dict | None = None, one_cpu: bool = False) -> None:
-    """``one_cpu``: every rank of the job on one vCPU (``jobs.same_hardware``). Four ranks
+    """``one_cpu``: every rank of the job on one vCPU (``jobs.pin_cpu``). Four ranks
     floating over two vCPUs of different speed make two ranks a slower device for seconds: a
     pipeline of two lines compares each rank with its one peer, and the CI job read rank 1's
     backward 1.36× rank 0's for a window (a pipeline_imbalance beside the injected fault)."""
     cmd = [sys.executable, "-m", "argus", "run", "--store", str(store), "--run-id", "e2e"]
     if layout:
         cmd += ["--layout", layout]
-    cmd += ["--", *(same_hardware(1) if one_cpu else []), sys.executable, "-m", "torch.distributed.run",
-            "--standalone", f"--nproc_per_node={nproc}", "-m", "argus.workloads.train_transformer", *STEPS, *job]
+    cmd += ["--", sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m",
+            "argus.workloads.train_transformer", *STEPS, *job, *(pin_cpu() if one_cpu else [])]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**_env(), **JOB_ENV, **(env or {})})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "traced run e2e" in done.stderr
@@ -132,7 +132,7 @@ def _netns_pipeline_job(store: Path, throttled_host: int | None, then=None) -> l
     """Six hosts (one namespace each), a two-stage pipeline, data parallel by three; optionally
     one host's link limited to 20 Mbit/s from the start. Each host runs its own ``argus run``
     (its own processor) into one shared store, as on a cluster with a shared filesystem.
-    Every worker runs on one vCPU (``jobs.same_hardware``; the processors float): six workers
+    Every worker trains on one vCPU (``jobs.pin_cpu``; the processors float): six workers
     and six processors floating over two vCPUs of different speed left one rank on the slower
     one for most of a CI run — its kernels 1.22× its peers' on other hosts from step 8 on, a
     slower device, which the unthrottled job then reported as a compute straggler.
@@ -142,7 +142,7 @@ def _netns_pipeline_job(store: Path, throttled_host: int | None, then=None) -> l
         if throttled_host is not None:
             cluster.throttle(throttled_host, rate="20mbit", burst="32kbit", latency="400ms")
         results = launch_job(cluster, "-m", ["argus", "run", "--store", str(store), "--run-id", "e2e", "--layout",
-                                             "pp=2,dp=3", "--", *same_hardware(1), *WORKLOAD, "--mode", "pipeline", "--steps", "25",
+                                             "pp=2,dp=3", "--", *WORKLOAD, *pin_cpu(), "--mode", "pipeline", "--steps", "25",
                                              "--microbatches", "2", "--d-model", "64", "--layers", "1", "--vocab",
                                              "256"], env=JOB_ENV, timeout=300)
         names = [cluster.host_name(h) for h in range(6)]
