@@ -29,6 +29,10 @@ fi
 
 pip install -e '.[test]'
 python -m ruff check argus tests
+# mypy's cache outside the clone, like pip's: a clean clone re-checks only the files whose
+# content changed (mypy validates every cached file by its hash). Cold, the whole package
+# takes ~30 s of the CI's 20 minutes; warm, under a second.
+export MYPY_CACHE_DIR="${MYPY_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/argus/mypy}"
 python -m mypy
 if (($#)); then
   exec python -m pytest -q "$@"

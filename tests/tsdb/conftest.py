@@ -64,8 +64,11 @@ class Server:
 
     def _args(self) -> list[str]:
         if self.kind == "victoria-metrics":
+            # -search.latencyOffset: how long a point stays invisible to queries after its time
+            # (default 30 s, for scrapes still arriving). Samples here are pushed whole, and a test
+            # reading back what it just wrote waited those 30 s (37 s of the CLI test).
             return [self.binary, f"-httpListenAddr=127.0.0.1:{self.port}", f"-storageDataPath={self.data}",
-                    "-loggerLevel=ERROR"]
+                    "-loggerLevel=ERROR", "-search.latencyOffset=1s"]
         config = self.data.parent / f"{self.data.name}.yml"
         config.write_text("global:\n  scrape_interval: 1h\n")
         shown = subprocess.run([self.binary, "--help"], capture_output=True, text=True, check=False)
