@@ -83,7 +83,7 @@ def bundled_link_job(hosts: int = 6, steps: int = 30) -> list[str]:
     once per namespace host with the rank's environment). With more hosts than vCPUs every rank
     trains on one vCPU (``--pin-cpu``, once its process group is up): ranks floating over vCPUs
     of different speed are devices of different speed, which a drill must not mistake for its
-    fault (``tests/e2e/jobs.same_hardware``)."""
+    fault (``tests/e2e/jobs.pin_cpu``)."""
     pin = []
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if cpus and len(cpus) < hosts:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,42 +20,26 @@ def _one_cpu(nproc: int) -> int | None:
     return cpus[-1] if cpus and nproc <= len(cpus) else None
 
 
-def same_hardware(nproc: int) -> list[str]:
-    """``taskset -c N`` for a job whose ranks could each own a vCPU, so that every rank runs on
-    the same one. On these shared VMs a vCPU's speed for identical work varies up to 2× for
-    seconds at a time, independently per vCPU and invisibly to the guest (no steal, no run-queue
-    delay; ``docs/diagnosis.md``): two ranks on two vCPUs are two devices of different speeds —
-    what Argus is there to report, and the reason a healthy 2-rank job got a compute straggler
-    in 1 run of 4. Ranks sharing one vCPU (or more ranks than vCPUs) share its speed."""
+def pin_cpu(nproc: int = 1) -> list[str]:
+    """``--pin-cpu N`` (``argus.workloads``) for a job whose ranks could each own a vCPU, so that
+    every rank trains on the same one. On these shared VMs a vCPU's speed for identical work
+    varies up to 2× for seconds at a time, independently per vCPU and invisibly to the guest (no
+    steal, no run-queue delay; ``docs/diagnosis.md``): two ranks on two vCPUs are two devices of
+    different speeds — what Argus is there to report, and the reason a healthy 2-rank job got a
+    compute straggler in 1 run of 4. Ranks sharing one vCPU (or more ranks than vCPUs) share its
+    speed. The workload pins itself once it is set up, not from its start (``taskset``): six
+    ranks' imports queued on one vCPU took 12 s of a netns test while the other idled."""
     cpu = _one_cpu(nproc)
-    if cpu is None or not shutil.which("taskset"):
-        return []
-    return ["taskset", "-c", str(cpu)]
-
-
-def pin_cpu() -> list[str]:
-    """``--pin-cpu N`` for ``argus.workloads.train_transformer``: every rank on one vCPU, as
-    :func:`same_hardware`, but from when its process group is up — six ranks' imports queued on
-    one vCPU (``taskset``) took 12 s of a netns test while the other idled."""
-    cpu = _one_cpu(1)
     return [] if cpu is None else ["--pin-cpu", str(cpu)]
 
 
-def launcher(nproc: int, pinned: bool = True) -> list[str]:
-    return [*(same_hardware(nproc) if pinned else []), sys.executable, "-m", "torch.distributed.run",
-            "--standalone", f"--nproc_per_node={nproc}"]
-
-
-#: stacks whose first step compiles: they compile on every core and share one from step 1 on
-#: (``--pin-cpu``), which halves the compilation a test waits for (2 ranks on one vCPU: 52 s)
-COMPILED = {"compile", "compile_ddp"}
+def launcher(nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
 
 
 def job(stack: str, out: Path, nproc: int, *extra: str) -> list[str]:
-    cpu = _one_cpu(nproc) if stack in COMPILED else None
-    pin = ["--pin-cpu", str(cpu)] if cpu is not None else []
-    return [*launcher(nproc, pinned=cpu is None), "-m", "argus.workloads.stacks", "--stack", stack, "--out",
-            str(out), "--steps", str(STEPS), *MODEL, *pin, *extra]
+    return [*launcher(nproc), "-m", "argus.workloads.stacks", "--stack", stack, "--out", str(out), "--steps",
+            str(STEPS), *MODEL, *pin_cpu(nproc), *extra]
 
 
 def argus_run(store: Path, *argus_args: str) -> list[str]:
