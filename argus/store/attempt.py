@@ -351,6 +351,9 @@ class Attempt:
             held = self._queries.held = (os.getpid(), duckdb.connect())
         return held[1]
 
+    def __repr__(self) -> str:
+        return f"Attempt({self.identity.run_id}/{self.identity.attempt_id}, {self.layout}, {self.path})"
+
 
 class AttemptWriter:
     """Appends windows of rows to an attempt's tables: one atomic file per :meth:`write`, or

@@ -43,6 +43,33 @@ def test_round_trip_with_step_filter_and_duckdb_views(attempt):
     assert attempt.stats()["steps"].rows == 40
 
 
+def test_queries_see_windows_written_after_the_first_and_each_thread_has_its_own_connection(attempt):
+    """``sql`` keeps a DuckDB connection per thread (a connect costs ~15 ms a query): a window
+    written after a query is in the next one, and threads never share a connection."""
+    import threading
+
+    w = attempt.writer("host-a")
+    w.write("steps", _steps(8, 0), window=0)
+    count = "SELECT count(*) AS n FROM steps"
+    assert attempt.sql(count).column("n")[0].as_py() == 8
+    w.write("steps", _steps(8, 1), window=1)
+    assert attempt.sql(count).column("n")[0].as_py() == 16
+    assert attempt._connection() is attempt._connection()
+    seen = {}
+
+    def query(i: int) -> None:
+        seen[i] = (attempt.sql(count).column("n")[0].as_py(), id(attempt._connection()))
+
+    threads = [threading.Thread(target=query, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [n for n, _ in seen.values()] == [16] * 4
+    assert id(attempt._connection()) not in {c for _, c in seen.values()}
+    assert "run-a" in repr(attempt) and str(attempt.path) in repr(attempt)
+
+
 def test_several_writers_partition_by_host_and_read_merged(attempt):
     attempt.writer("host-a").write("steps", _steps(4, 0), window=0)
     attempt.writer("host-b").write("steps", {**_steps(4, 0), "rank": np.arange(4, 8)}, window=0)
