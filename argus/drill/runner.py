@@ -84,10 +84,10 @@ def bundled_link_job(hosts: int = 6, steps: int = 30) -> list[str]:
     trains on one vCPU (``--pin-cpu``, once its process group is up): ranks floating over vCPUs
     of different speed are devices of different speed, which a drill must not mistake for its
     fault (``tests/e2e/jobs.pin_cpu``)."""
-    pin = []
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if cpus and len(cpus) < hosts:
-        pin = ["--pin-cpu", str(cpus[-1])]
+    from argus.workloads.affinity import usable_cpus
+
+    cpus = usable_cpus()
+    pin = ["--pin-cpu", str(cpus[-1])] if cpus and len(cpus) < hosts else []
     return [sys.executable, "-m", "argus.workloads.train_transformer", "--mode", "pipeline", "--steps", str(steps),
             "--microbatches", "2", "--d-model", "64", "--layers", "1", "--vocab", "256", "--fault", "none", *pin]
 

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["pin_threads"]
+__all__ = ["pin_threads", "usable_cpus"]
+
+
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on, in order (empty where affinity is unknown); a job
+    pinned to one shares the last."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 
 
 def pin_threads(cpu: int) -> None:

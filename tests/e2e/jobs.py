@@ -9,6 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from argus.workloads.affinity import usable_cpus
+
 STEPS = 12
 #: steps of ~50–150 ms on 2 cores: real steps take 0.1–10 s; 20 ms ones are all scheduler noise
 MODEL = ["--d-model", "64", "--seq", "64", "--batch", "8"]
@@ -16,7 +18,7 @@ JOB_ENV = {"OMP_NUM_THREADS": "1", "ARGUS_OP_SAMPLE_EVERY": "4"}  # short jobs: 
 
 
 def _one_cpu(nproc: int) -> int | None:
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    cpus = usable_cpus()
     return cpus[-1] if cpus and nproc <= len(cpus) else None
 
 
@@ -28,7 +30,9 @@ def pin_cpu(nproc: int = 1) -> list[str]:
     different speeds — what Argus is there to report, and the reason a healthy 2-rank job got a
     compute straggler in 1 run of 4. Ranks sharing one vCPU (or more ranks than vCPUs) share its
     speed. The workload pins itself once it is set up, not from its start (``taskset``): six
-    ranks' imports queued on one vCPU took 12 s of a netns test while the other idled."""
+    ranks' imports queued on one vCPU took 12 s of a netns test while the other idled. The
+    default ``nproc`` 1 pins whatever the number of ranks (jobs of more ranks than vCPUs, whose
+    ranks float otherwise)."""
     cpu = _one_cpu(nproc)
     return [] if cpu is None else ["--pin-cpu", str(cpu)]
 
