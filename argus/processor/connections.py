@@ -138,6 +138,13 @@ class Connections:
             self.count_drop(DropReason.HELLO_TIMEOUT)
             self.close(conn, reason=None)
 
+    def catch_up(self, attempts: set[tuple[str, str] | None]) -> None:
+        """One more read of every connection of these attempts, and of those that have not
+        said HELLO yet (they may belong to one), whatever this round's ``select`` said."""
+        for conn in [c for c in self.by_fd.values() if c.attempt_key in attempts or c.info is None]:
+            if conn.sock.fileno() >= 0:
+                self._read(conn)
+
     def _read(self, conn: Connection) -> None:
         """One ``recv`` into the loop's buffer (``recv(1 MiB)`` allocates and faults in a
         fresh MiB per call, ~16 µs: 8% of the processor's CPU with many small frames)."""

@@ -2,7 +2,11 @@
 answers as ACKs, the samplers' requests.
 
 A window is acknowledged only once it is on disk: each rank in it gets the window's ``ACK``,
-and a ``FLUSH`` is answered (``ACK {"seq"}``) once every window it forced is done. When the
+and a ``FLUSH`` is answered (``ACK {"seq"}``) once every window it forced is done. A ``FLUSH``
+forces its attempt's windows at the end of the loop's round, after one more read of every
+connection of the attempt: what another rank sent before it belongs in those windows, and on
+one host "sent before" means "in our socket buffer by now", though maybe not in the round's
+``select`` (closing at once wrote such a window twice, the late batch as a second copy). When the
 writer is behind, windows stay in the assembler (whose memory cap counts what it drops) except
 at shutdown, when the loop waits for room. A client that stopped reading loses ACKs, nothing
 else. Runs on the loop's thread only.
@@ -33,11 +37,13 @@ class Handoff:
         self._status = status
         self._connections = connections
         self.last_window_wall = 0.0  # wall time the last window was written (the TSDB liveness)
+        self._flushes: list[tuple[Connection, int]] = []  # FLUSHes read this round, not yet applied
 
     # -- windows to the writer -----------------------------------------------------------
     def close_ready(self) -> None:
         """Hand over every window its attempt's assembler closes now (a window is final once
         no rank of its attempt is connected); stop when the writer is full."""
+        self._apply_flushes()
         for key, st in self._attempts.items():
             active = self._active(key)
             for idx in st.assembler.ready(active, final=not active):
@@ -46,6 +52,7 @@ class Handoff:
 
     def close_all(self, heartbeat: Callable[[], None]) -> None:
         """At shutdown: every open window, waiting for room (``heartbeat`` meanwhile)."""
+        self._apply_flushes()
         for key, st in self._attempts.items():
             for idx in st.assembler.ready({}, final=True):
                 self.enqueue(key, idx, block=True, heartbeat=heartbeat)
@@ -95,13 +102,26 @@ class Handoff:
                 self._ack_flushes(conn)
 
     def flush(self, conn: Connection, seq: int) -> None:
-        """A rank's ``FLUSH``: close its attempt's open windows now; answered once all are written."""
-        key = conn.attempt_key
-        assert key is not None  # set with conn.info
-        st = self._attempts[key]
-        pending = {(key, w) for w in st.assembler.force_all()}
-        conn.flushes.append((seq, pending))
-        self._ack_flushes(conn)
+        """A rank's ``FLUSH``: its attempt's open windows close at the end of this round
+        (``close_ready``); answered once all are written."""
+        assert conn.attempt_key is not None  # set with conn.info
+        self._flushes.append((conn, seq))
+
+    def _apply_flushes(self) -> None:
+        """Read every connection of the flushing attempts once more (a FLUSH read there joins
+        this batch), then force their open windows."""
+        if not self._flushes:
+            return
+        self._connections.catch_up({conn.attempt_key for conn, _ in self._flushes})
+        flushes, self._flushes = self._flushes, []
+        for conn, seq in flushes:
+            key = conn.attempt_key
+            st = self._attempts.get(key) if key is not None else None
+            pending: set[tuple[AttemptKey, int]] = set()
+            if key is not None and st is not None:  # (an attempt outlives its ranks' FLUSHes)
+                pending = {(key, w) for w in st.assembler.force_all()}
+            conn.flushes.append((seq, pending))
+            self._ack_flushes(conn)
 
     def _ack_flushes(self, conn: Connection) -> None:
         done = [seq for seq, pending in conn.flushes if not pending]
