@@ -31,7 +31,7 @@ def encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
     return d.indices.to_numpy(zero_copy_only=False).astype(np.int32), d.dictionary.to_pylist()
 
 
-def step_phases(attempt: Attempt) -> Any:
+def step_phases(attempt: Attempt, steps: tuple[int, int] | None = None) -> Any:
     """A DuckDB connection whose ``phases`` view holds only the phases inside their steps (and a
     ``steps`` view).
 
@@ -41,8 +41,9 @@ def step_phases(attempt: Attempt) -> Any:
     Read as step 0's work, the few tens of ms one rank's start-up collections took more than its
     peer's became a "host stall in gc" that "nearly doubled" a 0.15 s step (CI's healthy
     pipeline job). A phase that ended before its rank's step 0 began is start-up's; an unfinished
-    one (``dur_ns < 0``) is kept, for the hang analysis."""
-    con = attempt.duckdb(tables=["phases", "steps"])
+    one (``dur_ns < 0``) is kept, for the hang analysis. ``steps`` (inclusive): views over the
+    files that may hold those steps only (:meth:`Attempt.duckdb`), for a window's query."""
+    con = attempt.duckdb(tables=["phases", "steps"], steps=steps)
     con.execute('ALTER VIEW phases RENAME TO _argus_phases_recorded')
     con.execute("CREATE VIEW phases AS SELECT p.* FROM _argus_phases_recorded p LEFT JOIN "
                 "(SELECT rank, min(start_ns) AS t0 FROM steps WHERE step = 0 GROUP BY rank) z "
@@ -135,7 +136,7 @@ class PhaseFrame:
 def load_phases(attempt: Attempt, lo: int, hi: int, ranks: np.ndarray | None = None) -> PhaseFrame:
     """Phases of steps ``lo..hi`` (of ``ranks`` only, if given) sorted by (rank, start), with
     busy times."""
-    con = step_phases(attempt)
+    con = step_phases(attempt, steps=(int(lo), int(hi)))
     try:
         where = f"step BETWEEN {int(lo)} AND {int(hi)}"
         if ranks is not None:
@@ -210,7 +211,7 @@ class PhaseTotals:
 def load_phase_totals(attempt: Attempt, lo: int, hi: int) -> PhaseTotals:
     """Per (rank, step, name) totals, plus per (rank, step, microbatch, name) for phases that
     occur once per microbatch (forward/backward blocks, found on a sample of ranks first)."""
-    con = step_phases(attempt)
+    con = step_phases(attempt, steps=(int(lo), int(hi)))
     try:
         where = f"step BETWEEN {int(lo)} AND {int(hi)}"
         blocks = [r[0] for r in con.sql(

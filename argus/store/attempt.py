@@ -80,7 +80,8 @@ class Attempt:
         self.meta = dict(meta)
         self.identity = RunIdentity(self.meta["run_id"], self.meta["attempt_id"])
         self.layout: Layout = parse_layout(self.meta["layout"], order=self.meta.get("order"))
-        self._checked: dict[Path, tuple[float, int]] = {}
+        #: each file validated, by (mtime, size), with the steps its footer says it holds
+        self._checked: dict[Path, tuple[tuple[float, int], tuple[int, int] | None]] = {}
         self._damage: dict[Path, Damage] = {}
         self.uncommitted: dict[str, int] = {}  # per table: unit files still waiting for their commit record
         self._queries = threading.local()  # this thread's DuckDB connection for sql()
@@ -161,8 +162,9 @@ class Attempt:
         return AttemptWriter(self, writer_id, durable)
 
     # -- reading -----------------------------------------------------------------------
-    def files(self, table: str) -> list[Path]:
-        """Every committed, readable file of ``table``.
+    def files(self, table: str, steps: tuple[int, int] | None = None) -> list[Path]:
+        """Every committed, readable file of ``table`` (with ``steps``, an inclusive range:
+        only those whose footer statistics say they may hold one of those steps).
 
         Skipped: hidden temp leftovers; unit files without their commit record (counted in
         :attr:`uncommitted`); anything that is not a regular Argus file of this table
@@ -188,9 +190,9 @@ class Attempt:
                 try:
                     stat = f.lstat()
                     key = (stat.st_mtime, stat.st_size)
-                    if self._checked.get(f) != key:
-                        check_table_file(f, table)
-                        self._checked[f] = key
+                    checked = self._checked.get(f)
+                    if checked is None or checked[0] != key:
+                        checked = self._checked[f] = (key, _step_range(check_table_file(f, table), table))
                 except StoreError as exc:
                     self._damaged(f, str(exc))
                     continue
@@ -199,6 +201,9 @@ class Attempt:
                     continue
                 if f in self._damage:
                     continue  # its data pages failed to decode earlier
+                held = checked[1]
+                if steps is not None and held is not None and (held[1] < steps[0] or held[0] > steps[1]):
+                    continue
                 out.append(f)
         self.uncommitted[table] = uncommitted
         return out
@@ -304,16 +309,20 @@ class Attempt:
         arr = steps.to_numpy()
         return int(arr.min()), int(arr.max())
 
-    def duckdb(self, connection: Any = None, tables: Iterable[str] | None = None) -> Any:
+    def duckdb(self, connection: Any = None, tables: Iterable[str] | None = None,
+               steps: tuple[int, int] | None = None) -> Any:
         """A DuckDB connection with one view per table (empty tables are empty views), or per
         table of ``tables`` only: a view reads every footer of its files (``union_by_name``),
-        and a query of one table over a long run's hundreds of files need not pay for all."""
+        and a query of one table over a long run's hundreds of files need not pay for all.
+        ``steps`` (inclusive): the views of tables with a step column hold the files that may
+        hold those steps, and maybe other steps of theirs (the query still filters): a
+        window's query binds and opens its own few files, not the run's hundreds."""
         import duckdb
 
         con = connection if connection is not None else duckdb.connect()
         for table in (TABLES if tables is None else tables):
             spec = TABLES[table]
-            files = self.files(table)
+            files = self.files(table, steps=steps if spec.step_column else None)
             if files:
                 rel = con.read_parquet([str(f) for f in files], union_by_name=True)
                 rel.create_view(table, replace=True)
@@ -385,6 +394,33 @@ class AttemptWriter:
 
 
 
+def _step_range(meta: Any, table: str) -> tuple[int, int] | None:
+    """The steps a file may hold, from its footer: the least of ``table``'s step column and the
+    greatest of ``end_step`` where the table spans steps (kernel summaries), else of the step
+    column. None where the table has no step column or a row group lacks statistics."""
+    first = TABLES[table].step_column
+    if first is None or meta.num_row_groups == 0:
+        return None
+    names = meta.schema.names
+    last = "end_step" if "end_step" in names else first
+    if first not in names:
+        return None
+    lo, hi = _extreme(meta, names.index(first), min), _extreme(meta, names.index(last), max)
+    return None if lo is None or hi is None else (int(lo), int(hi))
+
+
+def _extreme(meta: Any, column: int, pick: Any) -> Any:
+    """``pick`` (min or max) of one column's statistics over all row groups; None if any lacks them."""
+    out = None
+    for i in range(meta.num_row_groups):
+        stats = meta.row_group(i).column(column).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        value = stats.min if pick is min else stats.max
+        out = value if out is None else pick(out, value)
+    return out
+
+
 class JoinedAttempt(Attempt):
     """One job that was written as several runs (its hosts' ``argus run`` started seconds apart
     and, before the ranks agreed on a run id, each named the job itself): the parts' files read
@@ -394,8 +430,8 @@ class JoinedAttempt(Attempt):
         super().__init__(parts[0].path, {**parts[0].meta, "joined_runs": [p.identity.run_id for p in parts]})
         self.parts = parts
 
-    def files(self, table: str) -> list[Path]:
-        out = [f for p in self.parts for f in p.files(table)]
+    def files(self, table: str, steps: tuple[int, int] | None = None) -> list[Path]:
+        out = [f for p in self.parts for f in p.files(table, steps)]
         self.uncommitted[table] = sum(p.uncommitted.get(table, 0) for p in self.parts)
         return out
 

@@ -43,6 +43,32 @@ def test_round_trip_with_step_filter_and_duckdb_views(attempt):
     assert attempt.stats()["steps"].rows == 40
 
 
+def test_a_step_range_reads_only_the_files_that_may_hold_it(attempt):
+    """A window's views bind the files whose footer statistics reach its steps (a diagnosis
+    queried every footer of the run once per window: half its CPU at 80 steps); a file spanning
+    steps (kernel summaries: start_step..end_step) is kept for any step it spans, and what the
+    query returns is what the whole table's view returns."""
+    w = attempt.writer("host-a")
+    for step in range(6):
+        w.write("steps", _steps(8, step), window=step)
+    w.write("steps", {**_steps(8, 0), "step": np.repeat([7, 9], 4)}, window=7)  # one file, steps 7 and 9
+    assert len(attempt.files("steps")) == 7
+    assert [f.name[:9] for f in attempt.files("steps", steps=(2, 3))] == ["000000002", "000000003"]
+    assert [f.name[:9] for f in attempt.files("steps", steps=(8, 8))] == ["000000007"]  # 7..9 spans 8
+    assert attempt.files("steps", steps=(10, 20)) == []
+    query = "SELECT step, count(*) AS n FROM steps WHERE step BETWEEN 2 AND 8 GROUP BY step ORDER BY step"
+    con = attempt.duckdb(tables=["steps"], steps=(2, 8))
+    whole = [(r["step"], r["n"]) for r in attempt.sql(query).to_pylist()]
+    assert con.sql(query).fetchall() == whole == [(2, 8), (3, 8), (4, 8), (5, 8), (7, 4)]
+    assert attempt.duckdb(tables=["steps"], steps=(10, 20)).sql("SELECT count(*) FROM steps").fetchall() == [(0,)]
+    summary = {"window": [0], "start_step": [0], "end_step": [4], "rank": [0], "stream": [7], "kernel": ["k"],
+               "category": ["gemm"], "op": [""], "count": [1], "p50_ns": [1.0], "p99_ns": [1.0],
+               "min_ns": [1.0], "max_ns": [1.0], "cluster": [0]}
+    w.write("kernel_summaries", summary, window=0)
+    assert len(attempt.files("kernel_summaries", steps=(3, 3))) == 1 and not attempt.files("kernel_summaries",
+                                                                                           steps=(5, 9))
+
+
 def test_queries_see_windows_written_after_the_first_and_each_thread_has_its_own_connection(attempt):
     """``sql`` keeps a DuckDB connection per thread (a connect costs ~15 ms a query): a window
     written after a query is in the next one, and threads never share a connection."""
