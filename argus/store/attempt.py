@@ -256,8 +256,9 @@ class Attempt:
     def read(self, table: str, columns: list[str] | None = None,
              steps: tuple[int, int] | None = None, filter: ds.Expression | None = None) -> pa.Table:  # noqa: A002 - pyarrow's name for it
         """Read ``table`` (optionally a column subset, an inclusive step range, a filter)."""
-        files = self.files(table)  # validates the table name
-        spec = TABLES[table]
+        spec = TABLES.get(table)
+        files = self.files(table, steps=steps if spec is not None and spec.step_column else None)  # validates the name
+        assert spec is not None
         schema = spec.schema
         if not files:
             empty = schema.empty_table()

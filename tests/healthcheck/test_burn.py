@@ -80,18 +80,24 @@ class _Tensor:
         self.torch, self.nbytes, self.device = torch, nbytes, device
 
     def copy_(self, src, non_blocking=False):
-        time.sleep(self.nbytes / self.torch.bandwidth(src.device[1], self.device[1]))
+        self.torch.now += self.nbytes / self.torch.bandwidth(src.device[1], self.device[1])
         return self
 
 
 class FakeP2PTorch:
     """Four GPUs whose copies take the time a link of the pair's bandwidth would: GPU 2's links at
-    a tenth of the others' (an NVLink down, its copies through the host)."""
+    a tenth of the others' (an NVLink down, its copies through the host). The time is the fake's
+    own clock (``clock``), advanced by each copy: slept for real, a 0.1 ms copy took several
+    under a loaded CI and a healthy pair read as slow."""
 
     uint8 = "uint8"
 
     def __init__(self):
         self.cuda = _Cuda(4)
+        self.now = 0.0
+
+    def clock(self) -> float:
+        return self.now
 
     def device(self, kind, index):
         return (kind, index)
@@ -108,7 +114,9 @@ def test_the_p2p_matrix_names_the_pairs_of_a_gpu_whose_links_are_slow():
     from argus.healthcheck.model import Level, Measurement
     from argus.healthcheck.probes import p2p_gbs
 
-    got = p2p_gbs(FakeP2PTorch(), 20_000_000, 0.02)
+    fake = FakeP2PTorch()
+    got = p2p_gbs(fake, 20_000_000, 0.02, clock=fake.clock)
+    assert got[(0, 1)] == pytest.approx(200.0) and got[(2, 0)] == pytest.approx(20.0)  # GB/s, as the links give
     assert set(got) == {(i, j) for i in range(4) for j in range(4) if i != j}
     slow = {k for k, v in got.items() if v < 0.3 * max(got.values())}
     assert slow == {k for k in got if 2 in k}
