@@ -8,25 +8,19 @@ asserted, so these run beside other tests."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 
 import pytest
 
 pytest.importorskip("torch")
 
 from argus.store import Store
-from tests.e2e.jobs import STEPS, argus_run, job, results, run
+from tests.e2e.jobs import STEPS, argus_run, diagnosis, job, results, run
 
 pytestmark = pytest.mark.parallel_ok
 
 
 def _sdc(store) -> list[dict]:
-    done = subprocess.run([sys.executable, "-m", "argus", "diagnose", str(store), "--json", "--no-store"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [i for i in json.loads(done.stdout)["incidents"] if i["class"] == "silent_data_corruption"]
+    return [i for i in diagnosis(store, "--no-store")["incidents"] if i["class"] == "silent_data_corruption"]
 
 
 @pytest.mark.parametrize("where", ["param", "grad"])
