@@ -38,12 +38,13 @@ if (($#)); then
   exec python -m pytest -q "$@"
 fi
 # The tests that run real training processes and measure them (marked `serial` in
-# tests/conftest.py) run alone; the rest first, in parallel workers (one per core, at most 4).
+# tests/conftest.py) run alone; the rest first, in parallel workers (one per core, at most 4),
+# a module's tests that share a module fixture on one worker (tests/conftest.py).
 workers=$(nproc 2>/dev/null || echo 2)
 ((workers > 4)) && workers=4
 ((workers < 2)) && workers=2
 rc=0
 # --durations: where CI time goes, in every CI log (the 20-minute budget)
-python -m pytest -q -n "$workers" -m "not serial" --durations=15 || rc=$?
+python -m pytest -q -n "$workers" --dist loadgroup -m "not serial" --durations=15 || rc=$?
 python -m pytest -q -m serial --durations=25 || rc=$?
 exit "$rc"

@@ -16,9 +16,20 @@ from argus.sim import SimConfig, simulate_to_store
 SERIAL_DIRS = {"e2e", "processor", "producer", "cli"}
 
 
+def _shares_a_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).parent
     for item in items:
+        # a module's tests that share a module fixture (real jobs, servers, simulated stores)
+        # go to one worker (``--dist loadgroup`` in scripts/test.sh): split over two, each built
+        # its own — the Flight Recorder module's two real 4-rank jobs ran twice, 33 s of setup
+        if _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
         try:
             top = Path(str(item.fspath)).relative_to(tests).parts[0]
         except ValueError:
