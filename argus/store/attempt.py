@@ -257,8 +257,8 @@ class Attempt:
              steps: tuple[int, int] | None = None, filter: ds.Expression | None = None) -> pa.Table:  # noqa: A002 - pyarrow's name for it
         """Read ``table`` (optionally a column subset, an inclusive step range, a filter)."""
         spec = TABLES.get(table)
-        files = self.files(table, steps=steps if spec is not None and spec.step_column else None)  # validates the name
-        assert spec is not None
+        files = self.files(table, steps=steps if spec is not None and spec.step_column else None)
+        assert spec is not None  # files() raised for an unknown table
         schema = spec.schema
         if not files:
             empty = schema.empty_table()
