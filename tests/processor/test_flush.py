@@ -21,15 +21,7 @@ from argus.processor import Processor, ProcessorConfig
 from argus.store import Store
 from argus.wire import Msg, ProcessorClient
 from argus.wire.protocol import DTYPES
-
-
-def _wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.01)
-    raise TimeoutError("condition not reached")
+from tests.processor.test_admission import _wait_for
 
 
 def _steps(*steps: int) -> np.ndarray:
