@@ -201,15 +201,22 @@ def _open_log(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
-def _wait_socket(path: Path, proc: subprocess.Popen, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists():
-            return True
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.05)
-    return False
+def _started(sock: Path, processor: subprocess.Popen, log_path: Path, since: float,
+             timeout_s: float = 30.0) -> tuple[bool, bool]:
+    """``(decided, up)`` for a processor starting beside the job: up once its socket exists;
+    failed when it exits first or takes ``timeout_s`` (then it is killed and the reason
+    printed: the job, already started, runs untraced)."""
+    if sock.exists():
+        return True, True
+    if processor.poll() is None and time.monotonic() - since < timeout_s:
+        return False, False
+    err = log_path.read_text(errors="replace") if processor.poll() is not None else "timed out"
+    print(f"argus run: the processor could not start ({err.strip().splitlines()[-1] if err.strip() else '?'}); "
+          "the command runs without tracing", file=sys.stderr)
+    if processor.poll() is None:
+        processor.kill()
+        processor.wait()
+    return True, False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -253,12 +260,10 @@ def run(args: argparse.Namespace) -> int:
             processor = subprocess.Popen(pargs, stdout=subprocess.DEVNULL, stderr=log_fd, text=True)
         finally:
             os.close(log_fd)
-        if not _wait_socket(sock, processor):
-            err = log_path.read_text() if processor.poll() is not None else "timed out"
-            print(f"argus run: the processor could not start ({err.strip().splitlines()[-1] if err.strip() else '?'}); "
-                  "running the command without tracing", file=sys.stderr)
-            processor.kill() if processor.poll() is None else None
-            processor = None
+        # The job starts now, not once the processor listens (~0.5 s of its imports): ranks
+        # record into their rings from their first event and connect when it is up
+        # (producer/transport.py retries), long before a rank's own start-up is over.
+        starting_since = time.monotonic()
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(INJECT_DIR), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     env[argus_env.SOCKET] = str(sock)
@@ -283,12 +288,16 @@ def run(args: argparse.Namespace) -> int:
     forward = lambda sig, _frame: child.send_signal(sig)  # noqa: E731
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     started, warned = time.monotonic(), False
+    starting = processor is not None  # its socket not seen yet
     try:
         while True:
             try:
-                code = child.wait(timeout=5.0)
+                code = child.wait(timeout=0.05 if starting else 5.0)
                 break
             except subprocess.TimeoutExpired:
+                if starting and processor is not None:
+                    decided, up = _started(sock, processor, log_path, starting_since)
+                    starting, processor = not decided, processor if up or not decided else None
                 if (processor is not None and not warned and time.monotonic() - started > NO_RANK_WARN_S
                         and not _ranks_seen(args.store, args.host)):
                     warned = True
@@ -298,6 +307,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        while starting and processor is not None:  # the command ended first: the processor's start decides
+            decided, up = _started(sock, processor, log_path, starting_since)
+            starting, processor = not decided, processor if up or not decided else None
+            time.sleep(0.0 if decided else 0.02)
         if joblog is not None:
             joblog.finish()  # before the processor stops: the attempt's logs go in with the rest
         status, killed = _stop_processor(processor, args.store, args.host) if processor is not None else (0, "")

@@ -21,6 +21,10 @@ __all__ = ["Transport"]
 
 log = logging.getLogger("argus.producer")
 
+#: say the processor is unreachable only once it has been for this long: ``argus run`` starts
+#: the job beside its processor, which may come up a little after a fast rank's first try
+WARN_AFTER_S = 5.0
+
 
 class Transport:
     def __init__(self, ring: RingWriter, socket_path: str, hello: dict[str, Any], interval_s: float,
@@ -39,6 +43,7 @@ class Transport:
         self.connected = False
         self.ever_connected = False
         self._warned = False
+        self._unreachable_since: float | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -95,12 +100,14 @@ class Transport:
         try:
             self.client.connect()
             self.connected = self.ever_connected = True
-            self._backoff = 0.2
+            self._backoff, self._unreachable_since = 0.2, None
             return True
         except (OSError, ConnectionError):
             self._next_connect = now + self._backoff
             self._backoff = min(self._backoff * 2, 2.0)
-            if not self._warned:
+            if self._unreachable_since is None:
+                self._unreachable_since = now
+            if not self._warned and now - self._unreachable_since >= WARN_AFTER_S:
                 log.warning("argus: processor not reachable at %s; recording into the ring until it is",
                             self.client.socket_path)
                 self._warned = True

@@ -109,13 +109,13 @@ class _Webhook(http.server.BaseHTTPRequestHandler):
 
 def test_a_hang_is_named_live_on_the_rank_the_others_wait_for(tmp_path):
     """Rank 1 stops before its backward; the others wait in DDP's gradient all-reduce. With a
-    10 s threshold the culprit is named — by diagnose and by a P0 alert — while the job is
-    still stuck, before gloo's 25 s timeout ends it; and again after it died. (Here the hang is
-    recorded ~11 s after it began and named 2 s later: the timeout leaves 12 s to spare.)"""
+    6 s threshold the culprit is named — by diagnose and by a P0 alert — while the job is
+    still stuck, before gloo's 16 s timeout ends it; and again after it died. (The threshold is
+    still ~60 of the job's steps; a 10 s one and a 25 s timeout cost this test 10 s more.)"""
     store, out = tmp_path / "store", tmp_path / "out"
     out.mkdir()
-    cmd = [*argus_run(store, "--hang-min-s", "10"),
-           *job("ddp", out, 4, "--fault", "hang", "--fault-rank", "1", "--fault-start", "5", "--pg-timeout", "25")]
+    cmd = [*argus_run(store, "--hang-min-s", "6"),
+           *job("ddp", out, 4, "--fault", "hang", "--fault-rank", "1", "--fault-start", "5", "--pg-timeout", "16")]
     # the job keeps gloo's Flight Recorder ring (NCCL keeps one by default): the processor asks the
     # ranks for it at the hang, and the rings say who never entered the all-reduce
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
