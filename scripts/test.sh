@@ -8,6 +8,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 DEBIAN_FRONTEND=noninteractive
+# Bytecode caches for the checkout (git ignores __pycache__): with PYTHONDONTWRITEBYTECODE set,
+# as on these machines, every Python process the suite starts compiled the package's
+# sources again (~0.2 s for the processor's imports) and each pytest process rewrote and
+# compiled every test module (collection 8.4 s instead of 4.8 s).
+unset PYTHONDONTWRITEBYTECODE
 
 need=()
 for pair in chromium:chromium prometheus:prometheus victoria-metrics:victoria-metrics \
