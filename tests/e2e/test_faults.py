@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("torch")
 
 from argus.store import Store
-from tests.e2e.jobs import STEPS, argus_run, diagnose, env, job, only, run
+from tests.e2e.jobs import STEPS, argus_run, diagnose, env, job, only, processor_status, run
 
 
 def _evidence(inc: dict) -> dict:
@@ -30,6 +30,7 @@ def _stall(stack: str, nproc: int, tmp_path, *fault: str, steps: int = STEPS) ->
     out = tmp_path / "out"
     out.mkdir()
     run([*argus_run(store), *job(stack, out, nproc, "--steps", str(steps), *fault)])
+    assert processor_status(store)["ranks_seen"] == nproc  # no compile or DataLoader worker claimed a rank
     return only(diagnose(store))
 
 
