@@ -201,22 +201,22 @@ def _open_log(path: Path) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
-def _started(sock: Path, processor: subprocess.Popen, log_path: Path, since: float,
-             timeout_s: float = 30.0) -> tuple[bool, bool]:
-    """``(decided, up)`` for a processor starting beside the job: up once its socket exists;
-    failed when it exits first or takes ``timeout_s`` (then it is killed and the reason
-    printed: the job, already started, runs untraced)."""
+def _starting(sock: Path, processor: subprocess.Popen, log_path: Path, since: float,
+              timeout_s: float = 30.0) -> tuple[bool, subprocess.Popen | None]:
+    """``(still starting, the processor or None)`` for a processor starting beside the job: up
+    once its socket exists; failed when it exits first or takes ``timeout_s`` (then it is
+    killed and the reason printed: the job, already started, runs untraced)."""
     if sock.exists():
-        return True, True
+        return False, processor
     if processor.poll() is None and time.monotonic() - since < timeout_s:
-        return False, False
+        return True, processor
     err = log_path.read_text(errors="replace") if processor.poll() is not None else "timed out"
     print(f"argus run: the processor could not start ({err.strip().splitlines()[-1] if err.strip() else '?'}); "
           "the command runs without tracing", file=sys.stderr)
     if processor.poll() is None:
         processor.kill()
         processor.wait()
-    return True, False
+    return False, None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -296,8 +296,7 @@ def run(args: argparse.Namespace) -> int:
                 break
             except subprocess.TimeoutExpired:
                 if starting and processor is not None:
-                    decided, up = _started(sock, processor, log_path, starting_since)
-                    starting, processor = not decided, processor if up or not decided else None
+                    starting, processor = _starting(sock, processor, log_path, starting_since)
                 if (processor is not None and not warned and time.monotonic() - started > NO_RANK_WARN_S
                         and not _ranks_seen(args.store, args.host)):
                     warned = True
@@ -308,9 +307,8 @@ def run(args: argparse.Namespace) -> int:
         for s, h in old.items():
             signal.signal(s, h)
         while starting and processor is not None:  # the command ended first: the processor's start decides
-            decided, up = _started(sock, processor, log_path, starting_since)
-            starting, processor = not decided, processor if up or not decided else None
-            time.sleep(0.0 if decided else 0.02)
+            starting, processor = _starting(sock, processor, log_path, starting_since)
+            time.sleep(0.02 if starting else 0.0)
         if joblog is not None:
             joblog.finish()  # before the processor stops: the attempt's logs go in with the rest
         status, killed = _stop_processor(processor, args.store, args.host) if processor is not None else (0, "")
