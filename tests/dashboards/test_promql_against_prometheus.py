@@ -8,11 +8,9 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -21,6 +19,7 @@ from argus.sim import SimConfig, simulate_to_store
 from argus.sim.run import prepare
 from tests.tsdb.conftest import prometheus, wait_for  # noqa: F401 (the server fixture)
 from tests.tsdb.feed import Feeder
+from tests.shortdir import short_dir
 
 JOB = "argus-dash"
 
@@ -36,7 +35,7 @@ def _load(prometheus, tmp_path_factory, scenario: str, ranks: int):  # noqa: F81
     run_id = f"dash-{scenario}-{time.time_ns()}"
     config = SimConfig(ranks=ranks, steps=20, run_id=run_id, seed=2)
     _, ctx, _, _ = prepare(config, scenario)
-    sock = Path(tempfile.mkdtemp(prefix="argus-dash-")) / "p.sock"
+    sock = short_dir("argus-dash-") / "p.sock"
     proc = subprocess.Popen([sys.executable, "-m", "argus", "processor", "--store", str(root / "P"), "--socket",
                              str(sock), "--host", "proc-0", "--no-fsync", "--no-stacks", "--no-host-counters", "--no-evidence",
                              "--remote-write", prometheus.write_url, "--remote-write-job", JOB],

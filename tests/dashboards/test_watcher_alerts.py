@@ -12,7 +12,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -27,6 +26,7 @@ from argus.dashboards import alert_rules_yaml, watcher_rules
 from argus.wire import Msg, ProcessorClient
 from argus.wire.protocol import DTYPES
 from tests.tsdb.conftest import Server, free_port, wait_for
+from tests.shortdir import short_dir
 
 SILENT_S = 6  # both rules' thresholds here (90 s and 300 s in production)
 HEARTBEAT_S = 1
@@ -122,7 +122,7 @@ class _Gate:
 
 
 def _processor(root: Path, host: str, write_url: str) -> tuple[subprocess.Popen, Path]:
-    sock = Path(tempfile.mkdtemp(prefix="argus-w-")) / "p.sock"
+    sock = short_dir("argus-w-") / "p.sock"
     proc = subprocess.Popen([sys.executable, "-m", "argus", "processor", "--store", str(root / f"store-{host}"),
                              "--socket", str(sock), "--host", host, "--no-fsync", "--no-stacks", "--no-evidence",
                              "--remote-write", write_url, "--remote-write-job", "argus-watch",

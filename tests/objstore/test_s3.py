@@ -21,6 +21,7 @@ from argus.objstore import (MIRROR_STATE_DIR, LocalObjectStore, Mirror, ObjectSt
 from argus.objstore.sync import local_files
 from argus.sim import SimConfig, simulate_to_store
 from argus.store.files import TMP_PREFIX
+from tests.shortdir import short_dir
 
 pytest.importorskip("boto3")
 MOTO = shutil.which("moto_server")
@@ -192,14 +193,13 @@ def test_processor_mirrors_its_store_and_evidence_to_the_bucket(s3, tmp_path):
     """A real processor with ``--mirror s3://…``: what it wrote (tables, Perfetto evidence) is
     in the bucket once it exits."""
     import signal as _signal
-    import tempfile
 
     from argus.sim.run import prepare
     from tests.tsdb.feed import Feeder
 
     config = SimConfig(ranks=8, steps=10, run_id="mirrored", seed=7)
     _, ctx, _, _ = prepare(config, "healthy")
-    sock = Path(tempfile.mkdtemp(prefix="argus-mir-")) / "p.sock"
+    sock = short_dir("argus-mir-") / "p.sock"
     env = {**os.environ}
     proc = subprocess.Popen([sys.executable, "-m", "argus", "processor", "--store", str(tmp_path / "P"), "--socket",
                              str(sock), "--host", "proc-0", "--no-fsync", "--no-stacks", "--no-host-counters", "--evidence-interval", "0",

@@ -6,7 +6,6 @@ import os
 import socket
 import stat
 import shutil
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from argus.errors import ConfigError
 from argus.processor import Processor, ProcessorConfig
 from argus.wire import Msg, ProcessorClient
 from argus.wire.protocol import DTYPES
+from tests.shortdir import short_dir
 
 
 def _wait_for(predicate, timeout=20.0):
@@ -37,7 +37,7 @@ def serve(tmp_path):
 
     def start(sock: Path | None = None, **config) -> tuple[Processor, Path]:
         if sock is None:  # short: a socket path has 108 bytes, a pytest tmp_path may not fit
-            dirs.append(Path(tempfile.mkdtemp(prefix="argus-a-")))
+            dirs.append(short_dir("argus-a-"))
             sock = dirs[-1] / "p.sock"
         proc = Processor(ProcessorConfig(store=tmp_path / "store", socket_path=sock, host="node-0", durable=False,
                                          evidence=False, stacks=False, hw_interval_s=3600, window_steps=1, **config))

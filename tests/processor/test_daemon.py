@@ -8,9 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
@@ -20,6 +18,7 @@ from argus.wire.protocol import HEADER, encode_array, encode_json
 from argus.sim import Engine, SimConfig
 from argus.sim.feed import engine_interner, step_batches
 from argus.store import Store
+from tests.shortdir import short_dir
 
 LAYOUT = "tp=2,pp=2,dp=2"
 
@@ -36,7 +35,7 @@ def _wait_for(predicate, timeout=20.0, what="condition"):
 @pytest.fixture()
 def processor(tmp_path):
     """Start ``argus processor``; yields (process, store dir, socket path)."""
-    sock_dir = Path(tempfile.mkdtemp(prefix="argus-t-"))  # short path: unix sockets cap at 108 bytes
+    sock_dir = short_dir("argus-t-")  # short path: unix sockets cap at 108 bytes
     sock, store = sock_dir / "p.sock", tmp_path / "store"
     procs = []
 

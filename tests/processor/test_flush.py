@@ -9,10 +9,8 @@ and the batch then opened the same window again: two partial copies of one windo
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
@@ -22,6 +20,7 @@ from argus.store import Store
 from argus.wire import Msg, ProcessorClient
 from argus.wire.protocol import DTYPES
 from tests.processor.test_admission import _wait_for
+from tests.shortdir import short_dir
 
 
 def _steps(*steps: int) -> np.ndarray:
@@ -33,7 +32,7 @@ def _steps(*steps: int) -> np.ndarray:
 
 
 def test_a_flush_waits_for_what_other_ranks_sent_before_it(tmp_path):
-    sock = Path(tempfile.mkdtemp(prefix="argus-f-")) / "p.sock"  # unix socket paths cap at 108 bytes
+    sock = short_dir("argus-f-") / "p.sock"  # unix socket paths cap at 108 bytes
     proc = Processor(ProcessorConfig(store=tmp_path / "store", socket_path=sock, host="node-0", durable=False,
                                      evidence=False, stacks=False, host_counters=False, hw_interval_s=3600,
                                      window_steps=4))

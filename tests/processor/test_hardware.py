@@ -11,10 +11,8 @@ import logging
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +27,7 @@ from argus.processor.samplers import Samplers
 from argus.store import WindowWriter
 from argus.store import Store
 from argus.topology import RunIdentity, parse_layout
+from tests.shortdir import short_dir
 
 pynvml = pytest.importorskip("pynvml")  # nvidia-ml-py: its error classes are what NVML raises
 
@@ -206,7 +205,7 @@ def test_without_nvml_the_channel_is_off_with_one_line(caplog):
 
 @pytest.mark.skipif(_nvml_works(), reason="NVML is present on this machine")
 def test_a_processor_without_nvml_writes_no_gpu_rows(tmp_path):
-    sock = Path(tempfile.mkdtemp(prefix="argus-t-")) / "p.sock"
+    sock = short_dir("argus-t-") / "p.sock"
     store, log = tmp_path / "store", tmp_path / "processor.log"
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "argus", "processor", "--store", str(store), "--socket",

@@ -26,6 +26,7 @@ from argus.wire.protocol import DTYPES
 from argus.processor.samplers import RankHandle
 from argus.processor.stacks import StackSampler, find_py_spy, parse_dump, run_dump
 from argus.store import Store
+from tests.shortdir import short_dir
 
 PY_SPY = find_py_spy()
 needs_py_spy = pytest.mark.skipif(PY_SPY is None, reason="py-spy is not installed")
@@ -68,7 +69,7 @@ def busy_rank():
 @pytest.fixture()
 def processor(tmp_path):
     """Start ``argus processor``: yields start(*flags, env=…, python=…) → process; store; socket; log."""
-    sock_dir = Path(tempfile.mkdtemp(prefix="argus-t-"))  # short path: unix sockets cap at 108 bytes
+    sock_dir = short_dir("argus-t-")  # short path: unix sockets cap at 108 bytes
     sock, store, log = sock_dir / "p.sock", tmp_path / "store", tmp_path / "processor.log"
     procs = []
 

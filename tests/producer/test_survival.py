@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch.nn.functional as F  # noqa: E402
 from argus.producer import api  # noqa: E402
 from argus.store import Store  # noqa: E402
 from argus.workloads.train_transformer import Stage  # noqa: E402
+from tests.shortdir import short_dir  # noqa: E402
 
 
 def _wait_for(predicate, timeout=30.0):
@@ -50,7 +50,7 @@ def _steps(model, opt, n):
 def test_processor_killed_and_restarted_mid_run_loses_nothing(tmp_path, no_launcher_env):
     """Records wait in the rank's ring while no processor listens; the next processor drains
     them from where the killed one stopped."""
-    sock = Path(tempfile.mkdtemp(prefix="argus-s-")) / "p.sock"
+    sock = short_dir("argus-s-") / "p.sock"
     store = tmp_path / "store"
     first = _processor(store, sock)
     assert api.init(socket_path=str(sock), flush_interval_s=0.1, run_id="survive", kernels="off")

@@ -7,11 +7,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +23,7 @@ from argus.tsdb.remote_write import encode_histogram_series, encode_labels
 from tests.tsdb.conftest import Server, _server, wait_for
 from tests.tsdb.feed import Feeder
 from tests.tsdb.test_remote_write import WriteRequest
+from tests.shortdir import short_dir
 
 
 def _decode_buckets(h) -> tuple[list[int], list[int]]:
@@ -90,7 +89,7 @@ def test_prometheus_answers_like_the_stored_sketch(prometheus_nh: Server, tmp_pa
     run_id = f"nh-{time.time_ns()}"
     config = SimConfig(ranks=8, steps=10, run_id=run_id, seed=3)
     _, ctx, _, _ = prepare(config, "healthy")
-    sock = Path(tempfile.mkdtemp(prefix="argus-nh-")) / "p.sock"
+    sock = short_dir("argus-nh-") / "p.sock"
     proc = subprocess.Popen([sys.executable, "-m", "argus", "processor", "--store", str(tmp_path / "P"), "--socket",
                              str(sock), "--host", "proc-0", "--no-fsync", "--no-stacks", "--no-host-counters", "--no-evidence",
                              "--remote-write", prometheus_nh.write_url, "--remote-write-native-histograms"],

@@ -9,7 +9,6 @@ import json
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,12 +21,13 @@ from argus.store import Store
 from argus.tsdb import PromClient
 from tests.tsdb.conftest import wait_for
 from tests.tsdb.feed import Feeder
+from tests.shortdir import short_dir
 
 SCENARIOS = {"compute_straggler": 16, "link_degradation": 32}  # 16 ranks are two hosts: no healthy link to compare
 
 
 def _start_processor(store: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
-    sock = Path(tempfile.mkdtemp(prefix="argus-tsdb-")) / "p.sock"  # unix socket paths cap at 108 bytes
+    sock = short_dir("argus-tsdb-") / "p.sock"  # unix socket paths cap at 108 bytes
     proc = subprocess.Popen([sys.executable, "-m", "argus", "processor", "--store", str(store), "--socket", str(sock),
                              "--host", "proc-0", "--no-fsync", "--no-stacks", "--no-host-counters", "--no-evidence", *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
