@@ -2,9 +2,9 @@
 
 A socket's path holds at most 108 bytes, more than pytest's ``tmp_path`` may leave, so tests
 that start a processor put its socket under the system's temporary directory. Made with a
-bare ``mkdtemp`` they stayed there: a CI run left ~60 empty directories in /tmp. Here they
-live under one root per test process, removed at its exit, when every processor a test
-started has stopped.
+bare ``mkdtemp`` they stayed there (this machine held ~750 of them, empty or with a stale
+socket, after a few dozen runs of the suite). Here they live under one root per test
+process, removed at its exit, when every processor a test started has stopped.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def traced(no_launcher_env):
     """Argus on in this process (a single-process job), pointed at no processor."""
     from argus.producer import api
 
-    sock = os.path.join(str(short_dir("argus-h-")), "none.sock")
+    sock = str(short_dir("argus-h-") / "none.sock")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         assert api.init(socket_path=sock, flush_interval_s=3600.0, kernels="cpu_ops", op_sample_every=2)
