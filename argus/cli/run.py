@@ -308,7 +308,8 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(s, h)
         while starting and processor is not None:  # the command ended first: the processor's start decides
             starting, processor = _starting(sock, processor, log_path, starting_since)
-            time.sleep(0.02 if starting else 0.0)
+            if starting:
+                time.sleep(0.02)
         if joblog is not None:
             joblog.finish()  # before the processor stops: the attempt's logs go in with the rest
         status, killed = _stop_processor(processor, args.store, args.host) if processor is not None else (0, "")

@@ -51,7 +51,7 @@ def _compiled(result: dict) -> dict | None:
 def compiled_cache(tmp_path_factory):
     """One inductor cache for the compile stacks: ``compile`` runs first and compiles cold under
     Argus; ``compile_ddp`` (DDP's one bucket of this small model: the same graphs) then loads
-    inductor's code from it — 9 s instead of 37 s here — while dynamo still traces, breaks and
+    inductor's code from it (the test 36 → 17 s here) while dynamo still traces, breaks and
     recompiles as on a cold cache, which is what the test compares. Only these two share it:
     once the recompile fault's run (a new sequence length on one rank) had warmed it too, a
     plain compile run here counted two compilations where the traced one counted one (not
