@@ -115,6 +115,7 @@ class EvidenceKind(StrEnum):
     # L4
     WHAT_IF = "what_if"
     WHAT_IF_SKIPPED = "what_if_skipped"
+    ATTRIBUTION = "attribution"  # the what-if attribution that explains the slowdown: the group, its share, the parts
     CRITICAL_PATH = "critical_path"
     PIPELINE = "pipeline"
     GPU_IDLE = "gpu_idle"

@@ -33,6 +33,9 @@ from argus.analysis.links import detect_link_shifts
 from argus.analysis.l3_kernels import L3Config, collective_calls, detect_kernels, kernel_time_per_rank
 from argus.analysis.observations import observe
 from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents, reinstate_victims
+from argus.analysis.arbiter import SLOW_CLASSES, arbitrate, candidate_label
+from argus.analysis.attribution import AttributionConfig, StepBounds, WindowOutcome, attribute_window
+from argus.analysis.l4_replay import replay_ranks
 from argus.analysis.job_log import with_job_log
 from argus.analysis.sdc import checkpoints_from_log, sdc_incidents
 from argus.analysis.signals import load_hw_signals
@@ -60,6 +63,7 @@ class DiagnoseConfig:
     l3: L3Config = field(default_factory=L3Config)
     rootcause: RootCauseConfig = field(default_factory=RootCauseConfig)
     deepen: DeepenConfig = field(default_factory=DeepenConfig)
+    attribution: AttributionConfig = field(default_factory=AttributionConfig)
 
     def __post_init__(self) -> None:
         if self.window_steps is not None and self.window_steps < 1:
@@ -218,12 +222,15 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
         return int(first_step["step"][m][max(idx, 0)]) if m.any() else -1
 
     hw = load_hw_signals(attempt, step_of_ts)
-    incidents = build_incidents(attempt, topology, l1, windows, hw, step_time, config.rootcause)
+    candidates = build_incidents(attempt, topology, l1, windows, hw, step_time, config.rootcause)
     timings["rootcause"] = time.perf_counter() - t
     t = time.perf_counter()
-    deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen, frames, timings,
-           l1.baseline_s)
-    incidents = reinstate_victims(incidents)  # a culprit the replay dismissed explains no victim
+    outcomes = _attribute(attempt, topology, frames, windows, candidates, l1, config, step_time)
+    incidents = arbitrate(candidates, outcomes, topology, l1, step_time)
+    timings["attribution"] = time.perf_counter() - t
+    t = time.perf_counter()
+    deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen, frames, timings)
+    incidents = reinstate_victims(incidents)  # a culprit the attribution dismissed explains no victim
     incidents = with_job_log(attempt, topology, incidents, step_of_ts)  # argus run's logs table
     checkpoints = checkpoints_from_log(attempt, step_of_ts)  # saves the job's log reported, with their paths
     for s_ in l1.checkpoint_steps:  # and the steps of its checkpoint phases
@@ -242,7 +249,42 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     depth, observations = observe(attempt, steady, coverage.comparable)
     timings["observations"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
-    return Diagnosis(attempt, l1, windows, incidents, hw, timings, coverage, note, skipped, depth, observations)
+    return Diagnosis(attempt, l1, windows, incidents, hw, timings, coverage, note, skipped, depth, observations,
+                     outcomes)
+
+
+def _attribute(attempt: Attempt, topology, frames: WindowFrames, windows: list[WindowAnalysis],
+               candidates: list[Incident], l1: L1Result, config: DiagnoseConfig,
+               step_time: dict[int, float]) -> list[WindowOutcome]:
+    """Each window's what-if attribution over its steady steps, the rules' culprits evaluated too."""
+    if not config.attribution.enabled or attempt.meta.get("phase_detail") == "aggregated":
+        return []  # phases read back from a TSDB are per-step totals: no events to replay
+    layout = attempt.layout
+    st = attempt.read("steps", columns=["rank", "step", "start_ns", "end_ns"])
+    bounds = StepBounds.of(*(st.column(c).to_numpy() for c in ("rank", "step", "start_ns", "end_ns"))) \
+        if st.num_rows else None
+    del st
+    out = []
+    for w in windows:
+        steps = [s for s in range(w.lo, w.hi + 1) if s in step_time and l1.is_normal_step(s)]
+        if len(steps) < 2:
+            steps = [s for s in range(w.lo, w.hi + 1) if s in step_time and np.isfinite(step_time[s])]
+        if not steps:
+            continue
+        extra = [(candidate_label(i), list(inc.culprit_ranks)) for i, inc in enumerate(candidates)
+                 if inc.klass in SLOW_CLASSES and inc.culprit_ranks and inc.start_step <= w.hi and inc.end_step >= w.lo]
+        ranks = None
+        if layout.world_size > config.exact_ranks:  # the replicas holding a suspect, and a few healthy ones
+            suspects = sorted({r for _, rs in extra for r in rs} | {f.rank for f in w.l2.findings}
+                              | {o.rank for o in (w.l3.outliers if w.l3 else [])})
+            ranks = replay_ranks(layout, suspects)
+        frame = frames.phases(w.lo, w.hi, ranks)
+        try:
+            out.append(attribute_window(frame, layout, topology.hosts, bounds, w.lo, w.hi, extra, config.attribution,
+                                        steps))
+        except (ValueError, IndexError, MemoryError) as exc:  # a window we cannot model says so; the rest stand
+            out.append(WindowOutcome(w.lo, w.hi, None, f"attribution failed ({type(exc).__name__}: {exc})"[:300]))
+    return out
 
 
 def _store_incidents(attempt: Attempt, incidents: list[Incident]) -> str:

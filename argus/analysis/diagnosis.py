@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from argus.analysis.attribution import WindowOutcome
 from argus.analysis.coverage import Coverage
 from argus.analysis.incident import Incident, incidents_document
 from argus.analysis.l1_windows import L1Result
@@ -35,6 +36,7 @@ class Diagnosis:
     skipped_windows: list[tuple[int, int]] = field(default_factory=list)  # windows without phases
     depth: Depth | None = None  # how much could be compared (thin: "no incident" is not "match")
     observations: list[Observation] = field(default_factory=list)  # measured per rank, never claims
+    attribution: list[WindowOutcome] = field(default_factory=list)  # each window's what-if attribution
 
     @property
     def missing(self) -> list[str]:
@@ -83,8 +85,23 @@ class Diagnosis:
             "depth": None if self.depth is None else self.depth.to_json(),
             "unjudged_communicators": self.unjudged_communicators(),
             "observations": [o.to_json() for o in self.observations],
+            "attribution": [_outcome_json(o) for o in self.attribution],
         })
 
     def document(self) -> dict[str, Any]:
         """``to_json``, under the name its first readers used."""
         return self.to_json()
+
+
+def _outcome_json(o: WindowOutcome) -> dict[str, Any]:
+    """One window's attribution in the document: its slowdowns and fidelity, or why there is none."""
+    out: dict[str, Any] = {"window": [o.lo, o.hi], "modeled": o.modeled}
+    if o.attribution is not None:
+        out.update(o.attribution.to_json())
+    if o.note:
+        out["note"] = o.note
+    if o.findings:
+        out["findings"] = [{"class": f.klass, "part": f.part, "shape": f.shape, "culprits": f.culprits[:16],
+                            "phase": f.phase, "share": round(f.share, 3), "slowdown": round(f.slowdown, 4)}
+                           for f in o.findings]
+    return out

@@ -33,6 +33,9 @@ class IncidentClass(StrEnum):
     HANG = "hang"
     FAIL_STOP = "fail_stop"  # a rank stopped with an error (its exception, a signal): from the job's log
     INPUT_IMBALANCE = "input_imbalance"
+    #: the job runs slower than it did and no group of ranks, stage or link explains it (the
+    #: attribution rules them out): every rank alike — the input, the code, the cluster
+    JOB_SLOWDOWN = "job_slowdown"
     #: replicas that stopped holding the same bits (``sdc.py``): a claim about correctness, not
     #: speed, so never graded by a slowdown
     SILENT_DATA_CORRUPTION = "silent_data_corruption"

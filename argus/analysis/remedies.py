@@ -32,6 +32,8 @@ _BY_CLASS = {
                           "schedule); no node is at fault",
     "input_imbalance": "uneven inputs across data-parallel ranks: pack or bucket sequences by length so every "
                        "rank gets the same work; no node is at fault",
+    "job_slowdown": "every rank slowed alike: no device, link or stage stands out — compare the job's inputs, "
+                    "code and software versions, and the cluster's load, before and after the regression",
     "compute_straggler": "a slow device or slow work on it: argus verify (a healthcheck of the suspect beside a "
                          "peer) tells which before a replacement; if it checks healthy, look at what the job runs on "
                          "that rank",
@@ -79,5 +81,5 @@ def remedy(klass: str, evidence: list[Any]) -> str:
 
 def in_the_job(klass: str, evidence: list[Any]) -> bool:
     """Whether the cause is the job's own (its structure, its software), never a node's."""
-    return klass in ("pipeline_imbalance", "input_imbalance") or (
+    return klass in ("pipeline_imbalance", "input_imbalance", "job_slowdown") or (
         klass == "host_stall" and named_cause(evidence) in STALL_REMEDIES)

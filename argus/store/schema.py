@@ -264,7 +264,7 @@ TABLES: dict[str, TableSpec] = {
             (
                 ("id", _STR, "stable incident id"),
                 ("class", _STR, "root-cause class: `compute_straggler`, `link_degradation`, `pipeline_imbalance`, "
-                 "`host_stall`, `hang`, `fail_stop`, `input_imbalance`, `silent_data_corruption`"),
+                 "`host_stall`, `hang`, `fail_stop`, `input_imbalance`, `job_slowdown`, `silent_data_corruption`"),
                 ("state", _STR, "`suspected`, `confirmed` or `inconclusive`"),
                 ("severity", _STR, "`info`, `warning`, `critical`"),
                 ("culprit_ranks", pa.list_(_I32), "culprit ranks"),

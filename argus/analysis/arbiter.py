@@ -1,0 +1,413 @@
+"""The one arbiter: the rules' candidate incidents and the what-if attribution's findings become
+the diagnosis' incidents, each with the impact the attribution measured.
+
+* A candidate whose culprits the attribution evaluated gets their **measured** cost — what the
+  job gains with their excess removed, replayed through the job's dependencies — as its impact,
+  graded from it: a "straggler" whose removal gains nothing is ``info`` however it was found.
+* A finding that names the same culprits joins that candidate (its evidence, its culprits when
+  narrower: a link's communicator instead of the hosts it crosses); one fault, one incident.
+* A finding no rule saw is an incident of its own: a persistent straggler with no healthy window
+  to compare against, work outside the recorded phases, a stage holding too many layers,
+  variance on every worker.
+* An L1 regression that no incident explains is a ``job_slowdown`` that says what was ruled out.
+
+Where a window could not be modeled (its replay misses the recording), its candidates keep the
+rules' impact and say why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from argus.analysis.attribution import Finding, Part, Shape, WindowOutcome
+from argus.analysis.incident import (Action, Incident, IncidentClass, Severity, State, grade)
+from argus.analysis.l1_windows import L1Result
+from argus.topology import Topology
+from argus.vocab import EvidenceKind, Level
+
+__all__ = ["arbitrate", "SLOW_CLASSES", "candidate_label"]
+
+#: Classes whose impact is a slowdown the attribution can measure.
+SLOW_CLASSES = (IncidentClass.COMPUTE_STRAGGLER, IncidentClass.PIPELINE_IMBALANCE, IncidentClass.HOST_STALL,
+                IncidentClass.LINK_DEGRADATION)
+#: An L1 regression at least this large with no incident covering it is a job slowdown.
+UNEXPLAINED_REGRESSION = 1.10
+#: … after at least this many normal steps at the healthy level (the job slowed down, it did
+#: not speed up after a long warm-up).
+MIN_HEALTHY_BEFORE = 3
+
+
+def candidate_label(i: int) -> str:
+    """The label a candidate incident's culprits are evaluated under in each window."""
+    return f"candidate {i}"
+
+
+@dataclass
+class _Merged:
+    """One finding over the windows it appears in."""
+
+    klass: str
+    part: Part
+    shape: Shape
+    culprits: list[int]
+    phase: str
+    label: str
+    parts: list[Finding] = field(default_factory=list)
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted({s for f in self.parts for s in f.steps})
+
+    @property
+    def windows(self) -> list[tuple[int, int]]:
+        return sorted({(f.lo, f.hi) for f in self.parts})
+
+    @property
+    def share(self) -> float:
+        return float(np.median([f.share for f in self.parts]))
+
+    @property
+    def slowdown(self) -> float:
+        return float(np.median([f.slowdown for f in self.parts]))
+
+    @property
+    def persistent(self) -> bool:
+        return all(f.persistent for f in self.parts)
+
+
+def _merge(outcomes: list[WindowOutcome]) -> list[_Merged]:
+    merged: dict[tuple, _Merged] = {}
+    for o in outcomes:
+        for f in o.findings or []:
+            key = (f.part, f.shape, tuple(f.culprits) if f.shape != Shape.STAGE else f.phase)
+            m = merged.get(key)
+            if m is None:
+                m = merged[key] = _Merged(f.klass, f.part, f.shape, list(f.culprits), f.phase, f.label)
+            m.parts.append(f)
+    # the class of the costliest window stands for all
+    for m in merged.values():
+        top = max(m.parts, key=lambda f: f.gain_s)
+        m.klass, m.phase = top.klass, top.phase
+    return sorted(merged.values(), key=lambda m: -sum(f.gain_s for f in m.parts))
+
+
+@dataclass
+class _Cost:
+    extra_s: float  # job seconds the group cost over its steps
+    span_s: float  # recorded job time over those steps
+    steps: list[int]
+    replays: list[tuple[int, float, float]]  # (step, recorded s, without the group s) for the chart
+    error_pct: float
+
+    @property
+    def slowdown_pct(self) -> float:
+        return 100.0 * self.extra_s / max(self.span_s - self.extra_s, 1e-12) if self.span_s > 0 else 0.0
+
+
+def _cost(parts: list[Finding], outcomes: dict[tuple[int, int], WindowOutcome], step_time: dict[int, float],
+          normal) -> _Cost:
+    """What a finding's group cost: its gain per step in each window, over the window's normal steps
+    it affects (intermittent: those only; persistent: every normal step of the window)."""
+    extra = span = 0.0
+    steps: list[int] = []
+    replays: list[tuple[int, float, float]] = []
+    errors = []
+    for f in parts:
+        o = outcomes.get((f.lo, f.hi))
+        wa = o.attribution if o is not None else None
+        if wa is None:
+            continue
+        errors.append(wa.error_pct)
+        window_steps = [s for s in range(f.lo, f.hi + 1) if s in step_time and np.isfinite(step_time[s])]
+        hit = window_steps if f.persistent else [s for s in f.steps if s in step_time]
+        hit = [s for s in hit if normal(s)] or hit
+        gain = max(f.gain_s, 0.0)
+        # the gain was measured on the replayed steps' own time scale: relative to each step
+        rel = gain / max(float(np.mean(wa.recorded_s)) / 1e9, 1e-12)
+        for s in hit:
+            e = min(rel * step_time[s], step_time[s])
+            extra += e
+            span += step_time[s]
+            steps.append(s)
+        for k, rec in zip(wa.steps, wa.recorded_s / 1e9):
+            if len(replays) < 12:
+                replays.append((int(k), float(rec), float(rec) * (1.0 - min(rel, 1.0))))
+    return _Cost(extra, span, sorted(set(steps)), replays, float(np.median(errors)) if errors else float("nan"))
+
+
+def _candidate_cost(i: int, inc: Incident, outcomes: list[WindowOutcome], step_time: dict[int, float],
+                    normal) -> tuple[_Cost | None, list[str]]:
+    """The measured cost of candidate ``i``'s culprits in the windows its steps lie in, and the
+    notes of the windows that could not measure it."""
+    label = candidate_label(i)
+    inc_steps = set(inc.steps or range(inc.start_step, inc.end_step + 1))
+    parts: list[Finding] = []
+    notes: list[str] = []
+    by_window: dict[tuple[int, int], WindowOutcome] = {}
+    for o in outcomes:
+        span = set(range(o.lo, o.hi + 1))
+        if not span & inc_steps:
+            continue
+        by_window[(o.lo, o.hi)] = o
+        if not o.modeled:
+            notes.append(o.note or "not attributed")
+            continue
+        wa = o.attribution
+        assert wa is not None
+        shares = [s for s in wa.shares if s.label == label]
+        if not shares:
+            continue
+        wanted = Part.HOST if inc.klass == IncidentClass.HOST_STALL else Part.WORKER
+        best = max(shares, key=lambda s: (s.part == wanted, float(np.mean(s.per_step_gain_s or [0.0]))))
+        if inc.klass == IncidentClass.HOST_STALL:  # a stall may sit in a phase or between phases
+            best = max(shares, key=lambda s: float(np.mean(s.per_step_gain_s or [0.0])))
+        gain = float(np.mean(best.per_step_gain_s)) if best.per_step_gain_s else 0.0
+        hit = sorted(inc_steps & span)
+        persistent = len(hit) >= 0.6 * (o.hi - o.lo + 1)
+        parts.append(Finding(best.part, Shape.RANKS, str(inc.klass), list(inc.culprit_ranks), inc.phase, best.share,
+                             1.0, gain, hit, o.lo, o.hi, label, {"persistent": persistent}))
+    if not parts:
+        return None, notes
+    return _cost(parts, by_window, step_time, normal), notes
+
+
+def _what_if(cost: _Cost, world: int, note: str) -> dict:
+    """The ``what_if`` evidence the report charts: recorded steps against the steps without the group."""
+    return {"level": Level.L4, "kind": EvidenceKind.WHAT_IF, "steps": [r[0] for r in cost.replays],
+            "step_s": [round(r[1], 6) for r in cost.replays],
+            "without_fault_s": [round(r[2], 6) for r in cost.replays],
+            "replay_error_pct": round(cost.error_pct, 2), "covers_steps": len(cost.steps),
+            "extra_s": round(cost.extra_s, 6), "slowdown_pct": round(cost.slowdown_pct, 3),
+            "gpu_hours_lost": round(world * cost.extra_s / 3600.0, 6), "note": note}
+
+
+def _attribution_evidence(m: _Merged, outcomes: dict[tuple[int, int], WindowOutcome]) -> dict:
+    top = max(m.parts, key=lambda f: f.gain_s)
+    o = outcomes.get((top.lo, top.hi))
+    wa = o.attribution if o is not None else None
+    shares = []
+    if wa is not None:
+        part_shares = sorted(wa.of(top.part), key=lambda s: -s.share)
+        shares = [s.to_json() for s in part_shares[:8]]
+    out = {"level": Level.L4, "kind": EvidenceKind.ATTRIBUTION, "part": m.part, "shape": m.shape,
+           "group": m.label, "culprits": m.culprits[:64], "share": round(m.share, 3),
+           "slowdown": round(m.slowdown, 4), "windows": [list(w) for w in m.windows][:16],
+           "persistent": m.persistent, **({k: v for k, v in top.detail.items() if k not in ("group",)}),
+           "shares": shares}
+    if wa is not None:
+        out.update(wa.to_json())
+    out["note"] = ("each group's recorded durations replaced by its peers' typical ones (its stage balanced, for a "
+                   "stage), the step replayed through the job's collectives and pipeline transfers; share = the part "
+                   "of the slowdown that group's fix recovers")
+    return out
+
+
+def _matches(inc: Incident, m: _Merged) -> bool:
+    if not set(inc.culprit_ranks) & set(m.culprits):
+        return False
+    if inc.klass == IncidentClass.LINK_DEGRADATION:
+        return m.shape == Shape.COMMUNICATOR
+    if m.shape == Shape.COMMUNICATOR:
+        return False
+    if inc.klass == IncidentClass.HOST_STALL:
+        return m.klass == IncidentClass.HOST_STALL or m.part == Part.HOST
+    return m.part == Part.WORKER and m.shape == Shape.RANKS
+
+
+def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topology: Topology, l1: L1Result,
+              step_time: dict[int, float]) -> list[Incident]:
+    """The diagnosis' incidents from the rules' ``candidates`` and the windows' attributions."""
+    world = topology.world_size
+    normal = l1.is_normal_step
+    by_window = {(o.lo, o.hi): o for o in outcomes}
+    merged = _merge(outcomes)
+    used: set[int] = set()
+    out: list[Incident] = []
+    for i, inc in enumerate(candidates):
+        if inc.klass not in SLOW_CLASSES:
+            out.append(inc)
+            continue
+        match = [j for j, m in enumerate(merged) if j not in used and _matches(inc, m)]
+        for j in match:
+            used.add(j)
+            m = merged[j]
+            inc.evidence.append(_attribution_evidence(m, by_window))
+            if m.shape == Shape.COMMUNICATOR and set(m.culprits) < set(inc.culprit_ranks):
+                # the communicator the attribution names, not every rank of the hosts it crosses
+                inc.culprit_ranks = sorted(m.culprits)
+                inc.hosts = sorted({str(topology.hosts[r]) for r in m.culprits})
+                inc.gpus = [str(topology.gpu_uuids[r]) for r in inc.culprit_ranks]
+        cost: _Cost | None
+        notes: list[str] = []
+        if match:
+            cost = _cost([f for j in match for f in merged[j].parts], by_window, step_time, normal)
+        else:
+            cost, notes = _candidate_cost(i, inc, outcomes, step_time, normal)
+        observed = _no_progress_s(inc)
+        if cost is not None and observed is not None and cost.extra_s < 0.5 * observed:
+            # the processor watched every other rank wait, blocked, this long: the replayed steps
+            # hold only part of it (a rank frozen after its step's last collective: the others wait
+            # in the next step's), so the impact stays the one observed
+            inc.evidence.append({"level": Level.L4, "kind": EvidenceKind.WHAT_IF_SKIPPED, "note": (
+                f"the processor saw the job make no progress for {observed:.0f} s; replayed, the incident's steps "
+                f"give back {cost.extra_s:.2f} s (the wait fell in another step): the impact is the one observed")})
+            out.append(inc)
+            continue
+        if cost is None or not cost.steps:
+            if notes:
+                inc.evidence.append({"level": Level.L4, "kind": EvidenceKind.WHAT_IF_SKIPPED,
+                                     "note": notes[0] + "; the impact is L1's"})
+            out.append(inc)
+            continue
+        _set_impact(inc, cost, world, "measured: the job replayed through its dependencies without these culprits' "
+                                      "excess")
+        out.append(inc)
+    for j, m in enumerate(merged):
+        if j in used:
+            continue
+        made = _from_finding(m, by_window, topology, step_time, normal)
+        if made is not None:
+            out.append(made)
+    job = _unexplained(out, l1, outcomes, world, step_time)
+    if job is not None:
+        out.append(job)
+    return out
+
+
+def _set_impact(inc: Incident, cost: _Cost, world: int, note: str) -> None:
+    previous = inc.slowdown_pct
+    inc.evidence.append({"level": Level.L1, "kind": EvidenceKind.IMPACT_ESTIMATE,
+                         "slowdown_pct": None if previous is None else round(float(previous), 4),
+                         "gpu_hours_lost": None if inc.gpu_hours_lost is None else round(float(inc.gpu_hours_lost), 4),
+                         "note": "L1's estimate (superseded by the measured what-if)"})
+    inc.evidence.append(_what_if(cost, world, note))
+    inc.slowdown_pct, inc.gpu_hours_lost = cost.slowdown_pct, world * cost.extra_s / 3600.0
+    inc.severity = grade(cost.slowdown_pct)
+    if grade(previous) != Severity.INFO and inc.severity == Severity.INFO:
+        inc.state = State.INCONCLUSIVE
+        inc.evidence.append({"level": Level.L4, "kind": EvidenceKind.DISAGREEMENT, "note": (
+            f"the comparison charged {previous:.1f}% to these ranks; replayed without their excess the job gains "
+            f"{cost.slowdown_pct:.1f}%: the slowdown is not theirs")})
+
+
+_ACTIONS = {IncidentClass.COMPUTE_STRAGGLER: Action.VERIFY, IncidentClass.LINK_DEGRADATION: Action.VERIFY,
+            IncidentClass.HOST_STALL: Action.RAISE_TRACE_FIDELITY, IncidentClass.PIPELINE_IMBALANCE: Action.OBSERVE,
+            IncidentClass.INPUT_IMBALANCE: Action.OBSERVE}
+
+
+def _from_finding(m: _Merged, outcomes: dict[tuple[int, int], WindowOutcome], topology: Topology,
+                  step_time: dict[int, float], normal) -> Incident | None:
+    cost = _cost(m.parts, outcomes, step_time, normal)
+    if not cost.steps:
+        return None
+    world = topology.world_size
+    klass = IncidentClass(m.klass)
+    ranks = sorted(m.culprits)
+    hosts = sorted({str(topology.hosts[r]) for r in ranks})
+    steps = cost.steps
+    evidence = [_attribution_evidence(m, outcomes), _what_if(cost, world, "the attribution's group removed")]
+    summary = _summary(m, hosts, cost)
+    severity = grade(cost.slowdown_pct)
+    if m.shape == Shape.SPREAD and not all(f.detail.get("inputs_told") for f in m.parts):
+        severity = Severity.INFO  # uneven inputs and a noisy host cannot be told apart here
+        summary += ("; without a pipeline, uneven inputs and a noisy host look alike here: shown, not claimed")
+    inc = Incident(klass, ranks, hosts, [str(topology.gpu_uuids[r]) for r in ranks], steps[0], steps[-1], m.phase,
+                   [], State.SUSPECTED, severity, cost.slowdown_pct, world * cost.extra_s / 3600.0,
+                   _ACTIONS.get(klass, Action.OBSERVE), evidence, steps if not m.persistent else [], summary)
+    return inc
+
+
+def _summary(m: _Merged, hosts: list[str], cost: _Cost) -> str:
+    ranks = ", ".join(map(str, m.culprits[:8])) + ("…" if len(m.culprits) > 8 else "")
+    where = f" on {', '.join(hosts[:3])}" if hosts else ""
+    gain = f"without it the job runs ×{m.slowdown:.2f} faster in those steps ({cost.slowdown_pct:.1f}% of its time)"
+    if m.shape == Shape.STAGE:
+        return (f"pipeline {m.phase} holds more work than the others (every replica: ranks {ranks}): the step "
+                f"replayed with the stages' work balanced is ×{m.slowdown:.2f} faster; move layers off {m.phase}")
+    if m.shape == Shape.SPREAD:
+        return (f"variance on every worker costs the job ×{m.slowdown:.2f}: no rank, host or link explains it "
+                "(each rank's step-to-step fluctuation and many small differences): uneven inputs, no node is at fault")
+    if m.shape == Shape.COMMUNICATOR:
+        return f"transfers of {m.label} (ranks {ranks}){where} are slow: {gain}"
+    if m.part == Part.HOST:
+        return (f"rank{'s' * (len(m.culprits) > 1)} {ranks}{where} spend time outside every recorded phase (work no "
+                f"phase covers: a save, a busy thread, code after the optimizer) while the others wait: {gain}")
+    if m.klass == IncidentClass.HOST_STALL:
+        return f"rank{'s' * (len(m.culprits) > 1)} {ranks}{where} stall in {m.phase} now and then: {gain}"
+    what = "one pass" if m.klass == IncidentClass.PIPELINE_IMBALANCE else "their work"
+    return (f"rank{'s' * (len(m.culprits) > 1)} {ranks}{where} run {what} slower than their peers in {m.phase} "
+            f"({'every step' if m.persistent else 'some steps'}): {gain}")
+
+
+def _unexplained(incidents: list[Incident], l1: L1Result, outcomes: list[WindowOutcome], world: int,
+                 step_time: dict[int, float]) -> Incident | None:
+    """An L1 regression no incident above info covers: the whole job slowed, and the attribution's
+    ruled-out parts say what it is not."""
+    regs = [w for w in l1.windows if w.kind == "regression" and np.isfinite(w.magnitude)
+            and w.magnitude >= UNEXPLAINED_REGRESSION]
+    for w in regs:
+        covered = any(i.severity != Severity.INFO and i.start_step <= w.end_step and i.end_step >= w.start_step
+                      for i in incidents)
+        if covered:
+            continue
+        before = [s for s in step_time if s < w.start_step and l1.is_normal_step(s) and np.isfinite(step_time[s])]
+        if len(before) < MIN_HEALTHY_BEFORE:
+            continue  # slower early steps and a faster job later: a long warm-up, not a slowdown
+        if not _beyond_noise(w, l1, step_time):
+            continue
+        modeled = [o for o in outcomes if o.modeled and o.lo <= w.end_step and o.hi >= w.start_step]
+        steps = [s for s in range(w.start_step, w.end_step + 1) if np.isfinite(step_time.get(s, np.nan))]
+        if not steps:
+            continue
+        base = l1.baseline_s
+        extra = sum(max(step_time[s] - base, 0.0) for s in steps) if np.isfinite(base) else 0.0
+        span = sum(step_time[s] for s in steps)
+        pct = 100.0 * extra / max(span - extra, 1e-12) if span > 0 else 0.0
+        ruled = []
+        for o in modeled[:4]:
+            wa = o.attribution
+            assert wa is not None
+            ruled.append({"window": [o.lo, o.hi], "worker": round(wa.s_worker, 3), "stage": round(wa.s_stage, 3),
+                          "host": round(wa.s_host, 3)})
+        evidence = [{"level": Level.L1, **w.to_json()},
+                    {"level": Level.L4, "kind": EvidenceKind.ATTRIBUTION, "part": "job", "shape": "none",
+                     "group": "every rank", "culprits": [], "share": 0.0, "slowdown": round(float(w.magnitude), 3),
+                     "windows": [r["window"] for r in ruled], "ruled_out": ruled,
+                     "note": "within these steps no rank, host, stage or communicator is slower than its peers by "
+                             "more than noise: the regression is the whole job's"}]
+        summary = (f"the whole job slowed ×{w.magnitude:.2f} from step {w.start_step}"
+                   + (": no rank, host, stage or link stands out from its peers (ruled out by the attribution in "
+                      f"{len(ruled)} window{'s' * (len(ruled) != 1)})" if ruled else
+                      ": no window could be attributed to tell who"))
+        return Incident(IncidentClass.JOB_SLOWDOWN, [], [], [], w.start_step, w.end_step, "step", [],
+                        State.SUSPECTED, grade(pct), pct, world * extra / 3600.0, Action.OBSERVE, evidence, steps,
+                        summary)
+    return None
+
+
+
+
+#: … and its shift at least this many times the healthy steps' own robust spread (CV).
+NOISE_MULTIPLE = 3.0
+
+
+def _beyond_noise(w, l1: L1Result, step_time: dict[int, float]) -> bool:
+    """Whether an L1 regression stands out from how much the job's normal steps outside it vary
+    (a shared host's speed drifts by a fifth for seconds at a time: not a job slowdown)."""
+    outside = np.array([t for s, t in step_time.items() if np.isfinite(t) and l1.is_normal_step(s)
+                        and not (w.start_step <= s <= w.end_step)])
+    if outside.size < MIN_HEALTHY_BEFORE:
+        return False
+    med = float(np.median(outside))
+    cv = 1.4826 * float(np.median(np.abs(outside - med))) / med if med > 0 else np.inf
+    return float(w.magnitude) - 1.0 >= NOISE_MULTIPLE * cv
+
+
+def _no_progress_s(inc: Incident) -> float | None:
+    """Seconds the processor saw the job make no progress in this incident (its hang snapshot's
+    ``no_progress`` evidence: a frozen rank's stall), else None."""
+    for e in inc.evidence:
+        if e.get("kind") == EvidenceKind.NO_PROGRESS and isinstance(e.get("stalled_s"), (int, float)):
+            return float(e["stalled_s"])
+    return None

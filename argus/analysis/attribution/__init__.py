@@ -1,0 +1,74 @@
+"""Attribution by what-if over the job's dependency graph: every culprit and every impact from one
+causal model (docs/diagnosis.md, "Attribution").
+
+``chains`` turns a window's recorded phases into each rank's events and the own time between
+them; ``graph`` lays the step out as per-stage templates joined by collectives and pipeline
+transfers; ``durations`` holds the recorded and the typical values; ``replay`` runs every
+what-if at once; ``attribute`` measures each group's share; ``verdict`` names the shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from argus.analysis.attribution.attribute import GroupKind, Part, Share, WindowAttribution, attribute_graph
+from argus.analysis.attribution.chains import Chains, StepBounds, build_chains
+from argus.analysis.attribution.graph import StepGraph, build_graphs
+from argus.analysis.attribution.verdict import Finding, Shape, findings
+from argus.analysis.frames import PhaseFrame
+from argus.topology import Layout
+
+__all__ = ["AttributionConfig", "Chains", "Finding", "StepGraph", "GroupKind", "Part", "Shape", "Share", "StepBounds", "WindowAttribution",
+           "WindowOutcome", "attribute_window", "findings", "MAX_REPLAY_ERROR_PCT"]
+
+#: A replay that misses the recorded steps by more than this does not model the job: nothing is
+#: attributed from it (the window says so).
+MAX_REPLAY_ERROR_PCT = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class AttributionConfig:
+    enabled: bool = True
+    max_error_pct: float = MAX_REPLAY_ERROR_PCT
+
+
+@dataclass
+class WindowOutcome:
+    """A window's attribution, or why there is none."""
+
+    lo: int
+    hi: int
+    attribution: WindowAttribution | None
+    note: str = ""  # why nothing was attributed (no events, irregular steps, a replay off the recording)
+    findings: list[Finding] | None = None
+
+    @property
+    def modeled(self) -> bool:
+        return self.attribution is not None and not self.note
+
+
+def attribute_window(frame: PhaseFrame, layout: Layout, hosts: np.ndarray, bounds: StepBounds | None, lo: int,
+                     hi: int, extra: list[tuple[str, list[int]]] | None = None,
+                     config: AttributionConfig = AttributionConfig(),
+                     steps: list[int] | None = None) -> WindowOutcome:
+    """The what-ifs of one window (``steps``: only these, e.g. its steady ones)."""
+    if steps is not None:
+        frame = frame.take(np.flatnonzero(np.isin(frame.step, steps)))
+    ch = build_chains(frame, layout, hosts, bounds)
+    if ch is None:
+        return WindowOutcome(lo, hi, None, "no finished communication event: nothing joins the ranks' steps")
+    graphs = build_graphs(ch, layout)
+    if not graphs:
+        return WindowOutcome(lo, hi, None, "no step whose ranks' events agree with their stage's template "
+                                           "(records lost, or a recording whose order cannot be replayed)")
+    g = graphs[0]
+    wa = attribute_graph(ch, g, layout, hosts, lo, hi, extra)
+    note = ""
+    err = wa.error_pct
+    if not err <= config.max_error_pct:
+        note = (f"the replay misses the recorded steps by {err:.0f}% (more than {config.max_error_pct:.0f}%): "
+                "the graph does not hold this job's dependencies, nothing is attributed from it")
+    out = WindowOutcome(lo, hi, wa, note)
+    out.findings = [] if note else findings(wa, layout.pp)
+    return out

@@ -1,0 +1,103 @@
+"""The durations a replay can use for every node and unit of a step graph: as recorded, and the
+typical values that define the step without stragglers.
+
+* **recorded** — each (node, column, step)'s gap by component; each unit's transfer: its
+  members' shortest duration (the last to arrive waits for no one).
+* **own** — each rank's own mean over the replayed steps, per node: the step without its
+  step-to-step fluctuation (a sequence-length draw, an intermittent stall), with its work kept.
+* **peer** — per node, the median over the rank's like-with-like peers (same stage, same
+  tensor-parallel position) of their own means: a rank with a persistent excess is set to what
+  its peers take. A transfer: the median over the family's units (the same collective on every
+  communicator of its kind and size).
+* **ideal** — ``peer`` with each stage's forward and backward blocks scaled to the stages'
+  mean: the same total work, partitioned evenly (a pipeline whose last stage holds more layers
+  is slower than its ideal by its imbalance). Without a pipeline, ``ideal`` is ``peer``.
+
+Means within a rank conserve its work (a variable input averages out); medians across peers
+do not let one straggler set the reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from argus.analysis.attribution.chains import Chains
+from argus.analysis.attribution.graph import StepGraph
+from argus.topology import Layout
+
+__all__ = ["Durations", "durations", "GAP_SETS", "TRANSFER_SETS"]
+
+GAP_SETS = ("rec", "rec0", "upeer", "own", "peer", "ideal")
+TRANSFER_SETS = ("rec", "own", "ideal")
+
+
+@dataclass
+class Durations:
+    """Per stage row: ``gaps[set][si]`` of shape (n, C, K or 1, J) float32; per family:
+    ``transfers[set][fi]`` of shape (U, K or 1) float64."""
+
+    gaps: dict[str, list[np.ndarray]]
+    transfers: dict[str, list[np.ndarray]]
+    balance: dict[int, dict[str, float]]  # stage → block → factor its blocks were scaled by in ``ideal``
+    block_share: dict[int, float]  # stage → share of its gaps in forward/backward blocks (peer values)
+
+
+def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
+    comps = ch.components
+    J = len(comps)
+    untracked = np.zeros(J, bool)
+    untracked[-1] = True
+    block_j = {b: np.array([c.block == b for c in comps]) for b in ("fwd", "bwd")}
+    rec, rec0, upeer, own, peer = [], [], [], [], []
+    for st in g.stages:
+        r = st.comp  # (n, C, K, J)
+        rec.append(r)
+        r0 = r.copy()
+        r0[..., -1] = 0.0
+        rec0.append(r0)
+        o = r.mean(axis=2, keepdims=True, dtype=np.float64).astype(np.float32)
+        tp = layout.coords(st.ranks)["tp"]
+        p = np.empty_like(o)
+        low = np.empty(r.shape[:-1], np.float32)  # (n, C, K)
+        for t in np.unique(tp):
+            sel = tp == t
+            p[:, sel] = np.median(o[:, sel], axis=1, keepdims=True)
+            low[:, sel] = r[..., -1][:, sel].min(axis=1, keepdims=True)
+        u = r.copy()
+        u[..., -1] = low  # the least any peer needed in that step: unrecorded waits land in untracked time
+        upeer.append(u)
+        o[..., -1] = 0.0
+        p[..., -1] = 0.0
+        own.append(o)
+        peer.append(p)
+    ideal = [p.copy() for p in peer]
+    balance: dict[int, dict[str, float]] = {}
+    block_share: dict[int, float] = {}
+    if len(g.stages) > 1:
+        for b, mask in block_j.items():
+            if not mask.any():
+                continue
+            totals = np.array([float(p[..., mask].sum(axis=(0, 3)).mean()) for p in peer])  # per stage, per column-step
+            if not (totals > 0).all():
+                continue
+            target = float(totals.mean())
+            for si, st in enumerate(g.stages):
+                factor = target / totals[si]
+                balance.setdefault(st.stage, {})[b] = factor
+                ideal[si][..., mask] *= np.float32(factor)
+    for si, st in enumerate(g.stages):
+        p = peer[si]
+        blocks = block_j["fwd"] | block_j["bwd"]
+        total = float(p.sum())
+        block_share[st.stage] = float(p[..., blocks].sum()) / total if total > 0 else 0.0
+    t_rec, t_own, t_ideal = [], [], []
+    for fam in g.families:
+        unit = fam.transfer if fam.transfer is not None else fam.grouping.min(
+            np.concatenate([ch.dur[g.stages[si].ev[i]] for si, i in fam.members], axis=0))  # (U, K)
+        t_rec.append(unit)
+        mean = unit.mean(axis=1, keepdims=True)
+        t_own.append(mean)
+        t_ideal.append(np.full_like(mean, float(np.median(mean))))
+    return Durations({"rec": rec, "rec0": rec0, "upeer": upeer, "own": own, "peer": peer, "ideal": ideal},
+                     {"rec": t_rec, "own": t_own, "ideal": t_ideal}, balance, block_share)
