@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from argus.analysis.attribution import Finding, Part, Shape, WindowOutcome
+from argus.analysis.attribution import Finding, GroupKind, Part, Shape, WindowOutcome
 from argus.analysis.incident import (Action, Incident, IncidentClass, Severity, State, grade)
 from argus.analysis.l1_windows import L1Result
 from argus.topology import Topology
@@ -31,6 +31,8 @@ __all__ = ["arbitrate", "SLOW_CLASSES", "candidate_label"]
 #: Classes whose impact is a slowdown the attribution can measure.
 SLOW_CLASSES = (IncidentClass.COMPUTE_STRAGGLER, IncidentClass.PIPELINE_IMBALANCE, IncidentClass.HOST_STALL,
                 IncidentClass.LINK_DEGRADATION)
+#: Variance on every worker (uneven inputs) is a warning from this cost on, else an observation.
+SPREAD_WARNING_PCT = 20.0
 #: An L1 regression at least this large with no incident covering it is a job slowdown.
 UNEXPLAINED_REGRESSION = 1.10
 #: … after at least this many normal steps at the healthy level (the job slowed down, it did
@@ -100,15 +102,30 @@ class _Cost:
     replays: list[tuple[int, float, float]]  # (step, recorded s, without the group s) for the chart
     error_pct: float
 
+    intermittent: bool = False
+
     @property
     def slowdown_pct(self) -> float:
         return 100.0 * self.extra_s / max(self.span_s - self.extra_s, 1e-12) if self.span_s > 0 else 0.0
 
+    def spread(self, step_time: dict[int, float]) -> None:
+        """An intermittent cost as a user sees it: over the steps from its first to its last (a
+        one-off: over the run) — 400 ms pauses in every third 70 ms step are not +795%."""
+        if not self.intermittent or not self.steps:
+            return
+        if len(self.steps) == 1:
+            self.span_s = sum(t for t in step_time.values() if np.isfinite(t))
+        else:
+            self.span_s = sum(t for s, t in step_time.items()
+                              if self.steps[0] <= s <= self.steps[-1] and np.isfinite(t))
+
 
 def _cost(parts: list[Finding], outcomes: dict[tuple[int, int], WindowOutcome], step_time: dict[int, float],
           normal) -> _Cost:
-    """What a finding's group cost: its gain per step in each window, over the window's normal steps
-    it affects (intermittent: those only; persistent: every normal step of the window)."""
+    """What a finding's group cost: the seconds per step its fix gains in each window (measured on
+    the window's normal steps), charged to every step of the window it affects — a persistent
+    fault costs about the same seconds in a long checkpoint step — and the share of the time
+    over those steps it took."""
     extra = span = 0.0
     steps: list[int] = []
     replays: list[tuple[int, float, float]] = []
@@ -120,20 +137,25 @@ def _cost(parts: list[Finding], outcomes: dict[tuple[int, int], WindowOutcome], 
             continue
         errors.append(wa.error_pct)
         window_steps = [s for s in range(f.lo, f.hi + 1) if s in step_time and np.isfinite(step_time[s])]
-        hit = window_steps if f.persistent else [s for s in f.steps if s in step_time]
-        hit = [s for s in hit if normal(s)] or hit
+        hit = window_steps if f.persistent else [s for s in f.steps if s in step_time and np.isfinite(step_time[s])]
         gain = max(f.gain_s, 0.0)
-        # the gain was measured on the replayed steps' own time scale: relative to each step
-        rel = gain / max(float(np.mean(wa.recorded_s)) / 1e9, 1e-12)
+        # an intermittent group costs what it cost in its own steps; a persistent one its typical
+        # gain in the steps that were not replayed (a checkpoint step, a warm-up one)
+        hit_gains = [max(f.step_gain_s[s], 0.0) for s in hit if s in f.step_gain_s]
+        other = float(np.median(hit_gains)) if hit_gains and not f.persistent else gain
         for s in hit:
-            e = min(rel * step_time[s], step_time[s])
-            extra += e
+            g = max(f.step_gain_s[s], 0.0) if s in f.step_gain_s else other
+            extra += min(g, step_time[s])
             span += step_time[s]
             steps.append(s)
         for k, rec in zip(wa.steps, wa.recorded_s / 1e9):
             if len(replays) < 12:
-                replays.append((int(k), float(rec), float(rec) * (1.0 - min(rel, 1.0))))
-    return _Cost(extra, span, sorted(set(steps)), replays, float(np.median(errors)) if errors else float("nan"))
+                g = max(f.step_gain_s.get(int(k), gain), 0.0)
+                replays.append((int(k), float(rec), float(rec) - min(g, float(rec))))
+    cost = _Cost(extra, span, sorted(set(steps)), replays, float(np.median(errors)) if errors else float("nan"),
+                 intermittent=not all(f.persistent for f in parts))
+    cost.spread(step_time)
+    return cost
 
 
 def _candidate_cost(i: int, inc: Incident, outcomes: list[WindowOutcome], step_time: dict[int, float],
@@ -158,6 +180,10 @@ def _candidate_cost(i: int, inc: Incident, outcomes: list[WindowOutcome], step_t
         shares = [s for s in wa.shares if s.label == label]
         if not shares:
             continue
+        if inc.klass == IncidentClass.LINK_DEGRADATION:  # a link costs what its transfers take
+            shares = [s for s in shares if s.kind == GroupKind.TRANSFERS] or shares
+        else:
+            shares = [s for s in shares if s.kind != GroupKind.TRANSFERS] or shares
         wanted = Part.HOST if inc.klass == IncidentClass.HOST_STALL else Part.WORKER
         best = max(shares, key=lambda s: (s.part == wanted, float(np.mean(s.per_step_gain_s or [0.0]))))
         if inc.klass == IncidentClass.HOST_STALL:  # a stall may sit in a phase or between phases
@@ -165,11 +191,32 @@ def _candidate_cost(i: int, inc: Incident, outcomes: list[WindowOutcome], step_t
         gain = float(np.mean(best.per_step_gain_s)) if best.per_step_gain_s else 0.0
         hit = sorted(inc_steps & span)
         persistent = len(hit) >= 0.6 * (o.hi - o.lo + 1)
+        persistent = persistent and not (inc.klass == IncidentClass.HOST_STALL and inc.steps)
         parts.append(Finding(best.part, Shape.RANKS, str(inc.klass), list(inc.culprit_ranks), inc.phase, best.share,
-                             1.0, gain, hit, o.lo, o.hi, label, {"persistent": persistent}))
+                             1.0, gain, hit, o.lo, o.hi, label, {"persistent": persistent},
+                             {int(k): float(x) for k, x in zip(wa.steps, best.per_step_gain_s)}))
     if not parts:
         return None, notes
     return _cost(parts, by_window, step_time, normal), notes
+
+
+def _critical(outcomes: list[WindowOutcome], steps: list[int], top: int = 8) -> dict | None:
+    """The critical path of the windows holding ``steps``: each rank's share of it."""
+    shares: dict[int, float] = {}
+    n = 0
+    for o in outcomes:
+        if o.modeled and o.attribution is not None and o.attribution.critical and any(o.lo <= s <= o.hi for s in steps):
+            n += 1
+            for r, v in o.attribution.critical.items():
+                shares[r] = shares.get(r, 0.0) + v
+    if not n:
+        return None
+    ranked = sorted(shares.items(), key=lambda kv: -kv[1])[:top]
+    first = next((s for s in steps), None)
+    return {"level": Level.L4, "kind": EvidenceKind.CRITICAL_PATH, "step": first,
+            "by_rank": [{"rank": int(r), "share": round(v / n, 4)} for r, v in ranked],
+            "note": "share of the recorded steps' critical path spent in each rank's own work (the rank the others "
+                    "waited for at each synchronisation), from the replayed dependency graph"}
 
 
 def _what_if(cost: _Cost, world: int, note: str) -> dict:
@@ -177,7 +224,7 @@ def _what_if(cost: _Cost, world: int, note: str) -> dict:
     return {"level": Level.L4, "kind": EvidenceKind.WHAT_IF, "steps": [r[0] for r in cost.replays],
             "step_s": [round(r[1], 6) for r in cost.replays],
             "without_fault_s": [round(r[2], 6) for r in cost.replays],
-            "replay_error_pct": round(cost.error_pct, 2), "covers_steps": len(cost.steps),
+            "replay_error_pct": [round(cost.error_pct, 2)], "covers_steps": len(cost.steps),
             "extra_s": round(cost.extra_s, 6), "slowdown_pct": round(cost.slowdown_pct, 3),
             "gpu_hours_lost": round(world * cost.extra_s / 3600.0, 6), "note": note}
 
@@ -204,15 +251,17 @@ def _attribution_evidence(m: _Merged, outcomes: dict[tuple[int, int], WindowOutc
 
 
 def _matches(inc: Incident, m: _Merged) -> bool:
+    """One fault, one incident: a finding on the same culprits (overlapping ranks, overlapping
+    steps) is the candidate's, whatever each named it — the rule's class stands, with more
+    evidence behind it (kernels, stacks, host phases)."""
     if not set(inc.culprit_ranks) & set(m.culprits):
+        return False
+    if not any(inc.start_step <= f.hi and inc.end_step >= f.lo for f in m.parts):
         return False
     if inc.klass == IncidentClass.LINK_DEGRADATION:
         return m.shape == Shape.COMMUNICATOR
-    if m.shape == Shape.COMMUNICATOR:
-        return False
-    if inc.klass == IncidentClass.HOST_STALL:
-        return m.klass == IncidentClass.HOST_STALL or m.part == Part.HOST
-    return m.part == Part.WORKER and m.shape == Shape.RANKS
+    # a stage that turns slow mid-run is its ranks' fault, which the rules name (a partition does not change)
+    return m.shape == Shape.RANKS or (m.shape == Shape.STAGE and inc.klass != IncidentClass.HOST_STALL)
 
 
 def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topology: Topology, l1: L1Result,
@@ -242,8 +291,20 @@ def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topolog
         notes: list[str] = []
         if match:
             cost = _cost([f for j in match for f in merged[j].parts], by_window, step_time, normal)
+        elif _own_peers(inc, topology):
+            cost, notes = None, [("the culprits are most of their own peer sets (a whole stage, a whole replica): "
+                                  "the what-if's typical durations come from them, so it cannot measure them")]
         else:
             cost, notes = _candidate_cost(i, inc, outcomes, step_time, normal)
+        if cost is not None and inc.klass == IncidentClass.LINK_DEGRADATION and inc.slowdown_pct is not None \
+                and cost.slowdown_pct < inc.slowdown_pct:
+            # a link every communicator of its kind crosses has no healthy like to be set to: the
+            # rules' measurement (against clean steps, the costliest collective's excess) stands
+            notes = [f"the what-if measures {cost.slowdown_pct:.1f}% (its communicators' typical transfer holds the "
+                     f"slow link when every group of the kind crosses it); the comparison's "
+                     f"{inc.slowdown_pct:.1f}% stands"]
+            inc.evidence.append(_what_if(cost, world, notes[0]))
+            cost = None
         observed = _no_progress_s(inc)
         if cost is not None and observed is not None and cost.extra_s < 0.5 * observed:
             # the processor watched every other rank wait, blocked, this long: the replayed steps
@@ -254,6 +315,9 @@ def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topolog
                 f"give back {cost.extra_s:.2f} s (the wait fell in another step): the impact is the one observed")})
             out.append(inc)
             continue
+        if (cost is None or not cost.steps) and observed is not None:
+            notes = [f"the processor saw the job make no progress for {observed:.0f} s, and no window's replay "
+                     "could measure it: the impact is the one observed"]
         if cost is None or not cost.steps:
             if notes:
                 inc.evidence.append({"level": Level.L4, "kind": EvidenceKind.WHAT_IF_SKIPPED,
@@ -262,29 +326,62 @@ def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topolog
             continue
         _set_impact(inc, cost, world, "measured: the job replayed through its dependencies without these culprits' "
                                       "excess")
+        _with_critical(inc, outcomes)
         out.append(inc)
     for j, m in enumerate(merged):
         if j in used:
             continue
         made = _from_finding(m, by_window, topology, step_time, normal)
         if made is not None:
+            _with_critical(made, outcomes)
             out.append(made)
+    out = _one_per_fault(out)
     job = _unexplained(out, l1, outcomes, world, step_time)
     if job is not None:
         out.append(job)
     return out
 
 
+def _one_per_fault(incidents: list[Incident]) -> list[Incident]:
+    """Two incidents of one class on the same culprits over overlapping steps are one fault (a live
+    hang snapshot's and the phases' view of one frozen rank): the more severe stays, and holds the
+    other's evidence it lacks."""
+    order = {s: i for i, s in enumerate(Severity)}
+    kept: list[Incident] = []
+    for inc in sorted(incidents, key=lambda i: -order[i.severity]):
+        twin = next((k for k in kept if k.klass == inc.klass and k.culprit_ranks and
+                     sorted(k.culprit_ranks) == sorted(inc.culprit_ranks) and
+                     k.start_step <= inc.end_step and k.end_step >= inc.start_step), None)
+        if twin is None:
+            kept.append(inc)
+            continue
+        have = {e.get("kind") for e in twin.evidence}
+        twin.evidence += [e for e in inc.evidence if e.get("kind") not in have]
+    position = {id(i): n for n, i in enumerate(incidents)}
+    return sorted(kept, key=lambda i: position[id(i)])
+
+
+def _with_critical(inc: Incident, outcomes: list[WindowOutcome]) -> None:
+    if inc.klass in (IncidentClass.COMPUTE_STRAGGLER, IncidentClass.PIPELINE_IMBALANCE, IncidentClass.HOST_STALL):
+        crit = _critical(outcomes, inc.steps or list(range(inc.start_step, inc.end_step + 1)))
+        if crit is not None:
+            inc.evidence.append(crit)
+
+
 def _set_impact(inc: Incident, cost: _Cost, world: int, note: str) -> None:
-    previous = inc.slowdown_pct
+    previous, previous_severity = inc.slowdown_pct, inc.severity
     inc.evidence.append({"level": Level.L1, "kind": EvidenceKind.IMPACT_ESTIMATE,
                          "slowdown_pct": None if previous is None else round(float(previous), 4),
                          "gpu_hours_lost": None if inc.gpu_hours_lost is None else round(float(inc.gpu_hours_lost), 4),
                          "note": "L1's estimate (superseded by the measured what-if)"})
     inc.evidence.append(_what_if(cost, world, note))
     inc.slowdown_pct, inc.gpu_hours_lost = cost.slowdown_pct, world * cost.extra_s / 3600.0
-    inc.severity = grade(cost.slowdown_pct)
-    if grade(previous) != Severity.INFO and inc.severity == Severity.INFO:
+    severity = grade(cost.slowdown_pct)
+    if inc.claim_cap is not None and inc.claim_cap.value != severity.value and \
+            list(Severity).index(inc.claim_cap) < list(Severity).index(severity):
+        severity = inc.claim_cap  # the rule's evidence is too thin to claim more, whatever it costs
+    inc.severity = severity
+    if previous_severity != Severity.INFO and inc.severity == Severity.INFO:
         inc.state = State.INCONCLUSIVE
         inc.evidence.append({"level": Level.L4, "kind": EvidenceKind.DISAGREEMENT, "note": (
             f"the comparison charged {previous:.1f}% to these ranks; replayed without their excess the job gains "
@@ -303,15 +400,24 @@ def _from_finding(m: _Merged, outcomes: dict[tuple[int, int], WindowOutcome], to
         return None
     world = topology.world_size
     klass = IncidentClass(m.klass)
+    if m.shape == Shape.STAGE and _balanced_before(m, outcomes):
+        # balanced in an earlier window and not since: a partition does not change, its ranks did
+        klass = IncidentClass.COMPUTE_STRAGGLER
+        m.phase = f"{m.phase} (slowed from step {m.windows[0][0]})"
     ranks = sorted(m.culprits)
     hosts = sorted({str(topology.hosts[r]) for r in ranks})
     steps = cost.steps
     evidence = [_attribution_evidence(m, outcomes), _what_if(cost, world, "the attribution's group removed")]
     summary = _summary(m, hosts, cost)
     severity = grade(cost.slowdown_pct)
-    if m.shape == Shape.SPREAD and not all(f.detail.get("inputs_told") for f in m.parts):
-        severity = Severity.INFO  # uneven inputs and a noisy host cannot be told apart here
-        summary += ("; without a pipeline, uneven inputs and a noisy host look alike here: shown, not claimed")
+    if m.shape == Shape.SPREAD:
+        if not all(f.detail.get("inputs_told") for f in m.parts):
+            severity = Severity.INFO  # uneven inputs and a noisy host cannot be told apart here
+            summary += "; without a pipeline, uneven inputs and a noisy host look alike here: shown, not claimed"
+        else:
+            # legitimate data-dependent variance: reported, never blamed on a node — a warning only
+            # once it costs a fifth of the job (worth packing the inputs), else an observation
+            severity = Severity.WARNING if cost.slowdown_pct >= SPREAD_WARNING_PCT else Severity.INFO
     inc = Incident(klass, ranks, hosts, [str(topology.gpu_uuids[r]) for r in ranks], steps[0], steps[-1], m.phase,
                    [], State.SUSPECTED, severity, cost.slowdown_pct, world * cost.extra_s / 3600.0,
                    _ACTIONS.get(klass, Action.OBSERVE), evidence, steps if not m.persistent else [], summary)
@@ -347,8 +453,9 @@ def _unexplained(incidents: list[Incident], l1: L1Result, outcomes: list[WindowO
     regs = [w for w in l1.windows if w.kind == "regression" and np.isfinite(w.magnitude)
             and w.magnitude >= UNEXPLAINED_REGRESSION]
     for w in regs:
-        covered = any(i.severity != Severity.INFO and i.start_step <= w.end_step and i.end_step >= w.start_step
-                      for i in incidents)
+        # covered by an incident that claims it, or one whose evidence was too thin to claim more
+        covered = any((i.severity != Severity.INFO or i.claim_cap is not None)
+                      and i.start_step <= w.end_step and i.end_step >= w.start_step for i in incidents)
         if covered:
             continue
         before = [s for s in step_time if s < w.start_step and l1.is_normal_step(s) and np.isfinite(step_time[s])]
@@ -402,6 +509,29 @@ def _beyond_noise(w, l1: L1Result, step_time: dict[int, float]) -> bool:
     med = float(np.median(outside))
     cv = 1.4826 * float(np.median(np.abs(outside - med))) / med if med > 0 else np.inf
     return float(w.magnitude) - 1.0 >= NOISE_MULTIPLE * cv
+
+
+def _balanced_before(m: _Merged, outcomes: dict[tuple[int, int], WindowOutcome]) -> bool:
+    """Whether a modeled window before the stage finding's first one had its stages balanced."""
+    from argus.analysis.attribution.verdict import MIN_STAGE_SLOWDOWN
+
+    first = m.windows[0][0]
+    before = [o for (lo, _), o in outcomes.items() if lo < first and o.modeled and o.attribution is not None]
+    return any(o.attribution.s_stage < MIN_STAGE_SLOWDOWN for o in before if o.attribution is not None)
+
+
+def _own_peers(inc: Incident, topology: Topology) -> bool:
+    """Whether the culprits are at least half of some culprit's peer set (same stage, same tp
+    shard): then the peers' typical is theirs, and no what-if against it measures them."""
+    layout = topology.layout
+    culprits = set(inc.culprit_ranks)
+    for r in list(culprits)[:64]:
+        if not 0 <= r < layout.world_size:
+            continue
+        peers = set(int(p) for p in layout.peer_set(r))
+        if len(peers) > 1 and len(peers & culprits) >= 0.5 * len(peers):
+            return True
+    return False
 
 
 def _no_progress_s(inc: Incident) -> float | None:

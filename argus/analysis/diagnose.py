@@ -35,7 +35,7 @@ from argus.analysis.observations import observe
 from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents, reinstate_victims
 from argus.analysis.arbiter import SLOW_CLASSES, arbitrate, candidate_label
 from argus.analysis.attribution import AttributionConfig, StepBounds, WindowOutcome, attribute_window
-from argus.analysis.l4_replay import replay_ranks
+from argus.analysis.attribution.subset import replay_ranks
 from argus.analysis.job_log import with_job_log
 from argus.analysis.sdc import checkpoints_from_log, sdc_incidents
 from argus.analysis.signals import load_hw_signals
@@ -277,7 +277,7 @@ def _attribute(attempt: Attempt, topology, frames: WindowFrames, windows: list[W
         if layout.world_size > config.exact_ranks:  # the replicas holding a suspect, and a few healthy ones
             suspects = sorted({r for _, rs in extra for r in rs} | {f.rank for f in w.l2.findings}
                               | {o.rank for o in (w.l3.outliers if w.l3 else [])})
-            ranks = replay_ranks(layout, suspects)
+            ranks = replay_ranks(layout, suspects, full=config.exact_ranks)
         frame = frames.phases(w.lo, w.hi, ranks)
         try:
             out.append(attribute_window(frame, layout, topology.hosts, bounds, w.lo, w.hi, extra, config.attribution,

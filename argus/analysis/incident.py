@@ -116,6 +116,10 @@ class Incident:
     #: victims' waits): held back, and put back by ``reinstate_victims`` if a later level finds
     #: these culprits cost the job nothing. Never serialised.
     victims: list["Incident"] = field(default_factory=list, repr=False, compare=False)
+    #: the most a rule's evidence can claim whatever the impact (one window against one peer is
+    #: too thin to tell a slow device from a shared host's noise): the arbiter grades below it.
+    #: Never serialised.
+    claim_cap: Severity | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # a misspelt class, state, severity or action fails here, where it is made

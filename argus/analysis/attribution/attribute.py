@@ -30,7 +30,7 @@ import numpy as np
 from argus.analysis.attribution.chains import Chains
 from argus.analysis.attribution.durations import durations
 from argus.analysis.attribution.graph import StepGraph
-from argus.analysis.attribution.replay import Scenario, replay
+from argus.analysis.attribution.replay import Scenario, critical_path, replay
 from argus.topology import Layout
 
 __all__ = ["GroupKind", "Share", "WindowAttribution", "attribute_graph", "MAX_CANDIDATES"]
@@ -123,6 +123,7 @@ class WindowAttribution:
     stage_correlation: float | None = None  # block time moving together across a line's stages (inputs)
     tp: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # each replayed rank's tp coordinate
     stage: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # … and stage
+    critical: dict[int, float] = field(default_factory=dict)  # rank → its share of the steps' critical path
 
     @property
     def error_pct(self) -> float:
@@ -304,11 +305,19 @@ def attribute_graph(ch: Chains, g: StepGraph, layout: Layout, hosts: np.ndarray,
             rs = [int(r) for r in ranks[m]]
             groups.append(_Group(Part.STAGE, GroupKind.STAGE, f"stage {st.stage}", rs, m))
             groups.append(_Group(Part.STAGE, GroupKind.STAGE, f"stage {st.stage}", rs, m, add=True))
+    members = None
     for label, rs in extra or []:
         rs = [r for r in rs if r in col_of]
         if rs:
             groups.append(_Group(Part.WORKER, GroupKind.RANKS, label, rs, mask(rs)))
             groups.append(_Group(Part.HOST, GroupKind.RANKS, label, rs, mask(rs), comps=untracked))
+            # … and their links: the transfers of every communicator they are members of
+            if members is None:
+                members = [set(_comm_ranks(layout, key, ranks)) for key in g.communicators]
+            touch = np.array([bool(m & set(rs)) for m in members], bool)
+            if touch.any():
+                groups.append(_Group(Part.WORKER, GroupKind.TRANSFERS, label, rs, None,
+                                     comps=np.zeros(J, bool), comms=touch))
     # -- scenarios ------------------------------------------------------------------------------
     base = [Scenario("rec"), Scenario("u0", "rec0", "rec0"),
             Scenario("peer", "peer", "peer", tr_base="ideal", tr_over="ideal"),
@@ -340,12 +349,14 @@ def attribute_graph(ch: Chains, g: StepGraph, layout: Layout, hosts: np.ndarray,
             if ideal_t[u] > 0:
                 comm_ratio.setdefault(int(ci), []).append(float(rec_t[u] / ideal_t[u]))
     stage_of = layout.stage_of(ranks)
-    return WindowAttribution(lo, hi, [int(s) for s in g.steps], ranks, g.recorded_ns, named["rec"],
+    wa = WindowAttribution(lo, hi, [int(s) for s in g.steps], ranks, g.recorded_ns, named["rec"],
                              named, shares, [c.name for c in ch.components], d.balance, list(g.irregular_steps),
                              hidden, excess, hexcess, by_comp, [c.category for c in ch.components],
                              [c.block for c in ch.components], ratio, host_x / 1e9,
                              {g.communicators[c]: float(np.median(v)) for c, v in comm_ratio.items()},
                              _stage_correlation(blocks_rec, stage_of, layout), layout.coords(ranks)["tp"], stage_of)
+    wa.critical = critical_path(g, d)
+    return wa
 
 
 def _stage_correlation(blocks: np.ndarray, stage_of: np.ndarray, layout: Layout) -> float | None:

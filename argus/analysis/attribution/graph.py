@@ -38,6 +38,8 @@ from argus.vocab import GroupKind
 __all__ = ["StageRows", "Family", "StepGraph", "build_graphs", "ARRIVE", "COMPLETE", "PASS"]
 
 ARRIVE, COMPLETE, PASS = 0, 1, 2
+#: Group kinds whose groups hold ranks of several pipeline stages.
+_CROSS_STAGE = (GroupKind.WORLD, GroupKind.PP, "model_parallel", "embedding")
 
 
 @dataclass
@@ -74,6 +76,9 @@ class Family:
     #: synchronisation the recording does not hold (a barrier, an untraced collective) gates it
     hidden_join: bool = False
     transfer: np.ndarray | None = None  # (U, K) recorded transfers, when not the members' shortest duration
+    #: (R, K) how long after the unit's first member each member saw it end (one clock): a rank
+    #: whose thread was descheduled notices a finished collective late, and starts its next work late
+    latency: np.ndarray | None = None
 
 
 @dataclass
@@ -196,6 +201,18 @@ def _graph(ch: Chains, layout: Layout, stages: list[int], cols: dict[int, np.nda
     origin = [o - ref[None, :] for o in origin]
     families, family_of, comms = _families(ch, layout, rows)
     _hidden_joins(ch, rows, families, comms, recorded)
+    for fam in families:
+        if fam.alone:
+            continue
+        starts = np.concatenate([ch.start[rows[si].ev[i]] + ch.shift[rows[si].ranks][:, None]
+                                 for si, i in fam.members])  # (R, K) on one clock
+        ends = starts + np.concatenate([ch.dur[rows[si].ev[i]] for si, i in fam.members])
+        first_end = fam.grouping.min(ends)  # (U, K)
+        fam.latency = np.maximum(ends - first_end[fam.grouping.inverse], 0.0)
+        if not fam.hidden_join:
+            # the transfer: from the last member's arrival to the first member's end — a late
+            # observer's own delay is its latency, not the link's
+            fam.transfer = np.maximum(first_end - fam.grouping.max(starts), 0.0)
     ops = _schedule(rows, families, family_of)
     if ops is None:
         return None
@@ -223,7 +240,10 @@ def _families(ch: Chains, layout: Layout, rows: list[StageRows]) -> tuple[list[F
                 else:
                     recvs[(other, st.stage)].append(i)
                 continue
-            key = (int(ch.name[e]), kind, seen[(int(ch.name[e]), kind)])
+            # a kind whose groups lie inside one stage joins that stage's events only; the world,
+            # Megatron's model-parallel and embedding groups join events of several stages
+            spans = kind in _CROSS_STAGE or kind not in GROUP_KINDS
+            key = (int(ch.name[e]), kind, seen[(int(ch.name[e]), kind)], -1 if spans else st.stage)
             seen[(int(ch.name[e]), kind)] += 1
             by_key[key].append((si, i))
     stage_row = {st.stage: si for si, st in enumerate(rows)}
@@ -245,7 +265,7 @@ def _families(ch: Chains, layout: Layout, rows: list[StageRows]) -> tuple[list[F
         for m in members:
             family_of[m] = fi
 
-    for (name_id, kind, _occ), members in by_key.items():
+    for (name_id, kind, _occ, _stage), members in by_key.items():
         stacked = np.concatenate([rows[si].ranks for si, _ in members])
         keys = _group_keys(layout, kind, stacked)
         name = ch.names[name_id]

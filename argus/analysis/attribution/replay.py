@@ -109,6 +109,24 @@ def replay(g: StepGraph, d: Durations, scenarios: list[Scenario]) -> np.ndarray:
             out[:, :, zs] = val
         return out
 
+    # a member's late notice of a unit's end is its own untracked time: recorded where the
+    # scenario keeps that rank's recorded untracked time, none where it sets it to a typical one
+    unt = np.zeros(Z)
+    late_w = np.zeros((int(offsets[-1]), Z))
+    for b, o, zs, cols, comps in gap_pairs:
+        wu = comps[-1]  # (zs,) weight of the untracked component
+        base = 1.0 if b == "rec" else 0.0
+        over = 1.0 if o == "rec" else 0.0
+        late_w[:, zs] = base + (over - base) * (cols * wu[:, None]).T
+        unt[zs] = wu
+
+    def latency(fi: int) -> np.ndarray | None:
+        fam = g.families[fi]
+        if fam.latency is None or not fam.latency.any():
+            return None
+        rows = np.concatenate([offsets[si] + np.arange(g.stages[si].columns) for si, _ in fam.members])
+        return fam.latency[:, :, None] * late_w[rows][:, None, :]
+
     for op, a, b in g.ops:
         if op == ARRIVE:
             arrivals[(a, b)] = cursor[a] + gap(a, b)
@@ -116,10 +134,14 @@ def replay(g: StepGraph, d: Durations, scenarios: list[Scenario]) -> np.ndarray:
             fam = g.families[a]
             stacked = np.concatenate([arrivals.pop(m) for m in fam.members], axis=0)
             unit_end = fam.grouping.max(stacked) + transfer(a)
+            member_end = unit_end[fam.grouping.inverse]
+            late = latency(a)
+            if late is not None:
+                member_end = member_end + late
             row = 0
             for si, i in fam.members:
                 C = g.stages[si].columns
-                end = unit_end[fam.grouping.inverse[row:row + C]]
+                end = member_end[row:row + C]
                 row += C
                 st = g.stages[si]
                 if st.blocking[i]:
@@ -132,3 +154,95 @@ def replay(g: StepGraph, d: Durations, scenarios: list[Scenario]) -> np.ndarray:
             pending[a] = np.full_like(pending[a], -np.inf)
     finals = np.stack([np.maximum(c, p).max(axis=0) for c, p in zip(cursor, pending)])  # (S, K, Z)
     return finals.max(axis=0)
+
+
+def critical_path(g: StepGraph, d: Durations) -> dict[int, float]:
+    """Each rank's share of the recorded steps' critical path: from the rank that finished last,
+    walk back through the member that arrived last at each event it waited for; the own time
+    before each such arrival is that rank's. Averaged over the replayed steps."""
+    K = g.steps.size
+    offsets = np.r_[0, np.cumsum([st.columns for st in g.stages])]
+    cursor = [o.astype(np.float64).copy() for o in g.origin]
+    pending = [np.full((st.columns, K), -np.inf) for st in g.stages]
+    gaps = {}
+    arrivals: dict[tuple[int, int], np.ndarray] = {}
+    last: dict[int, np.ndarray] = {}  # family → (U, K) row of the member that arrived last
+    ends: dict[tuple[int, int], np.ndarray] = {}
+    for op, a, b in g.ops:
+        if op == ARRIVE:
+            gp = d.gaps["rec"][a][b].sum(axis=-1, dtype=np.float64)  # (C, K)
+            gaps[(a, b)] = gp
+            arrivals[(a, b)] = cursor[a] + gp
+        elif op == COMPLETE:
+            fam = g.families[a]
+            stacked = np.concatenate([arrivals.pop(m) for m in fam.members], axis=0)  # (R, K)
+            order = fam.grouping.order
+            # per unit, the sorted row whose arrival is the largest
+            sorted_vals = stacked[order]
+            idx = np.empty((fam.grouping.n_groups, K), np.int64)
+            bounds = np.r_[fam.grouping.bounds, len(order)]
+            for u in range(fam.grouping.n_groups):
+                seg = sorted_vals[bounds[u]:bounds[u + 1]]
+                idx[u] = order[bounds[u] + np.argmax(seg, axis=0)]
+            last[a] = idx
+            unit_end = fam.grouping.max(stacked) + d.transfers["rec"][a]
+            member_end = unit_end[fam.grouping.inverse]
+            if fam.latency is not None:
+                member_end = member_end + fam.latency
+            row = 0
+            for si, i in fam.members:
+                C = g.stages[si].columns
+                end = member_end[row:row + C]
+                row += C
+                st = g.stages[si]
+                if st.blocking[i]:
+                    ends[(si, i)] = end
+                elif not st.send[i]:
+                    np.maximum(pending[si], end, out=pending[si])
+        else:
+            cursor[a] = np.maximum(ends.pop((a, b)), pending[a])
+            pending[a] = np.full_like(pending[a], -np.inf)
+    # where each stacked family row sits: (stage row, node, column)
+    where: dict[int, list[tuple[int, int, int]]] = {}
+    for fi, fam in enumerate(g.families):
+        where[fi] = [(si, i, c) for si, i in fam.members for c in range(g.stages[si].columns)]
+    prev_blocking = []
+    for st in g.stages:
+        pb, p = [], -1
+        for i in range(st.n):
+            pb.append(p)
+            if st.blocking[i]:
+                p = i
+        prev_blocking.append(pb + [p])  # index n: the last blocking node
+    finals = np.stack([np.maximum(c, p) for c, p in zip(cursor, pending)])  # (S, C?, K) ragged: per stage
+    share: dict[int, float] = {}
+    ranks = g.ranks
+    for k in range(K):
+        best = max(((si, int(np.argmax(f[:, k])), float(np.max(f[:, k]))) for si, f in enumerate(finals)),
+                   key=lambda x: x[2])
+        si, c = best[0], best[1]
+        node = prev_blocking[si][g.stages[si].n]
+        own: dict[int, float] = {}
+        hops = 0
+        while node >= 0 and hops < 100_000:
+            hops += 1
+            fi = g.family_of[(si, node)]
+            u = g.families[fi].grouping.inverse[_row_of(g, fi, si, node, c)]
+            r = int(last[fi][u, k])
+            si2, node2, c2 = where[fi][r]
+            rank = int(ranks[offsets[si2] + c2])
+            own[rank] = own.get(rank, 0.0) + float(gaps[(si2, node2)][c2, k])
+            si, c, node = si2, c2, prev_blocking[si2][node2]
+        total = sum(own.values())
+        for rank, v in own.items():
+            share[rank] = share.get(rank, 0.0) + (v / total / K if total > 0 else 0.0)
+    return share
+
+
+def _row_of(g: StepGraph, fi: int, si: int, node: int, col: int) -> int:
+    row = 0
+    for s2, i2 in g.families[fi].members:
+        if (s2, i2) == (si, node):
+            return row + col
+        row += g.stages[s2].columns
+    raise ValueError("node not in its family")

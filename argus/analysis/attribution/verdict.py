@@ -90,6 +90,7 @@ class Finding:
     hi: int
     label: str = ""
     detail: dict = field(default_factory=dict)
+    step_gain_s: dict[int, float] = field(default_factory=dict)  # each replayed step's gain with the group fixed
 
     @property
     def persistent(self) -> bool:
@@ -105,7 +106,22 @@ def _steps_of(wa: WindowAttribution, s: Share) -> list[int]:
     return [int(k) for k, g, r in zip(wa.steps, s.per_step_gain_s, rec) if r > 0 and g >= STEP_GAIN * r]
 
 
+def _step_gains(wa: WindowAttribution, f: Finding) -> dict[int, float]:
+    share = next((s for s in wa.shares if s.part == f.part and s.label == f.label and s.per_step_gain_s), None)
+    if share is None:
+        return {}
+    return {int(k): float(g) for k, g in zip(wa.steps, share.per_step_gain_s)}
+
+
 def findings(wa: WindowAttribution, pp: int) -> list[Finding]:
+    out = _findings(wa, pp)
+    for f in out:
+        if not f.step_gain_s and f.shape != Shape.SPREAD and f.shape != Shape.STAGE:
+            f.step_gain_s = _step_gains(wa, f)
+    return out
+
+
+def _findings(wa: WindowAttribution, pp: int) -> list[Finding]:
     out: list[Finding] = []
     if wa.s_worker >= MIN_SLOWDOWN:
         out += _worker(wa, pp)

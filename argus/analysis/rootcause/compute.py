@@ -254,8 +254,11 @@ def _compute_incident(ctx: _Ctx, klass: IncidentClass, phase: str, ranks: list[i
     if thin:
         summary += ("; seen in one window against a single peer, too little to tell a slow device from a "
                     "shared host's noise: watching for a second window")
-    return Incident(klass, ranks, ctx.hosts_of(ranks), ctx.gpus_of(ranks), lo, hi, phase, kernels,
-                    State.CONFIRMED if confirmed else State.SUSPECTED, severity, pct, gpuh, action, evidence, steps, summary)
+    inc = Incident(klass, ranks, ctx.hosts_of(ranks), ctx.gpus_of(ranks), lo, hi, phase, kernels,
+                   State.CONFIRMED if confirmed else State.SUSPECTED, severity, pct, gpuh, action, evidence, steps, summary)
+    if thin:
+        inc.claim_cap = Severity.INFO
+    return inc
 
 
 def _kernel_excess_s(ev: dict) -> float:
