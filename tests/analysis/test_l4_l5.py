@@ -7,7 +7,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from argus.analysis.frames import load_steps
 from argus.analysis.l4_gaps import _union_ns, gpu_idle
 from argus.analysis.l4_pipeline import pipeline_bubbles
 from argus.analysis.l5_stacks import classify_frames, stack_cause
@@ -175,7 +174,7 @@ def test_the_interleaved_schedules_wrap_around_transfers_are_paired_and_replayed
 
     cfg = SimConfig(ranks=32, steps=6, seed=3, layout="tp=2,pp=4,dp=4", virtual_stages=2, warmup_steps=0,
                     checkpoint_every=0)
-    res = simulate_to_store(cfg, "gc_pause", tmp_path / "s", params={"pause_ms": 150.0, "ranks": "29",
+    simulate_to_store(cfg, "gc_pause", tmp_path / "s", params={"pause_ms": 150.0, "ranks": "29",
                                                                      "probability": 1.0}, baseline=True)
     attempt = Store.open(tmp_path / "s").attempt()
     f = load_phases(attempt, 3, 3, None)
