@@ -243,7 +243,7 @@ def _attribution_evidence(m: _Merged, outcomes: dict[tuple[int, int], WindowOutc
            "persistent": m.persistent, **({k: v for k, v in top.detail.items() if k not in ("group",)}),
            "shares": shares}
     if wa is not None:
-        out.update(wa.to_json())
+        out["job"] = wa.to_json()  # the window the group costs most in: its steps, slowdowns, fidelity
     out["note"] = ("each group's recorded durations replaced by its peers' typical ones (its stage balanced, for a "
                    "stage), the step replayed through the job's collectives and pipeline transfers; share = the part "
                    "of the slowdown that group's fix recovers")
@@ -291,6 +291,10 @@ def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topolog
         notes: list[str] = []
         if match:
             cost = _cost([f for j in match for f in merged[j].parts], by_window, step_time, normal)
+        elif _kernels_only(inc):
+            cost, notes = None, [("the culprits' phases carry no excess (only their kernels do: a GPU trace's "
+                                  "annotations end when the host is done launching): a replay of the phases cannot "
+                                  "remove it")]
         elif _own_peers(inc, topology):
             cost, notes = None, [("the culprits are most of their own peer sets (a whole stage, a whole replica): "
                                   "the what-if's typical durations come from them, so it cannot measure them")]
@@ -318,6 +322,16 @@ def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topolog
         if (cost is None or not cost.steps) and observed is not None:
             notes = [f"the processor saw the job make no progress for {observed:.0f} s, and no window's replay "
                      "could measure it: the impact is the one observed"]
+        if cost is not None and cost.steps and _replay_blind(inc, cost, l1, step_time, candidates):
+            # L1 measured these steps slower than the job's healthy level, the replay without the
+            # culprits' excess leaves them as slow, and nothing else explains them: the excess sits
+            # where the phases do not hold it (device time behind host-timed annotations,
+            # asynchronous launches) — the replay may not lower what was measured
+            notes = [f"replayed without the culprits' excess the steps stay as slow as recorded ({cost.slowdown_pct:.1f}% "
+                     "gained), above the job's healthy level, and no other incident explains them: the replayed "
+                     "phases do not hold the excess"]
+            inc.evidence.append(_what_if(cost, world, notes[0]))
+            cost = None
         if cost is None or not cost.steps:
             if notes:
                 inc.evidence.append({"level": Level.L4, "kind": EvidenceKind.WHAT_IF_SKIPPED,
@@ -518,6 +532,33 @@ def _balanced_before(m: _Merged, outcomes: dict[tuple[int, int], WindowOutcome])
     first = m.windows[0][0]
     before = [o for (lo, _), o in outcomes.items() if lo < first and o.modeled and o.attribution is not None]
     return any(o.attribution.s_stage < MIN_STAGE_SLOWDOWN for o in before if o.attribution is not None)
+
+
+def _replay_blind(inc: Incident, cost: _Cost, l1: L1Result, step_time: dict[int, float],
+                  candidates: list[Incident]) -> bool:
+    """Whether the what-if cannot see what L1 measured on the candidate's steps (see ``arbitrate``)."""
+    base = l1.baseline_s
+    if not (np.isfinite(base) and base > 0) or grade(inc.slowdown_pct) == Severity.INFO:
+        return False
+    if grade(cost.slowdown_pct) != Severity.INFO:
+        return False
+    steps = [s for s in cost.steps if np.isfinite(step_time.get(s, np.nan))]
+    if not steps:
+        return False
+    recorded = float(np.median([step_time[s] for s in steps]))
+    gained = cost.extra_s / len(steps)
+    excess = recorded - base
+    if excess < 0.05 * base or (recorded - gained) - base < 0.5 * excess:
+        return False
+    return not any(o is not inc and o.severity != Severity.INFO and o.klass in SLOW_CLASSES
+                   and o.start_step <= steps[-1] and o.end_step >= steps[0] for o in candidates)
+
+
+def _kernels_only(inc: Incident) -> bool:
+    """A compute finding seen only in the culprits' kernels: their host-timed phases do not hold
+    the excess, so the graph of phases cannot show what removing it gains."""
+    return inc.klass in (IncidentClass.COMPUTE_STRAGGLER, IncidentClass.PIPELINE_IMBALANCE) and not any(
+        e.get("kind") == EvidenceKind.BUSY_OUTLIER for e in inc.evidence)
 
 
 def _own_peers(inc: Incident, topology: Topology) -> bool:

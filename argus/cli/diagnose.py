@@ -155,6 +155,16 @@ def deep_lines(evidence: list[dict]) -> list[str]:
         pairs = ", ".join(f"{a:.3f}→{b:.3f} s" for a, b in list(zip(w["step_s"], w["without_fault_s"]))[:3])
         lines.append(f"L4 what-if: without the culprits' excess {pairs} (replayed {len(w['steps'])} step(s)); "
                      f"{w['extra_s']:.2f} s lost over {w['covers_steps']} steps")
+    if K.ATTRIBUTION in by:
+        a = by[K.ATTRIBUTION]
+        s = (a.get("job") or {}).get("slowdown")
+        parts = ""
+        if isinstance(s, dict):
+            parts = (f" (the job ×{s.get('durations', 1):.2f} its ideal step: ranks against peers ×{s.get('worker', 1):.2f}, "
+                     f"stages ×{s.get('stage', 1):.2f}, time outside phases ×{s.get('host', 1):.2f})")
+        who = a.get("group") or "the group"
+        lines.append(f"L4 attribution: {who} explains {100 * float(a.get('share') or 0):.0f}% of the "
+                     f"{a.get('part', '')} slowdown{parts}")
     if K.CRITICAL_PATH in by and by[K.CRITICAL_PATH]["by_rank"]:
         top = by[K.CRITICAL_PATH]["by_rank"][:3]
         lines.append("L4 critical path: " + ", ".join(f"rank {t['rank']} {100 * t['share']:.0f}%" for t in top))

@@ -39,6 +39,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     k.add_argument("--jobs", type=int, help="parsing processes (default: automatic, parallel for big inputs)")
     k.add_argument("--json", action="store_true", help="print the import summary as JSON on stdout")
     k.set_defaults(func=run_ingest_kineto)
+    o = fmt.add_parser(
+        "ops", help="per-op timelines (Parquet or CSV: stage, dp_rank, step, optype, start_ts, duration)",
+        description="Import a per-op timeline of a pipeline job — one row per operation a rank ran, with its stage, "
+                    "data-parallel index, step, op type (forward-compute, backward-recv, grads-reduce-scatter, …), "
+                    "start and duration in seconds — the format of the OSDI 2025 what-if analysis artifact. One "
+                    "window per step; the traced ranks (one per tensor-parallel group, as such traces hold) become "
+                    "the store's ranks.")
+    o.add_argument("path", metavar="PATH", help="the timeline (.parquet or .csv)")
+    o.add_argument("--out", required=True, help="store directory (new, empty, or an existing store)")
+    o.add_argument("--meta", help="the job's sizes (the artifact's meta-*.yaml: pp_size, dp_size, tp_size, …)")
+    o.add_argument("--gpus-per-host", type=int, default=8, help="GPUs per host, for placing the trace's global ranks "
+                                                                "(default 8)")
+    o.add_argument("--run-id", help="run id for the imported attempt (default: optrace-<random>)")
+    o.add_argument("--no-microbatch-labels", action="store_true",
+                   help="drop the microbatch ids (mb_id) the trace holds, as traces without them read")
+    o.add_argument("--json", action="store_true", help="print the import summary as JSON on stdout")
+    o.set_defaults(func=run_ingest_ops)
     f = fmt.add_parser(
         "flight-recorder", help="PyTorch Flight Recorder dumps, one file per rank: who never joined a stuck collective",
         description="Read the per-rank dumps a hung job's process groups wrote (TORCH_NCCL_DEBUG_INFO_TEMP_FILE "
@@ -131,6 +148,28 @@ def run_ingest_kineto(args: argparse.Namespace) -> int:
     if result.failures:
         err.print(f"[red]{len(result.failures)} of {len(files)} files not imported[/red]")
         return 1
+    return 0
+
+
+def run_ingest_ops(args: argparse.Namespace) -> int:
+    from argus.optrace import import_ops, read_meta, read_ops
+
+    sizes = read_meta(args.meta) if args.meta else None
+    with progress_bar("reading the timeline", 1) as adv:
+        trace = read_ops(args.path)
+        adv()
+    result = import_ops(trace, args.out, sizes=sizes, gpus_per_host=args.gpus_per_host, run_id=args.run_id,
+                        microbatch_labels=not args.no_microbatch_labels)
+    if args.json:
+        print(json.dumps({"store": str(result.store), "run_id": result.run_id, "attempt_id": result.attempt_id,
+                          "layout": result.layout, "steps": result.steps, "ops": result.ops,
+                          "write_s": round(result.write_s, 3), "notes": result.notes}, indent=2))
+    else:
+        out = stdout_console()
+        out.print(f"imported {result.ops:,} ops of {result.steps} step{'s' * (result.steps != 1)} into "
+                  f"{term(str(result.store))} (run {result.run_id}, layout {result.layout}) in {result.write_s:.2f} s")
+        for note in result.notes:
+            stderr_console().print(f"[yellow]note[/yellow] {term(note)}")
     return 0
 
 

@@ -78,7 +78,10 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
         for b, mask in block_j.items():
             if not mask.any():
                 continue
-            totals = np.array([float(p[..., mask].sum(axis=(0, 3)).mean()) for p in peer])  # per stage, per column-step
+            # per stage, its block time per column (each own-time interval once: the gaps before
+            # the events the ranks waited for, as the template says)
+            totals = np.array([float(np.einsum("n,nc->c", _once(st), p[..., mask].sum(axis=(2, 3))).mean())
+                               for st, p in zip(g.stages, peer)])
             if not (totals > 0).all():
                 continue
             target = float(totals.mean())
@@ -89,8 +92,9 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
     for si, st in enumerate(g.stages):
         p = peer[si]
         blocks = block_j["fwd"] | block_j["bwd"]
-        total = float(p.sum())
-        block_share[st.stage] = float(p[..., blocks].sum()) / total if total > 0 else 0.0
+        w = _once(st)
+        total = float(np.einsum("n,ncj->", w, p[:, :, 0, :]))
+        block_share[st.stage] = float(np.einsum("n,ncj->", w, p[:, :, 0, blocks])) / total if total > 0 else 0.0
     t_rec, t_own, t_ideal = [], [], []
     for fam in g.families:
         unit = fam.transfer if fam.transfer is not None else fam.grouping.min(
@@ -101,3 +105,10 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
         t_ideal.append(np.full_like(mean, float(np.median(mean))))
     return Durations({"rec": rec, "rec0": rec0, "upeer": upeer, "own": own, "peer": peer, "ideal": ideal},
                      {"rec": t_rec, "own": t_own, "ideal": t_ideal}, balance, block_share)
+
+
+def _once(st) -> np.ndarray:
+    """Weights that count each own-time interval of a stage's template once: a gap before an event
+    the rank did not wait for lies inside the next gap (both are measured from the same cursor)."""
+    w = st.blocking.astype(np.float64)
+    return w if w.any() else np.ones(st.n)

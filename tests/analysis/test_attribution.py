@@ -1,0 +1,116 @@
+"""The what-if attribution on per-op timelines of 1F1B pipeline jobs made here
+(``tests/optrace/pipeline.py``: no microbatch labels, a schedule that shares no code with Argus),
+each with the slowdown the generator knows — the job against its ideal (no slow device, no noise,
+even inputs, the stages' work spread evenly)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from argus.analysis import DiagnoseConfig, diagnose
+from argus.optrace import import_ops, read_ops
+from argus.store import Store
+from tests.optrace.pipeline import Job, write
+
+pytestmark = pytest.mark.xdist_group("attribution-timelines")
+
+JOBS = {
+    # one rank of a pp=4 × dp=4 job computes forward 2.5× and backward 2.2× slower from the first step
+    "straggler": Job(slow={(2, 1): (2.5, 2.2)}),
+    # the last stage of a pp=4 × dp=2 job holds 2.1× the others' layers
+    "long_stage": Job(pp=4, dp=2, stage_factor={3: 2.1}),
+    # pp=2 × dp=16, every microbatch's length drawn anew (the same on both stages of a line)
+    "variance": Job(pp=2, dp=16, seq_sigma=0.3),
+    "healthy": Job(),
+}
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    cache = {}
+
+    def get(name: str):
+        if name not in cache:
+            root = tmp_path_factory.mktemp(name)
+            recorded, ideal = write(JOBS[name], root / "ops.parquet")
+            import_ops(read_ops(root / "ops.parquet"), root / "s")
+            attempt = Store.open(root / "s").attempt()
+            cache[name] = (attempt, float(np.mean(recorded)) / float(np.mean(ideal)),
+                           diagnose(attempt, DiagnoseConfig(store_incidents=False)))
+        return cache[name]
+
+    return get
+
+
+def _claims(d):
+    return [i for i in d.incidents if i.severity != "info"]
+
+
+def test_the_replay_reproduces_every_timeline(jobs):
+    for name in JOBS:
+        _, _, d = jobs(name)
+        assert d.attribution and all(o.modeled and o.attribution.error_pct < 1.0 for o in d.attribution), name
+
+
+def test_a_persistent_straggler_is_named_alone_with_its_cost(jobs):
+    """No healthy window to compare with (slow from the first step), no microbatch labels: the
+    rank is named alone, and its impact is the ×1.8 the job loses to it (within 15%)."""
+    attempt, s_true, d = jobs("straggler")
+    (inc,) = _claims(d)
+    culprit = int(attempt.layout.rank_of(dp=1, pp=2))
+    assert inc.klass == "compute_straggler" and inc.culprit_ranks == [culprit]
+    assert inc.severity == "critical"
+    s_found = 1.0 + inc.slowdown_pct / 100.0
+    assert abs(s_found - s_true) <= 0.15 * (s_true - 1.0), (s_found, s_true)
+    kinds = {e["kind"] for e in inc.evidence}
+    assert {"attribution", "what_if", "critical_path"} <= kinds
+    crit = next(e for e in inc.evidence if e["kind"] == "critical_path")
+    assert crit["by_rank"][0]["rank"] == culprit
+
+
+def test_a_long_stage_is_named_as_the_stage_of_every_replica(jobs):
+    attempt, s_true, d = jobs("long_stage")
+    (inc,) = _claims(d)
+    stage3 = sorted(int(r) for r in range(attempt.layout.world_size) if attempt.layout.stage_of(r) == 3)
+    assert inc.klass == "pipeline_imbalance" and inc.phase == "stage 3" and inc.culprit_ranks == stage3
+    assert inc.action == "observe" and "move layers" in inc.summary
+    s_found = 1.0 + inc.slowdown_pct / 100.0
+    assert abs(s_found - s_true) <= 0.15 * (s_true - 1.0), (s_found, s_true)
+
+
+def test_variance_on_every_worker_names_no_culprit(jobs):
+    _, s_true, d = jobs("variance")
+    named = [i for i in d.incidents if i.culprit_ranks and i.klass != "pipeline_imbalance"]
+    assert not named, [i.summary for i in named]
+    (inc,) = [i for i in d.incidents if i.klass == "input_imbalance"]
+    assert inc.culprit_ranks == [] and inc.action == "observe"
+    ev = next(e for e in inc.evidence if e["kind"] == "attribution")
+    assert ev["fluctuation_share"] >= 0.4 and ev["stage_correlation"] >= 0.3
+    assert 1.0 + inc.slowdown_pct / 100.0 >= 1.0 + 0.6 * (s_true - 1.0)
+
+
+def test_a_healthy_pipeline_is_silent(jobs):
+    _, s_true, d = jobs("healthy")
+    assert s_true < 1.02 and not d.incidents
+
+
+def test_microbatch_labels_change_nothing(tmp_path):
+    """The same straggler timeline imported with its microbatch ids: the same verdict and cost."""
+    import pyarrow.parquet as pq
+
+    write(JOBS["straggler"], tmp_path / "ops.parquet")
+    t = pq.read_table(tmp_path / "ops.parquet").to_pydict()
+    # give the compute ops their microbatch ids back (the generator's order within each step)
+    counts: dict[tuple, int] = {}
+    for i, op in enumerate(t["optype"]):
+        if op.endswith("compute"):
+            key = (t["step"][i], t["stage"][i], t["dp_rank"][i], op)
+            t["mb_id"][i] = counts.get(key, 0)
+            counts[key] = t["mb_id"][i] + 1
+    pq.write_table(__import__("pyarrow").table(t), tmp_path / "labelled.parquet")
+    import_ops(read_ops(tmp_path / "labelled.parquet"), tmp_path / "s")
+    d = diagnose(Store.open(tmp_path / "s").attempt(), DiagnoseConfig(store_incidents=False))
+    (inc,) = _claims(d)
+    attempt = Store.open(tmp_path / "s").attempt()
+    assert inc.klass == "compute_straggler" and inc.culprit_ranks == [int(attempt.layout.rank_of(dp=1, pp=2))]
