@@ -424,6 +424,11 @@ def _from_finding(m: _Merged, outcomes: dict[tuple[int, int], WindowOutcome], to
     evidence = [_attribution_evidence(m, outcomes), _what_if(cost, world, "the attribution's group removed")]
     summary = _summary(m, hosts, cost)
     severity = grade(cost.slowdown_pct)
+    if m.shape == Shape.RANKS and len(m.windows) < 2 and not _unmistakable(m):
+        # one window of one comparison: a shared host's CPU does this for a few seconds now and
+        # then — shown, watched for a second window, not claimed
+        severity = Severity.INFO
+        summary += "; seen in one window only, and not far enough from its peers to claim on that alone"
     if m.shape == Shape.SPREAD:
         if not all(f.detail.get("inputs_told") for f in m.parts):
             severity = Severity.INFO  # uneven inputs and a noisy host cannot be told apart here
@@ -523,6 +528,17 @@ def _beyond_noise(w, l1: L1Result, step_time: dict[int, float]) -> bool:
     med = float(np.median(outside))
     cv = 1.4826 * float(np.median(np.abs(outside - med))) / med if med > 0 else np.inf
     return float(w.magnitude) - 1.0 >= NOISE_MULTIPLE * cv
+
+
+#: A finding seen in one window claims when its ranks' work is this many times their peers' …
+UNMISTAKABLE_RATIO = 2.0
+#: … or their time outside the phases this share of a step.
+UNMISTAKABLE_SHARE = 0.5
+
+
+def _unmistakable(m: _Merged) -> bool:
+    return any(float(f.detail.get("ratio") or 0.0) >= UNMISTAKABLE_RATIO
+               or float(f.detail.get("step_share") or 0.0) >= UNMISTAKABLE_SHARE for f in m.parts)
 
 
 def _balanced_before(m: _Merged, outcomes: dict[tuple[int, int], WindowOutcome]) -> bool:

@@ -37,6 +37,11 @@ Faults (``--fault``, on ``--fault-rank`` from step ``--fault-start``; all real e
   (seed, rank, step), healthy variance that nothing should flag;
 * ``kill``: that rank SIGKILLs itself between its forward and its backward (a crash mid-step:
   no exit hook, no flush); the others then fail in their collective;
+* work outside every phase a tracer records, on that rank only (the others wait for it at the
+  next gradient all-reduce): ``save`` — after the optimizer of every ``--fault-every``-th step
+  from S, a synchronous ``torch.save`` of ``--save-mb`` MB and an fsync; ``gil_thread`` — from
+  step S a background Python thread that holds the GIL in pure-Python loops; ``after_optimizer``
+  — from step S, ``--extra-ms`` of matrix products after ``optimizer.step()`` returns;
 * ``flip_param`` / ``flip_grad`` / ``flip_gemm`` (test-only silent data corruption): one bit of
   one value on that rank at step S — in a parameter, in the all-reduced gradient the optimizer
   is about to apply, or in the first linear layer's output throughout step S.
@@ -77,7 +82,8 @@ if TYPE_CHECKING:
     from torch.distributed.fsdp import FSDPModule
 
 STACKS = ["ddp", "fsdp2", "pipeline", "compile", "compile_ddp", "checkpoint", "manual", "dataloader"]
-FAULTS = ["none", "hang", "gc", "recompile", "slow_data", "varlen", "gradual", "kill", "flip_grad", "flip_param", "flip_gemm"]
+FAULTS = ["none", "hang", "gc", "recompile", "slow_data", "varlen", "gradual", "kill", "flip_grad", "flip_param",
+          "flip_gemm", "save", "gil_thread", "after_optimizer"]
 COMPILED = {"compile", "compile_ddp"}
 
 
@@ -208,6 +214,37 @@ class Faults:
         with torch.no_grad():
             target.view(-1).view(torch.int32)[0] ^= 1 << 20
         print(f"[rank {self.rank}] step {step}: flipped bit 20 of {self.a.fault[5:]} {tuple(p.shape)}[0]", flush=True)
+
+    def after_step(self, step: int) -> None:
+        """Work outside the recorded phases, after the optimizer (``save``, ``after_optimizer``),
+        and the busy thread's start (``gil_thread``)."""
+        a = self.a
+        if not self.active(step):
+            return
+        if a.fault == "save" and (step - a.fault_start) % max(a.fault_every, 1) == 0:
+            t = time.perf_counter()
+            path = os.path.join(a.out, f"extra-save-rank{self.rank}.pt")
+            torch.save(torch.ones(int(a.save_mb * (1 << 20)) // 4), path)
+            with open(path, "rb+") as fh:
+                os.fsync(fh.fileno())
+            os.remove(path)
+            print(f"[rank {self.rank}] step {step}: saved {a.save_mb:.0f} MB and fsynced in "
+                  f"{time.perf_counter() - t:.3f} s", flush=True)
+        if a.fault == "after_optimizer":
+            t = time.perf_counter()
+            x = torch.ones(96, 96)
+            while time.perf_counter() - t < a.extra_ms / 1000.0:
+                x = torch.mm(x, x) / 96.0
+        if a.fault == "gil_thread" and step == a.fault_start:
+            import threading
+
+            def spin() -> None:  # pure Python: holds the GIL but for the interpreter's switch interval
+                n = 0
+                while True:
+                    n = (n * 31 + 7) % 1000003
+
+            threading.Thread(target=spin, name="argus-test-gil-spinner", daemon=True).start()
+            print(f"[rank {self.rank}] step {step}: a GIL-holding thread started", flush=True)
 
     def before_backward(self, step: int) -> None:
         if self.a.fault == "hang" and self.active(step):
@@ -345,6 +382,7 @@ def run_stack(a: argparse.Namespace, rank: int, world: int, f: Faults, res: dict
         res["losses"].append(float(loss).hex())
         res["seq_lens"].append(f.seq_len(rank if a.stack != "pipeline" else rank % (world // 2), step))
         res["steps_done"] = step + 1
+        f.after_step(step)
         if a.save_every and (step + 1) % a.save_every == 0:
             _save(a, model, rank, step)
     res["param_checksum_hex"] = _checksum(model).hex()
@@ -523,6 +561,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--gradual-reps", type=int, default=16,
                    help="gradual: extra attention repetitions added every 4 steps")
     p.add_argument("--gc-dicts", type=int, default=2_200_000, help="gc: size of the cyclic heap")
+    p.add_argument("--fault-every", type=int, default=3, help="save: every N-th step from --fault-start")
+    p.add_argument("--save-mb", type=float, default=200.0, help="save: MB written and fsynced")
+    p.add_argument("--extra-ms", type=float, default=15.0, help="after_optimizer: ms of matrix products")
     p.add_argument("--num-workers", type=int, default=2, help="dataloader stack's workers")
     p.add_argument("--prefetch", type=int, default=2, help="dataloader: batches each worker keeps ready")
     p.add_argument("--pp-schedule", choices=["1f1b", "gpipe"], default="1f1b")

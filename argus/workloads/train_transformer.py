@@ -148,6 +148,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--stall-ms", type=float, default=400.0)
     p.add_argument("--stall-kind", choices=["jit", "sleep"], default="jit",
                    help="what the host does during a stall: compile TorchScript, or sleep")
+    p.add_argument("--stage-layers", default="",
+                   help="pipeline: layers of each stage, e.g. '1,4' (default: --layers on each); an uneven "
+                        "partition is a long stage")
+    p.add_argument("--seq-jitter", type=float, default=0.0,
+                   help="each microbatch's sequence length × exp(N(0, σ)), drawn from (step, microbatch, "
+                        "replica): uneven inputs on every worker, the same on both stages of a pipeline line")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
     p.add_argument("--progress", action="store_true", help='rank 0 prints {"step": n} after each step')
     p.add_argument("--stats", help="directory: each rank writes rank<r>.json with its step times and RSS")
@@ -182,6 +188,23 @@ def main(argv: list[str] | None = None) -> None:
     os._exit(0)  # gloo can abort at interpreter exit (ENVIRONMENT.md)
 
 
+def _seq_len(args: argparse.Namespace, step: int, mb: int, replica: int) -> int:
+    """This microbatch's sequence length: ``--seq``, or with ``--seq-jitter`` a draw from
+    (step, microbatch, replica) that every stage of the replica's pipeline line makes alike."""
+    if args.seq_jitter <= 0:
+        return args.seq
+    g = torch.Generator().manual_seed(1_000_003 * step + 1009 * mb + replica + 17)
+    factor = float(torch.exp(torch.randn((), generator=g) * args.seq_jitter))
+    return int(min(max(round(args.seq * factor), 8), 4 * args.seq))
+
+
+def _stage_layers(args: argparse.Namespace, stage: int) -> int:
+    if not args.stage_layers:
+        return args.layers
+    parts = [int(x) for x in args.stage_layers.split(",")]
+    return parts[stage] if stage < len(parts) else parts[-1]
+
+
 def _faulty(args: argparse.Namespace, rank: int, step: int) -> bool:
     return args.fault != "none" and rank == args.fault_rank and step >= args.fault_start
 
@@ -195,7 +218,7 @@ def _ddp(args: argparse.Namespace, rank: int, world: int) -> None:
         for block in model.blocks:
             cast(Block, block).attn.slowdown = slow
         for mb in range(args.microbatches):
-            x = torch.randint(0, args.vocab, (args.batch, args.seq))
+            x = torch.randint(0, args.vocab, (args.batch, _seq_len(args, step, mb, rank)))
             last = mb == args.microbatches - 1
             ctx = ddp.no_sync() if not last else _Null()
             with ctx:
@@ -260,15 +283,16 @@ def _pipeline(args: argparse.Namespace, rank: int, world: int) -> None:
     stage, dp_index = rank // half, rank % half
     peer = rank + half if stage == 0 else rank - half
     groups = [dist.new_group(list(range(s * half, (s + 1) * half))) for s in (0, 1)]
-    model = Stage(args.vocab, args.d_model, args.heads, args.layers, first=stage == 0, last=stage == 1)
+    model = Stage(args.vocab, args.d_model, args.heads, _stage_layers(args, stage), first=stage == 0, last=stage == 1)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    shape = (args.batch, args.seq, args.d_model)
     for step in range(args.steps):
         slow = args.slowdown if args.fault == "compute" and _faulty(args, rank, step) else 1
         for block in model.blocks:
             cast(Block, block).attn.slowdown = slow
         for mb in range(args.microbatches):
-            tokens = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(
+            seq = _seq_len(args, step, mb, dp_index)
+            shape = (args.batch, seq, args.d_model)
+            tokens = torch.randint(0, args.vocab, (args.batch, seq), generator=torch.Generator().manual_seed(
                 step * 1000 + mb * 10 + dp_index))
             if stage == 0:
                 act = model(tokens)

@@ -350,4 +350,6 @@ def test_a_rank_frozen_after_its_last_collective_keeps_the_stall_the_processor_w
     # whole 15 s SIGSTOP — more than the 10 s the processor saw before it reported
     wi = next(e for e in inc.evidence if e["kind"] == "what_if")
     assert 14.0 <= wi["extra_s"] <= 16.0
-    assert not [i for i in d.incidents if i.klass == "host_stall" and i is not inc]  # one fault, one incident
+    # one fault, one incident: the phases' view of the same freeze joined the processor's
+    assert not [i for i in d.incidents if i.klass == "host_stall" and i is not inc and i.start_step <= 13
+                and i.end_step >= 12]

@@ -71,4 +71,5 @@ def attribute_window(frame: PhaseFrame, layout: Layout, hosts: np.ndarray, bound
                 "the graph does not hold this job's dependencies, nothing is attributed from it")
     out = WindowOutcome(lo, hi, wa, note)
     out.findings = [] if note else findings(wa, layout.pp)
+    wa._model = None  # the graph and its durations are not kept past the window
     return out

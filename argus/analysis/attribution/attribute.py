@@ -32,6 +32,7 @@ from argus.analysis.attribution.durations import durations
 from argus.analysis.attribution.graph import StepGraph
 from argus.analysis.attribution.replay import Scenario, critical_path, replay
 from argus.topology import Layout
+from argus.vocab import GroupKind as GK
 
 __all__ = ["GroupKind", "Share", "WindowAttribution", "attribute_graph", "MAX_CANDIDATES"]
 
@@ -124,6 +125,36 @@ class WindowAttribution:
     tp: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # each replayed rank's tp coordinate
     stage: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # … and stage
     critical: dict[int, float] = field(default_factory=dict)  # rank → its share of the steps' critical path
+    line: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # each replayed rank's pipeline line
+    #: (ranks, K) seconds: each rank's own work per step beyond its peers' typical
+    work_excess_steps_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    #: what a second pass needs (``evaluate``); dropped once the window's findings are made
+    _model: tuple | None = field(default=None, repr=False, compare=False)
+
+    def evaluate(self, sets: list[tuple[Part, str, list[int]]]) -> list[Share]:
+        """The fix what-ifs of further rank sets — (part, label, ranks) — in a second replay of
+        this window's graph (the first pass's baselines stand); appended to ``shares``."""
+        if self._model is None or not sets:
+            return []
+        ch, g, d = self._model
+        col_of = {int(r): i for i, r in enumerate(self.ranks.tolist())}
+        J = len(ch.components)
+        untracked = np.zeros(J, bool)
+        untracked[-1] = True
+        groups = []
+        for part, label, rs in sets:
+            m = np.zeros(self.ranks.size, bool)
+            for r in rs:
+                if r in col_of:
+                    m[col_of[r]] = True
+            groups.append(_Group(part, GroupKind.RANKS, label, list(rs), m,
+                                 comps=untracked if part == Part.HOST else None))
+        T = replay(g, d, [_scenario(grp) for grp in groups])
+        named = self.base_s
+        t_mean = {k: float(v.mean()) for k, v in named.items()}
+        out = [_share(grp, T[:, i], named, t_mean) for i, grp in enumerate(groups)]
+        self.shares += out
+        return out
 
     @property
     def error_pct(self) -> float:
@@ -286,7 +317,7 @@ def attribute_graph(ch: Chains, g: StepGraph, layout: Layout, hosts: np.ndarray,
     # communicators: the ones whose transfers exceed their family's typical the most
     comm_excess = np.zeros(len(g.communicators))
     for fi, fam in enumerate(g.families):
-        ex = np.maximum(d.transfers["rec"][fi].mean(axis=1) - d.transfers["ideal"][fi][:, 0], 0.0)
+        ex = np.maximum(d.transfers["rec"][fi].mean(axis=1) - d.transfers["peer"][fi][:, 0], 0.0)
         np.add.at(comm_excess, fam.unit_comm, ex)
     for ci in np.argsort(-comm_excess, kind="stable")[:8]:
         if comm_excess[ci] <= 0:
@@ -300,11 +331,17 @@ def attribute_graph(ch: Chains, g: StepGraph, layout: Layout, hosts: np.ndarray,
                          comps=np.zeros(J, bool), comms=np.ones(len(g.communicators), bool)))
     if len(g.stages) > 1:
         stage_of = layout.stage_of(ranks)
+        comm_stage = np.full(len(g.communicators), -1)
+        for fam in g.families:
+            stages = {g.stages[si].stage for si, _ in fam.members}
+            if len(stages) == 1:
+                comm_stage[fam.unit_comm] = next(iter(stages))
         for st in g.stages:
             m = stage_of == st.stage
             rs = [int(r) for r in ranks[m]]
-            groups.append(_Group(Part.STAGE, GroupKind.STAGE, f"stage {st.stage}", rs, m))
-            groups.append(_Group(Part.STAGE, GroupKind.STAGE, f"stage {st.stage}", rs, m, add=True))
+            cm = comm_stage == st.stage
+            groups.append(_Group(Part.STAGE, GroupKind.STAGE, f"stage {st.stage}", rs, m, comms=cm))
+            groups.append(_Group(Part.STAGE, GroupKind.STAGE, f"stage {st.stage}", rs, m, comms=cm, add=True))
     members = None
     for label, rs in extra or []:
         rs = [r for r in rs if r in col_of]
@@ -320,7 +357,7 @@ def attribute_graph(ch: Chains, g: StepGraph, layout: Layout, hosts: np.ndarray,
                                      comps=np.zeros(J, bool), comms=touch))
     # -- scenarios ------------------------------------------------------------------------------
     base = [Scenario("rec"), Scenario("u0", "rec0", "rec0"),
-            Scenario("peer", "peer", "peer", tr_base="ideal", tr_over="ideal"),
+            Scenario("peer", "peer", "peer", tr_base="peer", tr_over="peer"),
             Scenario("ideal", "ideal", "ideal", tr_base="ideal", tr_over="ideal"),
             Scenario("own", "own", "own", tr_base="own", tr_over="own"),
             Scenario("upeer", "upeer", "upeer")]
@@ -344,7 +381,7 @@ def attribute_graph(ch: Chains, g: StepGraph, layout: Layout, hosts: np.ndarray,
     comm_ratio: dict[int, list[float]] = {}
     for fi, fam in enumerate(g.families):
         rec_t = d.transfers["rec"][fi].mean(axis=1)
-        ideal_t = d.transfers["ideal"][fi][:, 0]
+        ideal_t = d.transfers["peer"][fi][:, 0]
         for u, ci in enumerate(fam.unit_comm.tolist()):
             if ideal_t[u] > 0:
                 comm_ratio.setdefault(int(ci), []).append(float(rec_t[u] / ideal_t[u]))
@@ -356,6 +393,9 @@ def attribute_graph(ch: Chains, g: StepGraph, layout: Layout, hosts: np.ndarray,
                              {g.communicators[c]: float(np.median(v)) for c, v in comm_ratio.items()},
                              _stage_correlation(blocks_rec, stage_of, layout), layout.coords(ranks)["tp"], stage_of)
     wa.critical = critical_path(g, d)
+    wa.line = layout.group_index(GK.PP)[ranks]
+    wa.work_excess_steps_s = (work_rec - work_peer[:, None]) / 1e9
+    wa._model = (ch, g, d)
     return wa
 
 
@@ -384,14 +424,14 @@ def _scenario(grp: _Group) -> Scenario:
         return Scenario(grp.label, "rec", "upeer", cols=grp.cols, comps=grp.comps)
     if grp.part == Part.STAGE:
         if grp.add:
-            return Scenario(grp.label, "ideal", "peer", cols=grp.cols, tr_base="ideal", tr_over="ideal")
-        return Scenario(grp.label, "peer", "ideal", cols=grp.cols, tr_base="ideal", tr_over="ideal")
+            return Scenario(grp.label, "ideal", "peer", cols=grp.cols, tr_base="ideal", tr_over="peer", comms=grp.comms)
+        return Scenario(grp.label, "peer", "ideal", cols=grp.cols, tr_base="peer", tr_over="ideal", comms=grp.comms)
     if grp.comms is not None:  # transfers only
         if grp.add:
-            return Scenario(grp.label, "peer", "peer", tr_base="ideal", tr_over="rec", comms=grp.comms)
-        return Scenario(grp.label, "rec0", "rec0", tr_base="rec", tr_over="ideal", comms=grp.comms)
+            return Scenario(grp.label, "peer", "peer", tr_base="peer", tr_over="rec", comms=grp.comms)
+        return Scenario(grp.label, "rec0", "rec0", tr_base="rec", tr_over="peer", comms=grp.comms)
     if grp.add:
-        return Scenario(grp.label, "peer", "rec0", cols=grp.cols, comps=grp.comps, tr_base="ideal", tr_over="ideal")
+        return Scenario(grp.label, "peer", "rec0", cols=grp.cols, comps=grp.comps, tr_base="peer", tr_over="peer")
     return Scenario(grp.label, "rec0", "peer", cols=grp.cols, comps=grp.comps)
 
 

@@ -10,8 +10,10 @@ typical values that define the step without stragglers.
   its peers take. A transfer: the median over the family's units (the same collective on every
   communicator of its kind and size).
 * **ideal** — ``peer`` with each stage's forward and backward blocks scaled to the stages'
-  mean: the same total work, partitioned evenly (a pipeline whose last stage holds more layers
-  is slower than its ideal by its imbalance). Without a pipeline, ``ideal`` is ``peer``.
+  mean, and the collectives that move with a stage's layers (data-, tensor-, context-, expert-
+  parallel) to their stages' mean total: the same total work, partitioned evenly (a pipeline
+  whose last stage holds more layers is slower than its ideal by its imbalance). Without a
+  pipeline, ``ideal`` is ``peer``.
 
 Means within a rank conserve its work (a variable input averages out); medians across peers
 do not let one straggler set the reference."""
@@ -29,7 +31,7 @@ from argus.topology import Layout
 __all__ = ["Durations", "durations", "GAP_SETS", "TRANSFER_SETS"]
 
 GAP_SETS = ("rec", "rec0", "upeer", "own", "peer", "ideal")
-TRANSFER_SETS = ("rec", "own", "ideal")
+TRANSFER_SETS = ("rec", "own", "peer", "ideal")
 
 
 @dataclass
@@ -95,16 +97,41 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
         w = _once(st)
         total = float(np.einsum("n,ncj->", w, p[:, :, 0, :]))
         block_share[st.stage] = float(np.einsum("n,ncj->", w, p[:, :, 0, blocks])) / total if total > 0 else 0.0
-    t_rec, t_own, t_ideal = [], [], []
+    t_rec, t_own, t_peer = [], [], []
     for fam in g.families:
         unit = fam.transfer if fam.transfer is not None else fam.grouping.min(
             np.concatenate([ch.dur[g.stages[si].ev[i]] for si, i in fam.members], axis=0))  # (U, K)
         t_rec.append(unit)
         mean = unit.mean(axis=1, keepdims=True)
         t_own.append(mean)
-        t_ideal.append(np.full_like(mean, float(np.median(mean))))
+        t_peer.append(np.full_like(mean, float(np.median(mean))))
+    t_ideal = [t.copy() for t in t_peer]
+    if len(g.stages) > 1:
+        # the collectives that move with a stage's layers (its parameters' data-parallel reductions,
+        # its tensor/context/expert-parallel exchanges): their total per stage evened out too
+        for kind in _MOVES_WITH_LAYERS:
+            per_stage: dict[int, list[int]] = {}
+            for fi, fam in enumerate(g.families):
+                stages = {si for si, _ in fam.members}
+                if fam.kind == kind and len(stages) == 1 and not fam.alone:
+                    per_stage.setdefault(next(iter(stages)), []).append(fi)
+            if len(per_stage) != len(g.stages):
+                continue
+            kind_totals = {si: float(sum(t_peer[fi][0, 0] for fi in fis)) for si, fis in per_stage.items()}
+            if not all(v > 0 for v in kind_totals.values()):
+                continue
+            target = float(np.mean(list(kind_totals.values())))
+            for si, fis in per_stage.items():
+                factor = target / kind_totals[si]
+                balance.setdefault(g.stages[si].stage, {})[str(kind)] = factor
+                for fi in fis:
+                    t_ideal[fi] = t_ideal[fi] * factor
     return Durations({"rec": rec, "rec0": rec0, "upeer": upeer, "own": own, "peer": peer, "ideal": ideal},
-                     {"rec": t_rec, "own": t_own, "ideal": t_ideal}, balance, block_share)
+                     {"rec": t_rec, "own": t_own, "peer": t_peer, "ideal": t_ideal}, balance, block_share)
+
+
+#: Group kinds whose collectives scale with the layers a stage holds.
+_MOVES_WITH_LAYERS = ("dp", "edp", "tp", "cp", "ep")
 
 
 def _once(st) -> np.ndarray:

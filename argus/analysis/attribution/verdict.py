@@ -22,7 +22,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from argus.analysis.attribution.attribute import GroupKind, Part, Share, WindowAttribution
+from argus.analysis.attribution.attribute import MAX_CANDIDATES, GroupKind, Part, Share, WindowAttribution
 
 __all__ = ["Finding", "Shape", "findings", "MIN_SLOWDOWN", "EXPLAINS", "MIN_STAGE_SLOWDOWN"]
 
@@ -32,6 +32,13 @@ MIN_SLOWDOWN = 1.02
 MIN_STAGE_SLOWDOWN = 1.05
 #: A group explains a part when fixing it recovers this share of the part.
 EXPLAINS = 0.5
+#: A long stage's forward or backward blocks are at least this many times the stages' mean.
+HEAVIER_BLOCKS = 1.1
+#: Ranks that stand out from their peers are culprits when fixing them recovers this share of
+#: their part (noise elsewhere may hold the rest) …
+SHARE_STANDING = 0.25
+#: … and gains the job at least this much (% of the step).
+MIN_GAIN_PCT = 1.0
 #: … a prefix of candidates (several culprits together) must recover this much.
 EXPLAINS_SET = 0.6
 #: A culprit set keeps the ranks whose excess is at least this share of the largest one's.
@@ -134,28 +141,6 @@ def _findings(wa: WindowAttribution, pp: int) -> list[Finding]:
     return out
 
 
-def _culprit_set(wa: WindowAttribution, part: Part, excess: dict[int, float]) -> Share | None:
-    """The one rank, or the fewest top candidates, whose fix explains ``part``."""
-    ranks = sorted(wa.of(part, GroupKind.RANK), key=lambda s: -s.share)
-    if ranks and ranks[0].share >= EXPLAINS:
-        return ranks[0]
-    sets = sorted((s for s in wa.of(part, GroupKind.RANKS) if s.label.startswith("top ")),
-                  key=lambda s: len(s.ranks))
-    for s in sets:
-        if s.share >= EXPLAINS_SET:
-            return s
-    hosts = sorted(wa.of(part, GroupKind.HOST), key=lambda s: -s.share)
-    if hosts and hosts[0].share >= EXPLAINS_SET:
-        return hosts[0]
-    return None
-
-
-def _pruned(ranks: list[int], excess: dict[int, float]) -> list[int]:
-    top = max((excess.get(r, 0.0) for r in ranks), default=0.0)
-    kept = [r for r in ranks if top > 0 and excess.get(r, 0.0) >= COMPARABLE_EXCESS * top]
-    return sorted(kept or ranks)
-
-
 def _peer_cols(wa: WindowAttribution, col: int, exclude: set[int]) -> np.ndarray:
     same = (wa.stage == wa.stage[col]) & (wa.tp == wa.tp[col])
     same[col] = False
@@ -165,11 +150,9 @@ def _peer_cols(wa: WindowAttribution, col: int, exclude: set[int]) -> np.ndarray
 
 
 def _stands_out(value: float, peers: np.ndarray, min_ratio: float) -> bool:
-    """A rank's typical ratio against its peers' (robust z, or the faster peer when there is one)."""
+    """A rank's typical value against its peers' (robust z, or the faster peer when there is one)."""
     peers = peers[np.isfinite(peers)]
-    if not np.isfinite(value) or value < min_ratio:
-        return False
-    if peers.size == 0:
+    if not np.isfinite(value) or value < min_ratio or peers.size == 0:
         return False
     if peers.size == 1:
         return value >= PAIR_RATIO * float(peers[0])
@@ -179,49 +162,105 @@ def _stands_out(value: float, peers: np.ndarray, min_ratio: float) -> bool:
     return (value - med) / scale >= MIN_Z
 
 
-def _worker_culprits(wa: WindowAttribution, ranks: list[int], steps: list[int], persistent: bool) -> list[int]:
-    """The ranks of a set whose own work stands out from their peers' beyond noise."""
+def _candidates(excess: dict[int, float]) -> list[int]:
+    return [r for r, _ in sorted(excess.items(), key=lambda kv: -kv[1])[:MAX_CANDIDATES]]
+
+
+def _worker_standing(wa: WindowAttribution) -> dict[int, bool]:
+    """Ranks whose own work stands out from their peers' beyond noise → persistent or not:
+    persistently (their typical ratio, robust z against the peers'), or in some steps far above
+    their peers (a stall)."""
     col = {int(r): i for i, r in enumerate(wa.ranks.tolist())}
-    cols = {col[r] for r in ranks if r in col}
     rec = wa.recorded_s / 1e9
-    hit = np.isin(np.asarray(wa.steps), steps) if steps else np.ones(len(wa.steps), bool)
-    kept = []
-    for r in ranks:
-        c = col.get(r)
-        if c is None:
-            continue
+    out: dict[int, bool] = {}
+    for r in _candidates(wa.excess_s):
+        c = col[r]
         row = wa.work_ratio[c]
-        peers = _peer_cols(wa, c, cols - {c})
-        if persistent:
-            if _stands_out(float(np.nanmedian(row)), np.nanmedian(wa.work_ratio[peers], axis=1) if peers.size
-                           else np.zeros(0), MIN_RATIO):
-                kept.append(r)
-        else:  # a stall: its steps far above its peers' in the same steps
-            own = row[hit]
-            ref = np.nanmedian(wa.work_ratio[peers][:, hit], axis=0) if peers.size else np.ones(int(hit.sum()))
-            x = float(wa.excess_s.get(r, 0.0))
-            big = (own >= SPIKE_RATIO * ref) | (x >= SPIKE_SHARE * rec[hit])
-            if big.any():
-                kept.append(r)
-    return kept
+        peers = _peer_cols(wa, c, set())
+        ref = np.nanmedian(wa.work_ratio[peers], axis=1) if peers.size else np.zeros(0)
+        if _stands_out(float(np.nanmedian(row)), ref, MIN_RATIO):
+            out[r] = True
+            continue
+        step_ref = np.nanmedian(wa.work_ratio[peers], axis=0) if peers.size else np.ones(len(rec))
+        big = (row >= SPIKE_RATIO * step_ref) | (wa.work_excess_steps_s[c] >= SPIKE_SHARE * rec)
+        big &= ~_line_moves_too(wa, c, row)
+        if big.any():
+            out[r] = False
+    return out
+
+
+def _line_moves_too(wa: WindowAttribution, c: int, row: np.ndarray) -> np.ndarray:
+    """Per step: whether the rank's pipeline line partners (its column in the other stages) were
+    long in the same step too — a long input passes through every stage; a stall stays on one rank."""
+    partners = np.flatnonzero((wa.stage != wa.stage[c]) & (wa.line == wa.line[c])) if wa.line.size else \
+        np.zeros(0, np.int64)
+    if partners.size == 0:
+        return np.zeros(len(row), bool)
+    other = np.nanmax(wa.work_ratio[partners], axis=0)
+    return (other - 1.0) >= 0.5 * (row - 1.0)
+
+
+def _host_standing(wa: WindowAttribution) -> dict[int, bool]:
+    """Ranks whose time outside the recorded phases recurs (or once is large) and stands out from
+    their peers' → whether it is in most steps."""
+    col = {int(r): i for i, r in enumerate(wa.ranks.tolist())}
+    rec = wa.recorded_s / 1e9
+    out: dict[int, bool] = {}
+    for r in _candidates(wa.host_excess_s):
+        c = col[r]
+        share = wa.host_excess_steps_s[c] / np.maximum(rec, 1e-12)
+        recurring = (share >= RECURRING_SHARE).sum()
+        if not (recurring >= min(RECURRING, len(rec)) or (share >= ONE_OFF_SHARE).any()):
+            continue
+        peers = _peer_cols(wa, c, set())
+        mine = float(wa.host_excess_steps_s[c].mean())
+        others = wa.host_excess_steps_s[peers].mean(axis=1) if peers.size else np.zeros(0)
+        if others.size and not _stands_out(mine, others, 0.0) and \
+                mine <= float(np.median(others)) + RECURRING_SHARE * float(np.median(rec)):
+            continue
+        out[r] = bool(recurring >= PERSISTENT_STEPS * len(rec))
+    return out
+
+
+#: Culprits stand together when each costs at least this share of what the costliest one does.
+COMPARABLE_EXCESS = 0.25
+
+
+def _comparable(standing: dict[int, bool], excess: dict[int, float]) -> dict[int, bool]:
+    """The standing ranks whose excess is comparable to the largest one's (a noisy rank that
+    happens to clear the bar beside a real culprit is not a second culprit)."""
+    top = max((excess.get(r, 0.0) for r in standing), default=0.0)
+    return {r: p for r, p in standing.items() if top > 0 and excess.get(r, 0.0) >= COMPARABLE_EXCESS * top}
+
+
+def _set_share(wa: WindowAttribution, part: Part, ranks: list[int]) -> Share | None:
+    """The fix what-if of exactly ``ranks`` in ``part``: a rank's own, or one evaluated for the set
+    (a second replay when the first did not hold it)."""
+    want = sorted(ranks)
+    for s in wa.of(part):
+        if s.kind in (GroupKind.RANK, GroupKind.RANKS) and sorted(s.ranks) == want and s.per_step_gain_s:
+            return s
+    made = wa.evaluate([(part, f"ranks {', '.join(map(str, want[:8]))}{'…' if len(want) > 8 else ''}", want)])
+    return made[0] if made else None
 
 
 def _worker(wa: WindowAttribution, pp: int) -> list[Finding]:
-    best = _culprit_set(wa, Part.WORKER, wa.excess_s)
     base = wa.mean("u0")
     n = int(wa.ranks.size)
-    if best is not None and len(best.ranks) > max(1, (n - 1) // 2):
-        best = None  # "culprits" that are most of the job are the job
-    if best is not None:
-        culprits = _pruned(best.ranks, wa.excess_s)
-        steps = _steps_of(wa, best)
-        persistent = len(steps) >= PERSISTENT_STEPS * len(wa.steps)
-        culprits = _worker_culprits(wa, culprits, steps, persistent)
-    if best is not None and culprits:
-        klass, phase = _class_of(wa, culprits, persistent, pp)
-        return [Finding(Part.WORKER, Shape.RANKS, klass, culprits, phase, best.share, _slowdown(base, best),
-                        _gain(best), steps or list(wa.steps), wa.lo, wa.hi, best.label,
-                        {"persistent": persistent, "group": best.kind})]
+    standing = _comparable(_worker_standing(wa), wa.excess_s)
+    if standing and len(standing) <= max(1, (n - 1) // 2):
+        culprits = sorted(standing)
+        best = _set_share(wa, Part.WORKER, culprits)
+        if best is not None and best.share >= SHARE_STANDING and best.gain_pct >= MIN_GAIN_PCT:
+            steps = _steps_of(wa, best)
+            persistent = any(standing.values()) and len(steps) >= PERSISTENT_STEPS * len(wa.steps)
+            klass, phase = _class_of(wa, culprits, persistent, pp)
+            col = {int(r): i for i, r in enumerate(wa.ranks.tolist())}
+            ratio = float(np.nanmedian([np.nanmax(wa.work_ratio[col[r]]) if not persistent
+                                        else np.nanmedian(wa.work_ratio[col[r]]) for r in culprits]))
+            return [Finding(Part.WORKER, Shape.RANKS, klass, culprits, phase, best.share, _slowdown(base, best),
+                            _gain(best), steps or list(wa.steps), wa.lo, wa.hi, best.label,
+                            {"persistent": persistent, "group": best.kind, "ratio": round(ratio, 3)})]
     comms = sorted(wa.of(Part.WORKER, GroupKind.COMMUNICATOR), key=lambda s: -s.share)
     if comms and comms[0].share >= EXPLAINS and _link_stands_out(wa, comms[0]):
         c = comms[0]
@@ -302,6 +341,9 @@ def _stage(wa: WindowAttribution) -> Finding | None:
     s = stages[0]
     stage = int(s.label.split()[-1])
     factors = wa.balance.get(stage, {})
+    blocks = [f for b, f in factors.items() if b in ("fwd", "bwd") and f > 0]
+    if not blocks or 1.0 / min(blocks) < HEAVIER_BLOCKS:
+        return None  # its layers are not heavier than the others': what differs is not the partition (a link)
     heavier = {b: round(1.0 / f, 3) for b, f in factors.items() if f > 0}
     return Finding(Part.STAGE, Shape.STAGE, "pipeline_imbalance", sorted(s.ranks), f"stage {stage}",
                    s.share, wa.s_stage, wa.mean("peer") - wa.mean("ideal"), list(wa.steps), wa.lo, wa.hi, s.label,
@@ -309,38 +351,20 @@ def _stage(wa: WindowAttribution) -> Finding | None:
                     "stages": {x.label: round(x.share, 3) for x in stages}})
 
 
-def _host_culprits(wa: WindowAttribution, ranks: list[int]) -> list[int]:
-    """Ranks whose time outside the recorded phases recurs (or once is large) and stands out."""
-    col = {int(r): i for i, r in enumerate(wa.ranks.tolist())}
-    rec = wa.recorded_s / 1e9
-    kept = []
-    for r in ranks:
-        c = col.get(r)
-        if c is None:
-            continue
-        share = wa.host_excess_steps_s[c] / np.maximum(rec, 1e-12)
-        if not ((share >= RECURRING_SHARE).sum() >= min(RECURRING, len(rec)) or (share >= ONE_OFF_SHARE).any()):
-            continue
-        peers = _peer_cols(wa, c, {col[q] for q in ranks if q in col and q != r})
-        mine = float(wa.host_excess_steps_s[c].mean())
-        others = wa.host_excess_steps_s[peers].mean(axis=1) if peers.size else np.zeros(0)
-        # excess over the least any peer needed: a peer's own is ~0, so the bar is the step's share
-        if others.size and mine <= np.median(others) + RECURRING_SHARE * float(np.median(rec)):
-            continue
-        kept.append(r)
-    return kept
-
-
 def _host(wa: WindowAttribution) -> list[Finding]:
-    best = _culprit_set(wa, Part.HOST, wa.host_excess_s)
     n = int(wa.ranks.size)
-    if best is None or len(best.ranks) > max(1, (n - 1) // 2):
+    standing = _comparable(_host_standing(wa), wa.host_excess_s)
+    if not standing or len(standing) > max(1, (n - 1) // 2):
         return []  # untracked time everywhere alike is the job's own overhead, no one's fault
-    culprits = _host_culprits(wa, _pruned(best.ranks, wa.host_excess_s))
-    if not culprits:
+    culprits = sorted(standing)
+    best = _set_share(wa, Part.HOST, culprits)
+    if best is None or best.share < SHARE_STANDING or best.gain_pct < MIN_GAIN_PCT:
         return []
     steps = _steps_of(wa, best)
     persistent = len(steps) >= PERSISTENT_STEPS * len(wa.steps)
+    col = {int(r): i for i, r in enumerate(wa.ranks.tolist())}
+    rec = np.maximum(wa.recorded_s / 1e9, 1e-12)
+    step_share = float(max(np.max(wa.host_excess_steps_s[col[r]] / rec) for r in culprits))
     return [Finding(Part.HOST, Shape.RANKS, "host_stall", culprits, "outside the recorded phases", best.share,
                     _slowdown(wa.mean("rec"), best), _gain(best), steps or list(wa.steps), wa.lo, wa.hi,
-                    best.label, {"persistent": persistent, "group": best.kind})]
+                    best.label, {"persistent": persistent, "group": best.kind, "step_share": round(step_share, 3)})]
