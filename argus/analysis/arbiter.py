@@ -23,6 +23,7 @@ import numpy as np
 from argus.analysis.attribution import Finding, GroupKind, Part, Shape, WindowOutcome
 from argus.analysis.incident import (Action, Incident, IncidentClass, Severity, State, grade)
 from argus.analysis.l1_windows import L1Result
+from argus.analysis.observations import Observation, ObservationKind
 from argus.topology import Topology
 from argus.vocab import EvidenceKind, Level
 
@@ -265,8 +266,9 @@ def _matches(inc: Incident, m: _Merged) -> bool:
 
 
 def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topology: Topology, l1: L1Result,
-              step_time: dict[int, float]) -> list[Incident]:
-    """The diagnosis' incidents from the rules' ``candidates`` and the windows' attributions."""
+              step_time: dict[int, float]) -> tuple[list[Incident], list[Observation]]:
+    """The diagnosis' incidents from the rules' ``candidates`` and the windows' attributions, and
+    what was measured but is no incident (variance on every worker below a claim)."""
     world = topology.world_size
     normal = l1.is_normal_step
     by_window = {(o.lo, o.hi): o for o in outcomes}
@@ -342,18 +344,26 @@ def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topolog
                                       "excess")
         _with_critical(inc, outcomes)
         out.append(inc)
+    observations: list[Observation] = []
     for j, m in enumerate(merged):
         if j in used:
             continue
         made = _from_finding(m, by_window, topology, step_time, normal)
-        if made is not None:
-            _with_critical(made, outcomes)
-            out.append(made)
+        if made is None:
+            continue
+        if m.shape == Shape.SPREAD and made.severity == Severity.INFO:
+            # legitimate variance, or a noisy host: measured and shown, never an incident
+            observations.append(Observation(ObservationKind.VARIANCE, (), (made.slowdown_pct or 0.0) / 100.0,
+                                            f"steps {made.start_step}–{made.end_step}: {made.summary}",
+                                            phase="every worker"))
+            continue
+        _with_critical(made, outcomes)
+        out.append(made)
     out = _one_per_fault(out)
     job = _unexplained(out, l1, outcomes, world, step_time)
     if job is not None:
         out.append(job)
-    return out
+    return out, observations
 
 
 def _one_per_fault(incidents: list[Incident]) -> list[Incident]:

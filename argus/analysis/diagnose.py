@@ -226,7 +226,7 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     timings["rootcause"] = time.perf_counter() - t
     t = time.perf_counter()
     outcomes = _attribute(attempt, topology, frames, windows, candidates, l1, config, step_time)
-    incidents = arbitrate(candidates, outcomes, topology, l1, step_time)
+    incidents, measured = arbitrate(candidates, outcomes, topology, l1, step_time)
     timings["attribution"] = time.perf_counter() - t
     t = time.perf_counter()
     deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen, frames, timings)
@@ -247,6 +247,7 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     coverage = coverage_of(attempt)
     steady = [int(s_) for s_, v in step_time.items() if np.isfinite(v) and l1.is_normal_step(s_)]
     depth, observations = observe(attempt, steady, coverage.comparable)
+    observations += measured
     timings["observations"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0
     return Diagnosis(attempt, l1, windows, incidents, hw, timings, coverage, note, skipped, depth, observations,

@@ -51,6 +51,9 @@ class ObservationKind(StrEnum):
     DEVICE_IDLE = "device_idle"
     WAITING = "waiting"
     ARRIVAL_SKEW = "arrival_skew"
+    #: the ranks' step-to-step variance measured by the attribution: legitimate (uneven inputs) or
+    #: a noisy host, not told apart or not costly enough to be an incident
+    VARIANCE = "variance"
 
 
 @dataclass(frozen=True, slots=True)

@@ -156,7 +156,7 @@ def test_a_costly_claim_the_replay_refutes_is_inconclusive(diagnosed):
                    [{"level": "L2", "kind": "busy_outlier", "rank": 5}], list(range(8, 13)))
     outcome = attribute_window(load_phases(attempt, 5, 14), attempt.layout, topo.hosts, None, 5, 14,
                                [("candidate 0", [5])])
-    (out,) = [i for i in arbitrate([inc], [outcome], topo, d.l1, step_time) if i.klass == "compute_straggler"]
+    (out,) = [i for i in arbitrate([inc], [outcome], topo, d.l1, step_time)[0] if i.klass == "compute_straggler"]
     assert (out.severity, out.state, out.action) == ("info", "inconclusive", "observe")
     kinds = [e["kind"] for e in out.evidence]
     assert "what_if" in kinds and "disagreement" in kinds
