@@ -190,7 +190,11 @@ def _candidate_cost(i: int, inc: Incident, outcomes: list[WindowOutcome], step_t
         if inc.klass == IncidentClass.HOST_STALL:  # a stall may sit in a phase or between phases
             best = max(shares, key=lambda s: float(np.mean(s.per_step_gain_s or [0.0])))
         gain = float(np.mean(best.per_step_gain_s)) if best.per_step_gain_s else 0.0
-        hit = sorted(inc_steps & span)
+        # its steps, and the steps its excess cost (a rank frozen after its last collective makes
+        # the others wait in the next step)
+        costly = {int(k) for k, g_, r in zip(wa.steps, best.per_step_gain_s, wa.recorded_s / 1e9)
+                  if r > 0 and g_ >= 0.02 * r}
+        hit = sorted((inc_steps & span) | costly)
         persistent = len(hit) >= 0.6 * (o.hi - o.lo + 1)
         persistent = persistent and not (inc.klass == IncidentClass.HOST_STALL and inc.steps)
         parts.append(Finding(best.part, Shape.RANKS, str(inc.klass), list(inc.culprit_ranks), inc.phase, best.share,
@@ -275,9 +279,18 @@ def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topolog
     merged = _merge(outcomes)
     used: set[int] = set()
     out: list[Incident] = []
+    observations: list[Observation] = []
     for i, inc in enumerate(candidates):
         if inc.klass not in SLOW_CLASSES:
             out.append(inc)
+            continue
+        if inc.klass in (IncidentClass.COMPUTE_STRAGGLER, IncidentClass.PIPELINE_IMBALANCE,
+                         IncidentClass.HOST_STALL) and _follows_inputs(inc, outcomes):
+            observations.append(Observation(
+                ObservationKind.VARIANCE, tuple(inc.culprit_ranks), (inc.slowdown_pct or 0.0) / 100.0,
+                f"steps {inc.start_step}–{inc.end_step}: ranks {', '.join(map(str, inc.culprit_ranks[:8]))} ran "
+                f"longer than their peers, every stage of their pipeline line together and more in some steps than "
+                f"others — their inputs were longer, not their devices slower", phase=inc.phase))
             continue
         match = [j for j, m in enumerate(merged) if j not in used and _matches(inc, m)]
         for j in match:
@@ -292,7 +305,11 @@ def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topolog
         cost: _Cost | None
         notes: list[str] = []
         if match:
-            cost = _cost([f for j in match for f in merged[j].parts], by_window, step_time, normal)
+            # the candidate's own culprits were evaluated in every window its steps reach; the
+            # finding only where it stood out
+            cost, notes = _candidate_cost(i, inc, outcomes, step_time, normal)
+            if cost is None or not cost.steps:
+                cost = _cost([f for j in match for f in merged[j].parts], by_window, step_time, normal)
         elif _kernels_only(inc):
             cost, notes = None, [("the culprits' phases carry no excess (only their kernels do: a GPU trace's "
                                   "annotations end when the host is done launching): a replay of the phases cannot "
@@ -344,7 +361,6 @@ def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topolog
                                       "excess")
         _with_critical(inc, outcomes)
         out.append(inc)
-    observations: list[Observation] = []
     for j, m in enumerate(merged):
         if j in used:
             continue
@@ -439,6 +455,12 @@ def _from_finding(m: _Merged, outcomes: dict[tuple[int, int], WindowOutcome], to
         # then — shown, watched for a second window, not claimed
         severity = Severity.INFO
         summary += "; seen in one window only, and not far enough from its peers to claim on that alone"
+    elif m.shape == Shape.RANKS and not m.persistent and cost.slowdown_pct < INTERMITTENT_CLAIM_PCT \
+            and not _unmistakable(m):
+        # a few steps a little longer now and then, costing little: what preemption on a shared
+        # host looks like — shown, not claimed
+        severity = Severity.INFO
+        summary += "; intermittent and small: not told from a shared host's scheduling noise"
     if m.shape == Shape.SPREAD:
         if not all(f.detail.get("inputs_told") for f in m.parts):
             severity = Severity.INFO  # uneven inputs and a noisy host cannot be told apart here
@@ -540,6 +562,8 @@ def _beyond_noise(w, l1: L1Result, step_time: dict[int, float]) -> bool:
     return float(w.magnitude) - 1.0 >= NOISE_MULTIPLE * cv
 
 
+#: An intermittent finding no rule saw claims from this cost on (or when unmistakable).
+INTERMITTENT_CLAIM_PCT = 5.0
 #: A finding seen in one window claims when its ranks' work is this many times their peers' …
 UNMISTAKABLE_RATIO = 2.0
 #: … or their time outside the phases this share of a step.
@@ -578,6 +602,37 @@ def _replay_blind(inc: Incident, cost: _Cost, l1: L1Result, step_time: dict[int,
         return False
     return not any(o is not inc and o.severity != Severity.INFO and o.klass in SLOW_CLASSES
                    and o.start_step <= steps[-1] and o.end_step >= steps[0] for o in candidates)
+
+
+def _follows_inputs(inc: Incident, outcomes: list[WindowOutcome]) -> bool:
+    """Whether a compute candidate's excess is its inputs': in a pipeline, the culprits' work moves
+    with their line partners' (a long microbatch lengthens every stage it passes through) and
+    from step to step (a slow device is slow in every step)."""
+    votes = []
+    for o in outcomes:
+        wa = o.attribution
+        if not o.modeled or wa is None or not wa.line.size or not (inc.start_step <= o.hi and inc.end_step >= o.lo):
+            continue
+        if len(np.unique(wa.stage)) < 2 or wa.work_ratio.shape[1] < 3:
+            continue
+        col = {int(r): c for c, r in enumerate(wa.ranks.tolist())}
+        for r in inc.culprit_ranks:
+            c = col.get(int(r))
+            if c is None:
+                continue
+            row = wa.work_ratio[c]
+            partners = np.flatnonzero((wa.stage != wa.stage[c]) & (wa.line == wa.line[c]))
+            if not partners.size or not np.isfinite(row).all():
+                continue
+            other = np.nanmax(wa.work_ratio[partners], axis=0)
+            excess = row - 1.0
+            steps = excess > 0.1
+            if steps.sum() < 2:
+                continue
+            together = float(((other - 1.0)[steps] >= 0.5 * excess[steps]).mean())
+            varies = float(np.std(row)) >= 0.5 * max(float(np.mean(row)) - 1.0, 1e-9)
+            votes.append(together >= 2 / 3 and varies)
+    return bool(votes) and float(np.mean(votes)) >= 0.5
 
 
 def _kernels_only(inc: Incident) -> bool:

@@ -115,7 +115,15 @@ def _windows(attempt: Attempt, steps: np.ndarray, window_steps: int | None) -> l
                    if r["start_step"] is not None and r["end_step"] is not None]
         window_steps = min(max([WINDOW_STEPS, *lengths]), MAX_WINDOW_STEPS)
     hi = int(np.max(steps))
-    firsts = np.unique(np.asarray(steps, np.int64) // window_steps) * window_steps
+    present = np.unique(np.asarray(steps, np.int64))
+    if present.size > 1 and float(np.median(np.diff(present))) > 1:
+        # steps sampled far apart (a profiler's few steps per hour): windows of that many steps
+        # present, not of step numbers — one-step windows could judge nothing
+        chunks = [present[i:i + window_steps] for i in range(0, present.size, window_steps)]
+        if len(chunks) > 1 and chunks[-1].size < window_steps // 2 + 1:  # a short tail joins the last window
+            chunks[-2:] = [np.concatenate(chunks[-2:])]
+        return [(int(c[0]), int(c[-1])) for c in chunks]
+    firsts = np.unique(present // window_steps) * window_steps
     return [(int(a), min(int(a) + window_steps - 1, hi)) for a in firsts]
 
 

@@ -58,7 +58,8 @@ def classify_frames(frames: str) -> str:
 def stack_cause(attempt: Attempt, rank: int, steps: list[int]) -> StackCause | None:
     """What ``rank``'s host thread did in ``steps`` beyond what it does in its other steps.
 
-    Every stack sampled more often in the stalled steps than in the others is classified; the
+    Every stack holding a larger share of the samples in the stalled steps than in the others is
+    classified; the
     cause holding the most of those extra samples (at least ``MIN_CAUSE_SAMPLES`` and a third
     of them) is named. Stacks differ sample to sample (a compiler walks different code each
     time), so causes are summed over stacks, not read from the single most frequent one."""
@@ -71,13 +72,14 @@ def stack_cause(attempt: Attempt, rank: int, steps: list[int]) -> StackCause | N
     hit = np.isin(step, steps)
     if not hit.any():
         return None
-    normal_steps = max(len(np.unique(step[~hit])), 1)
-    hit_steps = max(len(np.unique(step[hit])), 1)
+    # shares of the samples, not counts per step: sampled at a constant rate, a stalled step is
+    # longer and holds more samples of everything; what it does *instead* holds a larger share
+    total = int(count[hit].sum())
+    rest = int(count[~hit].sum())
     scores: dict[str, float] = {}
     for f, c, h in zip(frames, count, hit):
-        scores[f] = scores.get(f, 0.0) + (c / hit_steps if h else -c / normal_steps)
-    elevated = sorted(((f, sc * hit_steps) for f, sc in scores.items() if sc > 0), key=lambda x: -x[1])
-    total = int(count[hit].sum())
+        scores[f] = scores.get(f, 0.0) + (c / total if h else -c / rest if rest else 0.0)
+    elevated = sorted(((f, sc * total) for f, sc in scores.items() if sc > 0), key=lambda x: -x[1])
     if not elevated:
         return StackCause("unknown", [], total)
     by_cause: dict[str, float] = {}

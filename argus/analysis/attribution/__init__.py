@@ -25,6 +25,8 @@ __all__ = ["AttributionConfig", "Chains", "Finding", "StepGraph", "GroupKind", "
 #: A replay that misses the recorded steps by more than this does not model the job: nothing is
 #: attributed from it (the window says so).
 MAX_REPLAY_ERROR_PCT = 10.0
+#: A window makes findings of its own from at least this many replayed steps.
+MIN_FINDING_STEPS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,8 @@ def attribute_window(frame: PhaseFrame, layout: Layout, hosts: np.ndarray, bound
         note = (f"the replay misses the recorded steps by {err:.0f}% (more than {config.max_error_pct:.0f}%): "
                 "the graph does not hold this job's dependencies, nothing is attributed from it")
     out = WindowOutcome(lo, hi, wa, note)
-    out.findings = [] if note else findings(wa, layout.pp)
+    # a window of one or two steps measures its candidates' cost, but is too short to tell a
+    # persistent difference from a shared host's noise on its own
+    out.findings = [] if note or len(wa.steps) < MIN_FINDING_STEPS else findings(wa, layout.pp)
     wa._model = None  # the graph and its durations are not kept past the window
     return out

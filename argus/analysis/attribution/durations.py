@@ -6,8 +6,8 @@ typical values that define the step without stragglers.
 * **own** — each rank's own mean over the replayed steps, per node: the step without its
   step-to-step fluctuation (a sequence-length draw, an intermittent stall), with its work kept.
 * **peer** — per node, the median over the rank's like-with-like peers (same stage, same
-  tensor-parallel position) of their own means: a rank with a persistent excess is set to what
-  its peers take. A transfer: the median over the family's units (the same collective on every
+  tensor-parallel position) of their own means (of two, the faster: faults only add time): a
+  rank with a persistent excess is set to what its peers take. A transfer: the median over the family's units (the same collective on every
   communicator of its kind and size).
 * **ideal** — ``peer`` with each stage's forward and backward blocks scaled to the stages'
   mean, and the collectives that move with a stage's layers (data-, tensor-, context-, expert-
@@ -64,7 +64,10 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
         low = np.empty(r.shape[:-1], np.float32)  # (n, C, K)
         for t in np.unique(tp):
             sel = tp == t
-            p[:, sel] = np.median(o[:, sel], axis=1, keepdims=True)
+            if sel.sum() == 2:  # two peers: faults only add time, the faster one is the reference
+                p[:, sel] = np.min(o[:, sel], axis=1, keepdims=True)
+            else:
+                p[:, sel] = np.median(o[:, sel], axis=1, keepdims=True)
             low[:, sel] = r[..., -1][:, sel].min(axis=1, keepdims=True)
         u = r.copy()
         u[..., -1] = low  # the least any peer needed in that step: unrecorded waits land in untracked time

@@ -179,7 +179,8 @@ def _worker_standing(wa: WindowAttribution) -> dict[int, bool]:
         peers = _peer_cols(wa, c, set())
         ref = np.nanmedian(wa.work_ratio[peers], axis=1) if peers.size else np.zeros(0)
         if _stands_out(float(np.nanmedian(row)), ref, MIN_RATIO):
-            out[r] = True
+            if not _inputs(wa, c, row):
+                out[r] = True
             continue
         step_ref = np.nanmedian(wa.work_ratio[peers], axis=0) if peers.size else np.ones(len(rec))
         big = (row >= SPIKE_RATIO * step_ref) | (wa.work_excess_steps_s[c] >= SPIKE_SHARE * rec)
@@ -187,6 +188,19 @@ def _worker_standing(wa: WindowAttribution) -> dict[int, bool]:
         if big.any():
             out[r] = False
     return out
+
+
+def _inputs(wa: WindowAttribution, c: int, row: np.ndarray) -> bool:
+    """Whether a rank's longer work is its inputs': its pipeline line partners are longer in the
+    same steps, and the excess comes and goes from step to step (a slow device is slow in every
+    step; a long microbatch lengthens every stage it passes through)."""
+    excess = row - 1.0
+    steps = excess > 0.1
+    if steps.sum() < 2:
+        return False
+    moves = _line_moves_too(wa, c, row)
+    varies = float(np.std(row)) >= 0.5 * max(float(np.mean(row)) - 1.0, 1e-9)
+    return bool(moves[steps].mean() >= 2 / 3 and varies)
 
 
 def _line_moves_too(wa: WindowAttribution, c: int, row: np.ndarray) -> np.ndarray:
