@@ -3,11 +3,13 @@ class and its culprits.
 
 For each part (``attribute.Part``) whose slowdown clears ``MIN_SLOWDOWN``, in this order:
 
-* one rank explains it (fixing it recovers ≥ ``EXPLAINS`` of the part), else the fewest top
-  candidates that together do (pruned to the ranks whose excess is comparable): they are the
-  culprits — a **compute straggler** when their excess is compute that persists, one pass only
-  in a pipeline a **pipeline imbalance**, a **host stall** when it is host work, comes and goes,
-  or (host part) lies outside every recorded phase;
+* the ranks that stand out from their peers (``MIN_Z`` and ``MIN_RATIO``, persistently and not
+  following their inputs; or a stall's spike their pipeline line does not share), pruned to
+  those whose excess is comparable, whose set's fix recovers ≥ ``SHARE_STANDING`` of the part
+  and gains ≥ ``MIN_GAIN_PCT``: they are the culprits — a **compute straggler** when their
+  excess is compute that persists, one pass only in a pipeline a **pipeline imbalance**, a
+  **host stall** when it is host work, comes and goes, or (host part) lies outside every
+  recorded phase;
 * one communicator's transfers explain it: **link degradation**, its members the culprits;
 * one stage explains the stage part: **pipeline imbalance** of the partition (move layers);
 * the ranks' own step-to-step fluctuation explains it, or no small group does: variance on
@@ -39,8 +41,6 @@ HEAVIER_BLOCKS = 1.1
 SHARE_STANDING = 0.25
 #: … and gains the job at least this much (% of the step).
 MIN_GAIN_PCT = 1.0
-#: … a prefix of candidates (several culprits together) must recover this much.
-EXPLAINS_SET = 0.6
 #: A culprit set keeps the ranks whose excess is at least this share of the largest one's.
 COMPARABLE_EXCESS = 0.25
 #: A step belongs to a finding when fixing its group gains this share of the step.
@@ -234,10 +234,6 @@ def _host_standing(wa: WindowAttribution) -> dict[int, bool]:
             continue
         out[r] = bool(recurring >= PERSISTENT_STEPS * len(rec))
     return out
-
-
-#: Culprits stand together when each costs at least this share of what the costliest one does.
-COMPARABLE_EXCESS = 0.25
 
 
 def _comparable(standing: dict[int, bool], excess: dict[int, float]) -> dict[int, bool]:
