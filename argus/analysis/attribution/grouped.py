@@ -20,6 +20,10 @@ class Grouping:
     bounds: np.ndarray
     inverse: np.ndarray
     n_groups: int
+    #: every group has this many rows (0: sizes differ) — then a reshape replaces ``reduceat``
+    uniform: int = 0
+    #: ``order`` is the identity (rows already sorted by group)
+    sorted: bool = False
 
     @classmethod
     def of(cls, keys: np.ndarray) -> Grouping:
@@ -27,14 +31,41 @@ class Grouping:
         order = np.argsort(inverse, kind="stable")
         counts = np.bincount(inverse, minlength=len(uniq))
         bounds = np.r_[0, np.cumsum(counts)[:-1]]
-        return cls(order, bounds, inverse, len(uniq))
+        uniform = int(counts[0]) if counts.size and (counts == counts[0]).all() else 0
+        return cls(order, bounds, inverse, len(uniq), uniform, bool((order == np.arange(order.size)).all()))
+
+    def _sorted(self, values: np.ndarray) -> np.ndarray:
+        return values if self.sorted else values[self.order]
 
     def max(self, values: np.ndarray) -> np.ndarray:
         """Per group, the maximum of ``values`` (rows on axis 0, any trailing shape)."""
-        return np.maximum.reduceat(values[self.order], self.bounds, axis=0)
+        v = self._sorted(values)
+        if self.uniform == 1:
+            return v if v is not values else v.copy()
+        if self.uniform:
+            return v.reshape(self.n_groups, self.uniform, *v.shape[1:]).max(axis=1)
+        return np.maximum.reduceat(v, self.bounds, axis=0)
 
     def min(self, values: np.ndarray) -> np.ndarray:
-        return np.minimum.reduceat(values[self.order], self.bounds, axis=0)
+        v = self._sorted(values)
+        if self.uniform == 1:
+            return v if v is not values else v.copy()
+        if self.uniform:
+            return v.reshape(self.n_groups, self.uniform, *v.shape[1:]).min(axis=1)
+        return np.minimum.reduceat(v, self.bounds, axis=0)
+
+    def argmax(self, values: np.ndarray) -> np.ndarray:
+        """Per group and trailing position, the row (of ``values``) holding the group's maximum
+        (the first such row in group order)."""
+        v = self._sorted(values)
+        top = self.max(values)
+        pos = np.arange(v.shape[0]).reshape((-1,) + (1,) * (v.ndim - 1))
+        first = np.where(v == top[self.inverse[self.order]], pos, v.shape[0])
+        if self.uniform:
+            at = first.reshape(self.n_groups, self.uniform, *v.shape[1:]).min(axis=1)
+        else:
+            at = np.minimum.reduceat(first, self.bounds, axis=0)
+        return self.order[at]
 
     def sizes(self) -> np.ndarray:
         return np.diff(np.r_[self.bounds, len(self.order)])

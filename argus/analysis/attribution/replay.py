@@ -30,6 +30,9 @@ from argus.analysis.attribution.graph import ARRIVE, COMPLETE, StepGraph
 
 __all__ = ["Scenario", "replay"]
 
+#: Values (float64) of one chunk of gaps: 8 M ≈ 64 MB.
+_CHUNK_VALUES = 8_000_000
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -80,20 +83,34 @@ def replay(g: StepGraph, d: Durations, scenarios: list[Scenario]) -> np.ndarray:
     arrivals: dict[tuple[int, int], np.ndarray] = {}
     ends: dict[tuple[int, int], np.ndarray] = {}
 
-    def gap(si: int, i: int) -> np.ndarray:
-        C = g.stages[si].columns
-        out = np.empty((C, K, Z))
+    # gaps are computed for a chunk of a stage's nodes at once (the schedule walks each template
+    # in order), bounded in memory: a chunk is (nodes, C, K, Z) float64
+    chunk = max(1, min(64, _CHUNK_VALUES // max(1, max(st.columns for st in g.stages) * K * Z)))
+    cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def gap_chunk(si: int, c0: int) -> np.ndarray:
+        st = g.stages[si]
+        c1 = min(c0 + chunk, st.n)
+        C = st.columns
+        out = np.empty((c1 - c0, C, K, Z))
         for b, o, zs, cols, comps in gap_pairs:
-            base = d.gaps[b][si][i]  # (C, K|1, J)
-            val = np.broadcast_to(base.sum(axis=-1, dtype=np.float64)[:, :, None], (C, K, zs.size))
+            base = d.gaps[b][si][c0:c1]  # (m, C, K|1, J)
+            val = base.sum(axis=-1, dtype=np.float64)[..., None]  # (m, C, K|1, 1)
             if b != o:
-                over = d.gaps[o][si][i]
-                diff = over - base
+                diff = (d.gaps[o][si][c0:c1] - base).astype(np.float64)
                 w = cols[:, offsets[si]:offsets[si + 1]].T  # (C, zs)
-                contrib = diff.astype(np.float64) @ comps  # (C, K', zs)
-                val = val + contrib * w[:, None, :]
-            out[:, :, zs] = val
+                val = val + (diff @ comps) * w[None, :, None, :]  # (m, C, K', zs)
+            out[..., zs] = val
         return out
+
+    def gap(si: int, i: int) -> np.ndarray:
+        key = (si, i - i % chunk)
+        block = cache.get(key)
+        if block is None:
+            for old in [k for k in cache if k[0] == si]:  # each stage walks its template forward
+                del cache[old]
+            block = cache[key] = gap_chunk(si, key[1])
+        return block[i - key[1]]
 
     def transfer(fi: int) -> np.ndarray:
         fam = g.families[fi]
@@ -176,15 +193,7 @@ def critical_path(g: StepGraph, d: Durations) -> dict[int, float]:
         elif op == COMPLETE:
             fam = g.families[a]
             stacked = np.concatenate([arrivals.pop(m) for m in fam.members], axis=0)  # (R, K)
-            order = fam.grouping.order
-            # per unit, the sorted row whose arrival is the largest
-            sorted_vals = stacked[order]
-            idx = np.empty((fam.grouping.n_groups, K), np.int64)
-            bounds = np.r_[fam.grouping.bounds, len(order)]
-            for u in range(fam.grouping.n_groups):
-                seg = sorted_vals[bounds[u]:bounds[u + 1]]
-                idx[u] = order[bounds[u] + np.argmax(seg, axis=0)]
-            last[a] = idx
+            last[a] = fam.grouping.argmax(stacked)  # per unit and step, the row that arrived last
             unit_end = fam.grouping.max(stacked) + d.transfers["rec"][a]
             member_end = unit_end[fam.grouping.inverse]
             if fam.latency is not None:
