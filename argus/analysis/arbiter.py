@@ -39,6 +39,10 @@ UNEXPLAINED_REGRESSION = 1.10
 #: … after at least this many normal steps at the healthy level (the job slowed down, it did
 #: not speed up after a long warm-up).
 MIN_HEALTHY_BEFORE = 3
+#: A whole-job slowdown that recovered by itself within this many steps is shown, not claimed:
+#: every rank slowed alike for a while and no one stands out (a shared cluster's load, a burst
+#: of long inputs); one still going, or longer, is a warning or worse by its cost.
+TRANSIENT_JOB_STEPS = 20
 
 
 def candidate_label(i: int) -> str:
@@ -440,7 +444,10 @@ def _from_finding(m: _Merged, outcomes: dict[tuple[int, int], WindowOutcome], to
         return None
     world = topology.world_size
     klass = IncidentClass(m.klass)
-    if m.shape == Shape.STAGE and _balanced_before(m, outcomes):
+    # balanced in a later window: a partition does not change, so not the layers (a noisy
+    # start, a victim of something else told elsewhere)
+    transient_stage = m.shape == Shape.STAGE and _balanced_after(m, outcomes)
+    if m.shape == Shape.STAGE and _balanced_before(m, outcomes) and not transient_stage:
         # balanced in an earlier window and not since: a partition does not change, its ranks did
         klass = IncidentClass.COMPUTE_STRAGGLER
         m.phase = f"{m.phase} (slowed from step {m.windows[0][0]})"
@@ -461,6 +468,10 @@ def _from_finding(m: _Merged, outcomes: dict[tuple[int, int], WindowOutcome], to
         # host looks like — shown, not claimed
         severity = Severity.INFO
         summary += "; intermittent and small: not told from a shared host's scheduling noise"
+    if transient_stage:
+        severity = Severity.INFO
+        summary += (f"; only in steps {m.windows[0][0]}–{m.windows[-1][1]}, balanced after: "
+                    "not the partition, shown, not claimed")
     if m.shape == Shape.SPREAD:
         if not all(f.detail.get("inputs_told") for f in m.parts):
             severity = Severity.INFO  # uneven inputs and a noisy host cannot be told apart here
@@ -538,8 +549,14 @@ def _unexplained(incidents: list[Incident], l1: L1Result, outcomes: list[WindowO
                    + (": no rank, host, stage or link stands out from its peers (ruled out by the attribution in "
                       f"{len(ruled)} window{'s' * (len(ruled) != 1)})" if ruled else
                       ": no window could be attributed to tell who"))
+        last = max((s for s, t in step_time.items() if np.isfinite(t)), default=w.end_step)
+        recovered = w.end_step < last and len(steps) < TRANSIENT_JOB_STEPS
+        severity = grade(pct)
+        if recovered:
+            severity = Severity.INFO
+            summary += f"; recovered by itself after {len(steps)} step{'s' * (len(steps) != 1)}: shown, not claimed"
         return Incident(IncidentClass.JOB_SLOWDOWN, [], [], [], w.start_step, w.end_step, "step", [],
-                        State.SUSPECTED, grade(pct), pct, world * extra / 3600.0, Action.OBSERVE, evidence, steps,
+                        State.SUSPECTED, severity, pct, world * extra / 3600.0, Action.OBSERVE, evidence, steps,
                         summary)
     return None
 
@@ -582,6 +599,15 @@ def _balanced_before(m: _Merged, outcomes: dict[tuple[int, int], WindowOutcome])
     first = m.windows[0][0]
     before = [o for (lo, _), o in outcomes.items() if lo < first and o.modeled and o.attribution is not None]
     return any(o.attribution.s_stage < MIN_STAGE_SLOWDOWN for o in before if o.attribution is not None)
+
+
+def _balanced_after(m: _Merged, outcomes: dict[tuple[int, int], WindowOutcome]) -> bool:
+    """Whether a modeled window after the stage finding's last one had its stages balanced."""
+    from argus.analysis.attribution.verdict import MIN_STAGE_SLOWDOWN
+
+    last = m.windows[-1][1]
+    after = [o for (lo, _), o in outcomes.items() if lo > last and o.modeled and o.attribution is not None]
+    return any(o.attribution.s_stage < MIN_STAGE_SLOWDOWN for o in after if o.attribution is not None)
 
 
 def _replay_blind(inc: Incident, cost: _Cost, l1: L1Result, step_time: dict[int, float],

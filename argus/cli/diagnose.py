@@ -236,7 +236,7 @@ def print_diagnosis(diagnosis: Diagnosis, evidence: bool = False, left_out: int 
         impact = (f"+{inc.slowdown_pct:.1f}% · {_hours(inc.gpu_hours_lost)} GPU-h"
                   if inc.slowdown_pct is not None else "not measurable")
         table.add_row(f"[{_STYLE.get(inc.severity, 'default')}]{term(inc.severity)}[/]", term(inc.klass),
-                      term(inc.state), f"ranks {ranks}\n{hosts}", f"{inc.start_step}–{inc.end_step}" if inc.start_step >= 0 else "—",
+                      term(inc.state), f"ranks {ranks}\n{hosts}" if ranks else "none (the whole job)", f"{inc.start_step}–{inc.end_step}" if inc.start_step >= 0 else "—",
                       term(inc.phase or "-"), impact, term(inc.action))
     out.print(table)
     for inc in diagnosis.incidents:

@@ -114,3 +114,19 @@ def test_microbatch_labels_change_nothing(tmp_path):
     (inc,) = _claims(d)
     attempt = Store.open(tmp_path / "s").attempt()
     assert inc.klass == "compute_straggler" and inc.culprit_ranks == [int(attempt.layout.rank_of(dp=1, pp=2))]
+
+
+@pytest.mark.parametrize("until, severe", [(30, True), (18, False)], ids=["ongoing", "recovered"])
+def test_a_whole_job_slowdown_nothing_explains_is_said_so(tmp_path, until, severe):
+    """Every rank's compute ×1.5 from step 12 (the inputs, the cluster): no rank, stage or link is
+    blamed; still going at the end, it is an incident the job owner sees; over by itself after
+    six steps, it is shown and not claimed."""
+    write(Job(pp=2, dp=4, steps=30, whole={s: 1.5 for s in range(12, until)}), tmp_path / "ops.parquet")
+    import_ops(read_ops(tmp_path / "ops.parquet"), tmp_path / "s")
+    d = diagnose(Store.open(tmp_path / "s").attempt(), DiagnoseConfig(store_incidents=False))
+    (inc,) = d.incidents
+    assert inc.klass == "job_slowdown" and inc.culprit_ranks == [] and inc.action == "observe"
+    assert inc.start_step == 12 and 40 <= inc.slowdown_pct <= 55
+    assert (inc.severity != "info") == severe
+    ev = next(e for e in inc.evidence if e["kind"] == "attribution")
+    assert ev["ruled_out"] and all(r["worker"] < 1.05 and r["stage"] < 1.05 for r in ev["ruled_out"])

@@ -33,6 +33,7 @@ class Job:
     slow: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
     stage_factor: dict[int, float] = field(default_factory=dict)  # stage → compute factor (a long stage)
     seq_sigma: float = 0.0  # per (replica, step, microbatch) length factor, the same on every stage
+    whole: dict[int, float] = field(default_factory=dict)  # step → every rank's compute factor (the job slowed)
 
 
 def _stage_ops(pp: int, s: int, m: int) -> list[list[tuple[str, int]]]:
@@ -136,6 +137,7 @@ def make(job: Job) -> tuple[pa.Table, list[float], list[float]]:
     for step in range(job.steps):
         seqs = np.exp(rng.normal(0.0, job.seq_sigma, (job.dp, job.microbatches))) if job.seq_sigma else \
             np.ones((job.dp, job.microbatches))
+        seqs = seqs * job.whole.get(step, 1.0)
         step_rows = []
         ends = np.zeros((job.dp, job.pp))
         for d in range(job.dp):

@@ -126,6 +126,11 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
             target = float(np.mean(list(kind_totals.values())))
             for si, fis in per_stage.items():
                 factor = target / kind_totals[si]
+                # no heavier (or lighter) than the stage's layers: a reduction that outweighs the
+                # compute it belongs to is slowed by something else (a link in its group)
+                comp = [f for b, f in balance.get(g.stages[si].stage, {}).items() if b in ("fwd", "bwd")]
+                if comp:
+                    factor = float(np.clip(factor, min(min(comp), 1.0), max(max(comp), 1.0)))
                 balance.setdefault(g.stages[si].stage, {})[str(kind)] = factor
                 for fi in fis:
                     t_ideal[fi] = t_ideal[fi] * factor
