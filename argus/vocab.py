@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["GroupKind", "PhaseCategory", "KernelKind", "Sensor", "Rerun", "Level", "EvidenceKind"]
+__all__ = ["GroupKind", "PhaseCategory", "KernelKind", "Sensor", "Rerun", "Level", "EvidenceKind", "kernel_in_group",
+           "kernel_group", "split_kernel_group"]
 
 
 class GroupKind(StrEnum):
@@ -146,3 +147,26 @@ class EvidenceKind(StrEnum):
     # L2 links, and active checks
     NOT_COMPARED = "not_compared"  # transfers that had no like group to be compared with
     VERIFICATION = "verification"  # argus verify's outcome for the incident's suspects
+
+
+#: A collective kernel's name with its communicator's kind appended (``… [group dp]``): NCCL
+#: names a kernel alike in every process group, and kernels are compared by name.
+_GROUP_TAG = " [group "
+
+
+def kernel_in_group(name: str, kind: str) -> str:
+    """``name`` tagged with the kind of the process group it ran in (no tag for an empty kind)."""
+    return f"{name}{_GROUP_TAG}{kind}]" if kind else name
+
+
+def split_kernel_group(name: str) -> tuple[str, str | None]:
+    """A tagged kernel name → (the kernel's own name, its group kind); untagged → (name, None)."""
+    i = name.rfind(_GROUP_TAG)
+    if i < 0 or not name.endswith("]") or i + len(_GROUP_TAG) >= len(name) - 1:
+        return name, None
+    return name[:i], name[i + len(_GROUP_TAG):-1]
+
+
+def kernel_group(name: str) -> str | None:
+    """The group kind a tagged kernel name carries, else None."""
+    return split_kernel_group(name)[1]

@@ -30,7 +30,7 @@ from argus.analysis.frames import encode
 from argus.analysis.strata import center_within, group_strata
 from argus.compress import log_grid, mixture_cdf, w1, w1_matrix
 from argus.topology import Layout
-from argus.vocab import GroupKind, KernelKind, PhaseCategory
+from argus.vocab import GroupKind, KernelKind, PhaseCategory, kernel_group
 
 __all__ = ["CollectiveCalls", "GroupShift", "KernelOutlier", "L3Config", "L3Result", "collective_calls",
            "detect_kernels", "kernel_time_per_rank", "kinds_for", "w1_matrix_for"]
@@ -180,7 +180,9 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
         if category == PhaseCategory.COMM:  # only the floors matter: no CDFs
             floor = np.full(len(ranks), np.inf)
             np.minimum.at(floor, np.searchsorted(ranks, rows["rank"]), rows["min_ns"])
-            kinds = tuple(k for k in kinds_for(op, res.events_per_step[(kernel, stream)], calls) if k in LAYOUT_KINDS)
+            tagged = kernel_group(kernel)  # the communicator's kind, where the trace named it
+            kinds = ((tagged,) if tagged in LAYOUT_KINDS else ()) if tagged is not None else \
+                tuple(k for k in kinds_for(op, res.events_per_step[(kernel, stream)], calls) if k in LAYOUT_KINDS)
             if not kinds:
                 res.unjudged.append((kernel, stream, op, res.events_per_step[(kernel, stream)]))
                 continue

@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+from argus.vocab import kernel_in_group, split_kernel_group
+
 __all__ = ["normalize_kernel_name", "categorize_kernel", "mangled_base", "COMM_OPS"]
 
 #: NCCL kernel function → communication op type.
@@ -100,7 +102,11 @@ def _first_template_arg(text: str) -> str | None:
 
 @lru_cache(maxsize=65536)
 def normalize_kernel_name(name: str) -> str:
-    """Stable short name: templates and argument lists collapsed, namespaces dropped."""
+    """Stable short name: templates and argument lists collapsed, namespaces dropped (a
+    collective's communicator tag, ``vocab.kernel_in_group``, kept)."""
+    base, group = split_kernel_group(str(name))
+    if group is not None:
+        return kernel_in_group(normalize_kernel_name(base), group)
     raw = " ".join(str(name).split())
     if not raw:
         return "<unnamed>"
@@ -134,7 +140,7 @@ def categorize_kernel(name: str, kind: str = "kernel") -> tuple[str, str]:
     ``cpu_op``; ``op`` is the communication op type for ``comm``, else empty."""
     if kind in ("memcpy", "memset", "cpu_op"):
         return kind, ""
-    raw = str(name)
+    raw = split_kernel_group(str(name))[0]
     raw = mangled_base(raw) or raw
     low = raw.lower()
     if low.startswith("memcpy"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import json
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,8 @@ from argus.kineto.limits import MAX_INT32, MAX_NAME_CHARS, MAX_WORLD_SIZE, Rejec
 from argus.kineto.names import phase_name
 
 __all__ = ["StepArrays", "PhaseArrays", "KernelArrays", "Collected", "StepIndex", "ns", "build_steps",
-           "build_kernels", "build_phases", "process_groups", "group_descriptions", "RPC_GROUP_KEYS"]
+           "build_kernels", "build_phases", "process_groups", "group_descriptions", "RPC_GROUP_KEYS",
+           "kernel_group_key"]
 
 _EMPTY: dict[str, Any] = {}
 _BIG = np.iinfo(np.int64).max
@@ -84,6 +85,11 @@ class KernelArrays:
     step: np.ndarray  # int64
     start_ns: np.ndarray  # int64
     dur_ns: np.ndarray  # int64
+    #: int32 index into the trace's ``groups`` for a collective's kernel whose args name its
+    #: process group (NCCL kernels of recent PyTorch), else -1
+    group_ref: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    #: member ranks → the ``Process Group Description`` the kernels' args gave
+    group_descs: dict[tuple[int, ...], str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.start_ns)
@@ -98,6 +104,9 @@ class Collected:
         self.k_dev, self.k_stream, self.k_corr = array("q"), array("q"), array("q")
         self.k_ts, self.k_dur = array("d"), array("d")
         self.k_names: dict[str, int] = {}
+        # a kernel's process-group args (``RPC_GROUP_KEYS`` and the description), interned: -1 none
+        self.k_group = array("i")
+        self.k_groups: dict[tuple, int] = {}
         self.rt_corr, self.rt_ts = array("q"), array("d")
         self.steps: list[tuple[int, float, float, bool]] = []
         # (name, ts, dur, external id, tid, on_gpu, argus metadata or None)
@@ -179,8 +188,28 @@ def build_steps(c: Collected, base_ns: int, notes: list[str]) -> StepArrays:
     return StepArrays(numbers, start, end)
 
 
-def build_kernels(c: Collected, base_ns: int, index: StepIndex, dropped: dict[str, int]) -> KernelArrays:
-    """Device records with the step of their launch (``correlation`` → ``cuda_runtime`` event)."""
+#: The kernel args that name its process group (NCCL kernels): the group keys and its description.
+KERNEL_GROUP_KEYS = (*("Process Group Ranks", "Process Group Name", "Global rank start", "Global rank stride",
+                       "Group size"), "Process Group Description")
+
+
+def kernel_group_key(args: dict) -> tuple | None:
+    """What names a device kernel's process group, hashable; None for a kernel without one."""
+    if "Process Group Ranks" not in args and "Process Group Name" not in args:
+        return None
+    key = tuple(args.get(k) for k in KERNEL_GROUP_KEYS)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def build_kernels(c: Collected, base_ns: int, index: StepIndex, dropped: dict[str, int],
+                  pgs: dict[str, tuple[int, ...]] | None = None,
+                  groups: list[tuple[int, ...]] | None = None) -> KernelArrays:
+    """Device records with the step of their launch (``correlation`` → ``cuda_runtime`` event);
+    a collective's kernel with its group's members in ``groups`` (``group_ref``)."""
     start = ns(np.frombuffer(c.k_ts, np.float64)) + base_ns
     dur = np.rint(np.frombuffer(c.k_dur, np.float64) * 1000).astype(np.int64)
     corr = np.frombuffer(c.k_corr, np.int64)
@@ -204,12 +233,27 @@ def build_kernels(c: Collected, base_ns: int, index: StepIndex, dropped: dict[st
     names = [""] * len(c.k_names)
     for name, i in c.k_names.items():
         names[i] = name
+    group_ref = np.full(int(keep.sum()), -1, np.int32)
+    descs: dict[tuple[int, ...], str] = {}
+    if c.k_groups and groups is not None and len(c.k_group) == len(keep):
+        cache = _GroupCache(pgs or {}, groups)
+        lut = np.full(len(c.k_groups) + 1, -1, np.int32)
+        for key, i in c.k_groups.items():
+            args = dict(zip(KERNEL_GROUP_KEYS, key))
+            members = cache.ranks(args)
+            if members:
+                lut[i] = cache.ref(members)
+                desc = args.get("Process Group Description")
+                if type(desc) is str and 0 < len(desc) <= 128:
+                    descs.setdefault(members, desc)
+        group_ref = lut[np.frombuffer(c.k_group, np.int32)[keep]]
     return KernelArrays(
         kind=np.frombuffer(c.k_kind, np.int8)[keep].copy(),
         device=np.frombuffer(c.k_dev, np.int64)[keep].astype(np.int32),
         stream=np.frombuffer(c.k_stream, np.int64)[keep].astype(np.int32),
         name_id=np.frombuffer(c.k_name, np.int32)[keep].copy(),
-        names=names, step=step[keep], start_ns=start[keep], dur_ns=dur[keep])
+        names=names, step=step[keep], start_ns=start[keep], dur_ns=dur[keep], group_ref=group_ref,
+        group_descs=descs)
 
 
 def _parse_ranks(value: Any) -> tuple[int, ...] | None:

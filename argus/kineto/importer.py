@@ -33,6 +33,7 @@ from argus.kineto.format import KIND_CODES, KIND_NAMES
 from argus.kineto.reader import RankTrace, read_trace
 from argus.store import Store
 from argus.topology import GroupKind, Layout, RunIdentity, Topology, new_run_id, parse_layout
+from argus.vocab import kernel_in_group
 
 if TYPE_CHECKING:
     from argus.store import Attempt
@@ -274,6 +275,7 @@ def _rank_tables(t: RankTrace, layout: Layout) -> _RankTables:
                       "start_ns": s.start_ns, "end_ns": s.end_ns})
     p = t.phases
     kinds = p.group_kind.copy()
+    by_ref: np.ndarray | None = None
     if len(p) and (p.group_ref >= 0).any():
         by_ref = np.array([group_kind_of(layout, rank, g) or desc_kind(t.group_descs.get(g, ""))
                            for g in t.groups] + [""], dtype=object)
@@ -285,13 +287,35 @@ def _rank_tables(t: RankTrace, layout: Layout) -> _RankTables:
         "group_kind": pa.array(kinds.tolist(), pa.string()), "start_ns": p.start_ns, "dur_ns": p.dur_ns,
         "wait_ns": p.host_waits()})
     k = t.kernels
-    names = pa.DictionaryArray.from_arrays(pa.array(k.name_id, pa.int32()), pa.array(k.names, pa.string()))
+    name_id, knames = _kernels_by_group(k, t, layout, rank, by_ref)
+    names = pa.DictionaryArray.from_arrays(pa.array(name_id, pa.int32()), pa.array(knames, pa.string()))
     kind = pa.DictionaryArray.from_arrays(pa.array(k.kind.astype(np.int32)), pa.array(list(KIND_NAMES)))
     kernels = pa.table({
         "rank": pa.array(np.full(len(k), rank, np.int32)), "step": k.step, "kind": kind.cast(pa.string()),
         "device": k.device, "stream": k.stream, "name": names.cast(pa.string()),
         "start_ns": k.start_ns, "dur_ns": k.dur_ns})
     return _by_step(steps, s.step), _by_step(phases, p.step), _by_step(kernels, k.step)
+
+
+def _kernels_by_group(k, t: RankTrace, layout: Layout, rank: int,
+                      by_ref: np.ndarray | None) -> tuple[np.ndarray, list[str]]:
+    """Kernel names, a collective's with its communicator's kind (``… [group dp]``): NCCL
+    names one kernel alike for every group, and a 16-rank all-reduce compared with 4-rank ones
+    (or a model-parallel reduction with tensor-parallel ones) differs by its group, not its link."""
+    ref = k.group_ref if len(k.group_ref) == len(k) else np.full(len(k), -1, np.int32)
+    if not (ref >= 0).any():
+        return k.name_id, list(k.names)
+    if by_ref is None or len(by_ref) != len(t.groups) + 1:
+        by_ref = np.array([group_kind_of(layout, rank, g) or desc_kind(t.group_descs.get(g, ""))
+                           for g in t.groups] + [""], dtype=object)
+    pair = k.name_id.astype(np.int64) * (len(t.groups) + 1) + np.where(ref >= 0, ref, len(t.groups))
+    uniq, inv = np.unique(pair, return_inverse=True)
+    names = []
+    for u in uniq.tolist():
+        nid, r = divmod(int(u), len(t.groups) + 1)
+        kind = by_ref[r] if r < len(t.groups) else ""
+        names.append(kernel_in_group(k.names[nid], kind))
+    return inv.astype(np.int32), names
 
 
 def _concat(parts: list[pa.Table]) -> pa.Table | None:

@@ -33,6 +33,7 @@ from argus.kineto.events import (
     StepArrays,
     StepIndex,
     build_kernels,
+    kernel_group_key,
     build_phases,
     build_steps,
     group_descriptions,
@@ -328,6 +329,14 @@ def _scan(events: Iterable[Any], c: Collected) -> None:
             nid = kernel_names.get(name)
             if nid is None:
                 nid = kernel_names[name] = len(kernel_names)
+            gkey = kernel_group_key(args) if args else None
+            if gkey is None:
+                c.k_group.append(-1)
+            else:
+                gid = c.k_groups.get(gkey)
+                if gid is None:
+                    gid = c.k_groups[gkey] = len(c.k_groups)
+                c.k_group.append(gid)
             c.k_kind.append(code - Cat.KERNEL)
             c.k_name.append(nid)
             c.k_stream.append(stream)
@@ -370,6 +379,7 @@ def _scan(events: Iterable[Any], c: Collected) -> None:
                         nid = kernel_names.get(name)
                         if nid is None:
                             nid = kernel_names[name] = len(kernel_names)
+                        c.k_group.append(-1)
                         c.k_kind.append(KIND_CODES["cpu_op"])
                         c.k_name.append(nid)
                         c.k_stream.append(stream)
@@ -458,7 +468,7 @@ def _assemble(path: Path, c: Collected, capture: _Capture, t0: float) -> RankTra
     pgs = process_groups(dist)
     groups: list[tuple[int, ...]] = []
     phases = build_phases(c, base_ns, index, pgs, groups, dropped)
-    kernels = build_kernels(c, base_ns, index, dropped)
+    kernels = build_kernels(c, base_ns, index, dropped, pgs, groups)
     if c.rejects and not (len(steps.step) or len(phases) or len(kernels)):
         raise IngestError(f"{path}: no usable trace events: " + "; ".join(c.rejects.lines()))
     return RankTrace(
@@ -467,7 +477,7 @@ def _assemble(path: Path, c: Collected, capture: _Capture, t0: float) -> RankTra
         hostname=hostname, groups=groups, base_ns=base_ns, steps=steps, phases=phases,
         kernels=kernels, events=c.n, bytes_read=capture.total, file_bytes=path.stat().st_size,
         parse_s=time.perf_counter() - t0, dropped=dropped, rejected=c.rejects, notes=notes,
-        group_descs=group_descriptions(dist))
+        group_descs={**kernels.group_descs, **group_descriptions(dist)})
 
 
 def _short(value: Any, limit: int = 40) -> str:
