@@ -1,10 +1,11 @@
-"""``argus bench analysis``: the full diagnosis (L1–L3, root cause, L4, L5) over one window of
-a large simulated job.
+"""``argus bench analysis``: the full diagnosis (L1–L3, root cause, attribution, L4, L5) over one
+window of a large simulated job.
 
 A store is simulated once (or given with ``--store``); the diagnosis then runs in a fresh
 process so its peak RSS is its own. Reported: wall time per level, the process's CPU-seconds
 (wall time on a shared machine measures the neighbours too), peak memory, whether the incident
-names the injected culprits, and what L4 made of it (the what-if, or why it was skipped).
+names the injected culprits, what the attribution measured (the what-if, or why it was skipped)
+and how well its replay reproduced the window.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def diagnose_window(store: str, lo: int, hi: int) -> dict:
                 l4.append({"what_if_skipped": e["note"][:120]})
             elif e.get("kind") in ("pipeline", "gpu_idle", "stacks", "agreement"):
                 l4.append({e["kind"]: e.get("origin_rank", e.get("with", e.get("cause", e.get("idle_pct"))))})
-    order = ("l1", "l2", "l3", "rootcause", "l4", "l5", "total")
+    order = ("l1", "l2", "l3", "rootcause", "attribution", "l4", "l5", "l4_l5", "observations", "total")
     levels = {k: round(d.timings_s[k], 2) for k in order if k in d.timings_s}
     return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "levels_s": levels,
             "incidents": [f"{i.klass}:{len(i.culprit_ranks)}" for i in d.incidents], "culprits_found": found,

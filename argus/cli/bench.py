@@ -104,6 +104,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     pe.add_argument("--runs", action="store_true", help="also print every run's scores")
     pe.set_defaults(func=_run_peers)
 
+    wi = bsub.add_parser("whatif", help="the attribution on real jobs' public per-op timelines (ByteDance Seed's "
+                                        "what-if artifact) against the slowdowns and root causes they published")
+    wi.add_argument("--data", help="folder of trace-*.parquet, meta-*.yaml and published.json "
+                                   "(default: the checkout's tests/data/stragglers)")
+    wi.add_argument("--traces", help="comma list (default: every trace in published.json)")
+    wi.add_argument("--labels", choices=["both", "yes", "no"], default="both",
+                    help="import with the traces' microbatch labels, without them, or both (default)")
+    wi.set_defaults(func=_run_whatif)
+
     p = bsub.add_parser("processor", help="compression rate, socket throughput, CPU at a paced rate, memory")
     p.add_argument("--modes", default="compression,throughput,paced,long",
                    help="comma list of: compression, evidence (Perfetto encoder, before/after in process), "
@@ -210,6 +219,15 @@ def _run_analysis(args: argparse.Namespace) -> int:
     lo, _, hi = args.window.partition(":")
     print(json.dumps(run(ranks=args.ranks, steps=args.steps, window=(int(lo), int(hi)), store=args.store,
                          scenario=args.scenario)), flush=True)
+    return 0
+
+
+def _run_whatif(args: argparse.Namespace) -> int:
+    from argus.bench.whatif import run
+
+    labels = {"both": (True, False), "yes": (True,), "no": (False,)}[args.labels]
+    for row in run(data=args.data, traces=args.traces.split(",") if args.traces else None, labels=labels):
+        print(json.dumps(row), flush=True)
     return 0
 
 
