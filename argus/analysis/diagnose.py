@@ -33,7 +33,7 @@ from argus.analysis.links import detect_link_shifts
 from argus.analysis.l3_kernels import L3Config, collective_calls, detect_kernels, kernel_time_per_rank
 from argus.analysis.observations import observe
 from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents, reinstate_victims
-from argus.analysis.arbiter import SLOW_CLASSES, arbitrate, candidate_label
+from argus.analysis.arbiter import SLOW_CLASSES, arbitrate, candidate_label, fold_into_failures
 from argus.analysis.attribution import AttributionConfig, StepBounds, WindowOutcome, attribute_window
 from argus.analysis.attribution.subset import replay_ranks
 from argus.analysis.job_log import with_job_log
@@ -240,6 +240,7 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen, frames, timings)
     incidents = reinstate_victims(incidents)  # a culprit the attribution dismissed explains no victim
     incidents = with_job_log(attempt, topology, incidents, step_of_ts)  # argus run's logs table
+    incidents = fold_into_failures(incidents)  # a whole-job slowdown into a failure is the failure's
     checkpoints = checkpoints_from_log(attempt, step_of_ts)  # saves the job's log reported, with their paths
     for s_ in l1.checkpoint_steps:  # and the steps of its checkpoint phases
         checkpoints.add(s_)

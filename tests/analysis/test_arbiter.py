@@ -1,0 +1,44 @@
+"""The arbiter's rules on incidents it is handed (the attribution's end-to-end checks are in
+test_attribution.py and tests/e2e/test_attribution.py)."""
+
+from __future__ import annotations
+
+from argus.analysis.arbiter import fold_into_failures
+from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State
+
+
+def _inc(klass: IncidentClass, lo: int, hi: int, severity: Severity = Severity.CRITICAL,
+         ranks: list[int] | None = None) -> Incident:
+    return Incident(klass, ranks or [], [], [], lo, hi, "step", [], State.SUSPECTED, severity, 20.0, 0.1,
+                    Action.OBSERVE, [], [], f"{klass} {lo}-{hi}")
+
+
+def test_a_whole_job_slowdown_into_a_failure_is_the_failures():
+    """Steps 6–9 slower, rank 2 killed in step 8: one fault, one incident (the fail-stop's)."""
+    slow, stop = _inc(IncidentClass.JOB_SLOWDOWN, 6, 9), _inc(IncidentClass.FAIL_STOP, 8, 8, ranks=[2])
+    fold_into_failures([slow, stop])
+    assert slow.severity == Severity.INFO and "fail_stop at step 8" in slow.summary
+    assert stop.severity == Severity.CRITICAL
+
+
+def test_a_whole_job_slowdown_long_before_a_failure_stands():
+    slow, stop = _inc(IncidentClass.JOB_SLOWDOWN, 10, 20), _inc(IncidentClass.FAIL_STOP, 60, 60, ranks=[2])
+    fold_into_failures([slow, stop])
+    assert slow.severity == Severity.CRITICAL
+    hang = _inc(IncidentClass.HANG, 22, 22)
+    fold_into_failures([slow, hang])
+    assert slow.severity == Severity.INFO
+
+
+def test_a_stage_holding_a_slow_link_is_the_links_victim():
+    """Host 4's link slowed: stage 1 (ranks 3–5) looks heavier for it — told in the link's incident."""
+    from argus.analysis.arbiter import fold_stage_into_links
+
+    link = _inc(IncidentClass.LINK_DEGRADATION, 0, 24, ranks=[4])
+    stage = _inc(IncidentClass.PIPELINE_IMBALANCE, 0, 24, Severity.WARNING, ranks=[3, 4, 5])
+    stage.phase = "stage 1"
+    other = _inc(IncidentClass.PIPELINE_IMBALANCE, 0, 24, Severity.WARNING, ranks=[0, 1, 2])
+    other.phase = "stage 0"
+    fold_stage_into_links([link, stage, other])
+    assert stage.severity == Severity.INFO and "slow link inside it" in stage.summary
+    assert other.severity == Severity.WARNING and link.severity == Severity.CRITICAL
