@@ -426,6 +426,8 @@ def _set_impact(inc: Incident, cost: _Cost, world: int, note: str) -> None:
     if inc.claim_cap is not None and inc.claim_cap.value != severity.value and \
             list(Severity).index(inc.claim_cap) < list(Severity).index(severity):
         severity = inc.claim_cap  # the rule's evidence is too thin to claim more, whatever it costs
+    if previous_severity == Severity.INFO and inc.steps and len(inc.steps) < MIN_RECURRING_STEPS:
+        severity = Severity.INFO  # once or twice, and the rule itself did not claim it: measured, not raised
     inc.severity = severity
     if previous_severity != Severity.INFO and inc.severity == Severity.INFO:
         inc.state = State.INCONCLUSIVE
@@ -459,7 +461,12 @@ def _from_finding(m: _Merged, outcomes: dict[tuple[int, int], WindowOutcome], to
     evidence = [_attribution_evidence(m, outcomes), _what_if(cost, world, "the attribution's group removed")]
     summary = _summary(m, hosts, cost)
     severity = grade(cost.slowdown_pct)
-    if m.shape == Shape.RANKS and len(m.windows) < 2 and not _unmistakable(m):
+    if m.shape == Shape.RANKS and not m.persistent and len(m.steps) < MIN_RECURRING_STEPS:
+        # once or twice in the job, seen by no rule: a process descheduled for a slice of a step
+        # on a shared host looks exactly like it — shown, not claimed
+        severity = Severity.INFO
+        summary += f"; in {len(m.steps)} step{'s' * (len(m.steps) != 1)} only, and no rule saw it: shown, not claimed"
+    elif m.shape == Shape.RANKS and len(m.windows) < 2 and not _unmistakable(m):
         # one window of one comparison: a shared host's CPU does this for a few seconds now and
         # then — shown, watched for a second window, not claimed
         severity = Severity.INFO
@@ -619,7 +626,9 @@ def _beyond_noise(w, l1: L1Result, step_time: dict[int, float]) -> bool:
     return float(w.magnitude) - 1.0 >= NOISE_MULTIPLE * cv
 
 
-#: An intermittent finding no rule saw claims from this cost on (or when unmistakable).
+#: An intermittent finding no rule saw claims only over at least this many steps …
+MIN_RECURRING_STEPS = 3
+#: … and from this cost on (or when unmistakable).
 INTERMITTENT_CLAIM_PCT = 5.0
 #: A finding seen in one window claims when its ranks' work is this many times their peers' …
 UNMISTAKABLE_RATIO = 2.0
