@@ -263,6 +263,10 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
                      outcomes)
 
 
+#: Without a rule's culprit, at most this many of L2's and L3's ranks choose the replicas replayed.
+MAX_SUSPECTS = 8
+
+
 def _attribute(attempt: Attempt, topology, frames: WindowFrames, windows: list[WindowAnalysis],
                candidates: list[Incident], l1: L1Result, config: DiagnoseConfig,
                step_time: dict[int, float]) -> list[WindowOutcome]:
@@ -285,8 +289,10 @@ def _attribute(attempt: Attempt, topology, frames: WindowFrames, windows: list[W
                  if inc.klass in SLOW_CLASSES and inc.culprit_ranks and inc.start_step <= w.hi and inc.end_step >= w.lo]
         ranks = None
         if layout.world_size > config.exact_ranks:  # the replicas holding a suspect, and a few healthy ones
-            suspects = sorted({r for _, rs in extra for r in rs} | {f.rank for f in w.l2.findings}
-                              | {o.rank for o in (w.l3.outliers if w.l3 else [])})
+            # the rules' culprits; without any, the first few ranks L2 or L3 set apart (every
+            # rank L2 flagged — victims included — made thousands of ranks to replay at 10,240)
+            suspects = sorted({r for _, rs in extra for r in rs}) or sorted(
+                ({f.rank for f in w.l2.findings} | {o.rank for o in (w.l3.outliers if w.l3 else [])}))[:MAX_SUSPECTS]
             ranks = replay_ranks(layout, suspects, full=config.exact_ranks)
         frame = frames.phases(w.lo, w.hi, ranks)
         try:
