@@ -41,9 +41,9 @@ UNEXPLAINED_REGRESSION = 1.10
 #: not speed up after a long warm-up; a real DataLoader's prefetched batches made the first 3
 #: steps of a healthy 12-step job ×1.46 faster than the rest).
 MIN_HEALTHY_BEFORE = 5
-#: A whole-job slowdown that recovered by itself within this many steps is shown, not claimed:
-#: every rank slowed alike for a while and no one stands out (a shared cluster's load, a burst
-#: of long inputs); one still going, or longer, is a warning or worse by its cost.
+#: A whole-job slowdown shorter than this many steps is shown, not claimed: every rank slowed
+#: alike for a while and no one stands out (a shared cluster's load, a burst of long inputs);
+#: one that lasts is a warning or worse by its cost.
 TRANSIENT_JOB_STEPS = 20
 
 
@@ -426,8 +426,10 @@ def _set_impact(inc: Incident, cost: _Cost, world: int, note: str) -> None:
     if inc.claim_cap is not None and inc.claim_cap.value != severity.value and \
             list(Severity).index(inc.claim_cap) < list(Severity).index(severity):
         severity = inc.claim_cap  # the rule's evidence is too thin to claim more, whatever it costs
-    if previous_severity == Severity.INFO and inc.steps and len(inc.steps) < MIN_RECURRING_STEPS:
-        severity = Severity.INFO  # once or twice, and the rule itself did not claim it: measured, not raised
+    if previous_severity == Severity.INFO and inc.steps:
+        # intermittent, and the rule itself did not claim it (real loopback transfers vary step to
+        # step): measured, not raised; a persistent one the rule under-rated is raised
+        severity = Severity.INFO
     inc.severity = severity
     if previous_severity != Severity.INFO and inc.severity == Severity.INFO:
         inc.state = State.INCONCLUSIVE
@@ -466,7 +468,7 @@ def _from_finding(m: _Merged, outcomes: dict[tuple[int, int], WindowOutcome], to
         # on a shared host looks exactly like it — shown, not claimed
         severity = Severity.INFO
         summary += f"; in {len(m.steps)} step{'s' * (len(m.steps) != 1)} only, and no rule saw it: shown, not claimed"
-    elif m.shape == Shape.RANKS and len(m.windows) < 2 and not _unmistakable(m):
+    elif m.shape in (Shape.RANKS, Shape.STAGE) and len(m.windows) < 2 and not _unmistakable(m):
         # one window of one comparison: a shared host's CPU does this for a few seconds now and
         # then — shown, watched for a second window, not claimed
         severity = Severity.INFO
@@ -597,11 +599,13 @@ def _unexplained(incidents: list[Incident], l1: L1Result, outcomes: list[WindowO
                       f"{len(ruled)} window{'s' * (len(ruled) != 1)})" if ruled else
                       ": no window could be attributed to tell who"))
         last = max((s for s, t in step_time.items() if np.isfinite(t)), default=w.end_step)
-        recovered = w.end_step < last and len(steps) < TRANSIENT_JOB_STEPS
         severity = grade(pct)
-        if recovered:
+        if len(steps) < TRANSIENT_JOB_STEPS:
+            # every rank alike for a few steps, no one to name: a shared cluster's load, a burst of
+            # long inputs, the disk under a checkpoint — shown; graded once it lasts
             severity = Severity.INFO
-            summary += f"; recovered by itself after {len(steps)} step{'s' * (len(steps) != 1)}: shown, not claimed"
+            summary += (f"; recovered by itself after {len(steps)} step{'s' * (len(steps) != 1)}" if w.end_step < last
+                        else f"; {len(steps)} step{'s' * (len(steps) != 1)} so far") + ": shown, not claimed"
         return Incident(IncidentClass.JOB_SLOWDOWN, [], [], [], w.start_step, w.end_step, "step", [],
                         State.SUSPECTED, severity, pct, world * extra / 3600.0, Action.OBSERVE, evidence, steps,
                         summary)
