@@ -277,8 +277,7 @@ def _rank_tables(t: RankTrace, layout: Layout) -> _RankTables:
     kinds = p.group_kind.copy()
     by_ref: np.ndarray | None = None
     if len(p) and (p.group_ref >= 0).any():
-        by_ref = np.array([group_kind_of(layout, rank, g) or desc_kind(t.group_descs.get(g, ""))
-                           for g in t.groups] + [""], dtype=object)
+        by_ref = _group_kinds(t, layout, rank)
         ref = p.group_ref
         kinds = np.where(ref >= 0, by_ref[ref], kinds)
     phases = pa.table({
@@ -297,6 +296,13 @@ def _rank_tables(t: RankTrace, layout: Layout) -> _RankTables:
     return _by_step(steps, s.step), _by_step(phases, p.step), _by_step(kernels, k.step)
 
 
+def _group_kinds(t: RankTrace, layout: Layout, rank: int) -> np.ndarray:
+    """Each of the trace's groups (``t.groups``) as a kind: the layout's, else its ``pg_desc``'s;
+    one trailing "" for ref -1."""
+    return np.array([group_kind_of(layout, rank, g) or desc_kind(t.group_descs.get(g, "")) for g in t.groups]
+                    + [""], dtype=object)
+
+
 def _kernels_by_group(k, t: RankTrace, layout: Layout, rank: int,
                       by_ref: np.ndarray | None) -> tuple[np.ndarray, list[str]]:
     """Kernel names, a collective's with its communicator's kind (``… [group dp]``): NCCL
@@ -305,9 +311,8 @@ def _kernels_by_group(k, t: RankTrace, layout: Layout, rank: int,
     ref = k.group_ref if len(k.group_ref) == len(k) else np.full(len(k), -1, np.int32)
     if not (ref >= 0).any():
         return k.name_id, list(k.names)
-    if by_ref is None or len(by_ref) != len(t.groups) + 1:
-        by_ref = np.array([group_kind_of(layout, rank, g) or desc_kind(t.group_descs.get(g, ""))
-                           for g in t.groups] + [""], dtype=object)
+    if by_ref is None:
+        by_ref = _group_kinds(t, layout, rank)
     pair = k.name_id.astype(np.int64) * (len(t.groups) + 1) + np.where(ref >= 0, ref, len(t.groups))
     uniq, inv = np.unique(pair, return_inverse=True)
     names = []

@@ -37,35 +37,29 @@ class Grouping:
     def _sorted(self, values: np.ndarray) -> np.ndarray:
         return values if self.sorted else values[self.order]
 
+    def _reduce(self, v: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+        """Per group, ``ufunc`` over rows already in group order."""
+        if self.uniform == 1:
+            return v.copy()
+        if self.uniform:
+            return ufunc.reduce(v.reshape(self.n_groups, self.uniform, *v.shape[1:]), axis=1)
+        return ufunc.reduceat(v, self.bounds, axis=0)
+
     def max(self, values: np.ndarray) -> np.ndarray:
         """Per group, the maximum of ``values`` (rows on axis 0, any trailing shape)."""
-        v = self._sorted(values)
-        if self.uniform == 1:
-            return v if v is not values else v.copy()
-        if self.uniform:
-            return v.reshape(self.n_groups, self.uniform, *v.shape[1:]).max(axis=1)
-        return np.maximum.reduceat(v, self.bounds, axis=0)
+        return self._reduce(self._sorted(values), np.maximum)
 
     def min(self, values: np.ndarray) -> np.ndarray:
-        v = self._sorted(values)
-        if self.uniform == 1:
-            return v if v is not values else v.copy()
-        if self.uniform:
-            return v.reshape(self.n_groups, self.uniform, *v.shape[1:]).min(axis=1)
-        return np.minimum.reduceat(v, self.bounds, axis=0)
+        return self._reduce(self._sorted(values), np.minimum)
 
     def argmax(self, values: np.ndarray) -> np.ndarray:
         """Per group and trailing position, the row (of ``values``) holding the group's maximum
         (the first such row in group order)."""
         v = self._sorted(values)
-        top = self.max(values)
+        top = self._reduce(v, np.maximum)
         pos = np.arange(v.shape[0]).reshape((-1,) + (1,) * (v.ndim - 1))
         first = np.where(v == top[self.inverse[self.order]], pos, v.shape[0])
-        if self.uniform:
-            at = first.reshape(self.n_groups, self.uniform, *v.shape[1:]).min(axis=1)
-        else:
-            at = np.minimum.reduceat(first, self.bounds, axis=0)
-        return self.order[at]
+        return self.order[self._reduce(first, np.minimum)]
 
     def sizes(self) -> np.ndarray:
         return np.diff(np.r_[self.bounds, len(self.order)])
