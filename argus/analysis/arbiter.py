@@ -545,8 +545,10 @@ def fold_stage_into_links(incidents: list[Incident]) -> list[Incident]:
     wait on that link (the victim, not a partition) — one fault, one incident, the link's."""
     links = [i for i in incidents if i.klass == IncidentClass.LINK_DEGRADATION and i.severity != Severity.INFO]
     for inc in incidents:
-        if inc.klass != IncidentClass.PIPELINE_IMBALANCE or inc.severity == Severity.INFO \
-                or not inc.phase.startswith("stage "):
+        # a stage that slowed later is told as its ranks' compute straggler ("stage 1 (slowed
+        # from step 10)"): the same stage shape, the same victim of the link in it
+        if inc.klass not in (IncidentClass.PIPELINE_IMBALANCE, IncidentClass.COMPUTE_STRAGGLER) \
+                or inc.severity == Severity.INFO or not inc.phase.startswith("stage "):
             continue
         link = next((k for k in links if set(k.culprit_ranks) & set(inc.culprit_ranks)
                      and k.start_step <= inc.end_step and k.end_step >= inc.start_step), None)

@@ -42,3 +42,18 @@ def test_a_stage_holding_a_slow_link_is_the_links_victim():
     fold_stage_into_links([link, stage, other])
     assert stage.severity == Severity.INFO and "slow link inside it" in stage.summary
     assert other.severity == Severity.WARNING and link.severity == Severity.CRITICAL
+
+
+def test_a_stage_slowed_later_holding_a_slow_link_is_the_links_victim():
+    """The CI run's case: stage 1 balanced in its first windows, then heavier from step 10 —
+    told as its ranks' compute straggler, still the victim of the link inside it."""
+    from argus.analysis.arbiter import fold_stage_into_links
+
+    link = _inc(IncidentClass.LINK_DEGRADATION, 0, 24, ranks=[4])
+    stage = _inc(IncidentClass.COMPUTE_STRAGGLER, 10, 24, Severity.WARNING, ranks=[3, 4, 5])
+    stage.phase = "stage 1 (slowed from step 10)"
+    ranks = _inc(IncidentClass.COMPUTE_STRAGGLER, 10, 24, Severity.WARNING, ranks=[4])
+    ranks.phase = "forward-compute"  # a rank's own compute: not a stage, stands on its own
+    fold_stage_into_links([link, stage, ranks])
+    assert stage.severity == Severity.INFO and "slow link inside it" in stage.summary
+    assert ranks.severity == Severity.WARNING

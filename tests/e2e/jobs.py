@@ -95,7 +95,12 @@ def diagnose(store: Path, keep: bool = False) -> list[dict]:
 
 
 def only(incidents: list[dict]) -> dict:
-    assert len(incidents) == 1, json.dumps(incidents, indent=1)[:4000]
+    """The one incident; else every incident's headline first (CI prints only the message's
+    start), then the records."""
+    heads = "\n".join(f"{i['class']} {i['severity']} ranks {i['culprit_ranks']} steps "
+                      f"{i['window']['start_step']}-{i['window']['end_step']} {i['impact']}: {i['summary']}"
+                      for i in incidents)
+    assert len(incidents) == 1, heads + "\n" + json.dumps(incidents, indent=1)[:4000]
     return incidents[0]
 
 

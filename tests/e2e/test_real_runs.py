@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("torch")
 
 from argus.workloads.netns import NamespaceCluster, available, cleanup_stale, launch_job
-from tests.e2e.jobs import diagnose, pin_cpu
+from tests.e2e.jobs import diagnose, only, pin_cpu
 
 WORKLOAD = [sys.executable, "-m", "argus.workloads.train_transformer"]
 STEPS = ["--steps", "30", "--microbatches", "2"]
@@ -53,17 +53,12 @@ def _incidents(store: Path) -> list[dict]:
     return diagnose(store, keep=True)
 
 
-def _only(incidents: list[dict]) -> dict:
-    assert len(incidents) == 1, json.dumps(incidents, indent=1)[:4000]
-    return incidents[0]
-
-
 def test_compute_slowdown_of_one_ddp_rank(tmp_path):
     """The job itself slows rank 1 (it repeats its attention: a software cause on healthy
     hardware). Found passively; then the healthcheck's matrix products on the same four ranks
     measure rank 1 like its peers, and ``argus verify`` refutes the hardware (issue 23)."""
     _argus_run(tmp_path / "s", ["--fault", "compute", "--fault-rank", "1", "--fault-start", "8", "--slowdown", "6"])
-    inc = _only(_incidents(tmp_path / "s"))
+    inc = only(_incidents(tmp_path / "s"))
     assert inc["class"] == "compute_straggler" and inc["culprit_ranks"] == [1]
     assert inc["phase"] in ("self_attention", "forward-compute", "backward-compute")
     health = tmp_path / "health.json"
@@ -86,7 +81,7 @@ def test_host_stall_in_one_microbatch(tmp_path):
     # the cause certain in a short test (production stalls last seconds: py-spy at 10 Hz suffices)
     _argus_run(tmp_path / "s", ["--fault", "stall", "--fault-rank", "2", "--fault-start", "6", "--stall-ms", "400"],
                env={"ARGUS_STACKS_HZ": "25"})
-    inc = _only(_incidents(tmp_path / "s"))
+    inc = only(_incidents(tmp_path / "s"))
     assert inc["class"] == "host_stall" and inc["culprit_ranks"] == [2]
     assert inc["phase"] == "backward-compute" and len(inc["steps"]) >= 3
     stalled = [s for s in inc["steps"] if s >= 6 and s % 3 == 0]
@@ -103,7 +98,7 @@ def test_host_stall_in_one_microbatch(tmp_path):
 def test_compute_slowdown_in_a_pipeline_stage(tmp_path):
     _argus_run(tmp_path / "s", ["--mode", "pipeline", "--fault", "compute", "--fault-rank", "3", "--fault-start", "8",
                                 "--slowdown", "6"], layout="pp=2,dp=2", one_cpu=True)
-    inc = _only(_incidents(tmp_path / "s"))
+    inc = only(_incidents(tmp_path / "s"))
     assert inc["class"] in ("compute_straggler", "pipeline_imbalance") and inc["culprit_ranks"] == [3]
 
 
@@ -172,7 +167,7 @@ def test_throttled_link_of_one_host(tmp_path):
     hosts, the throttle still on, measures host 4's links far below the others'."""
     health = tmp_path / "health.json"
     hosts = _netns_pipeline_job(tmp_path / "s", throttled_host=4, then=lambda cluster: _health(cluster, health))
-    inc = _only(_incidents(tmp_path / "s"))
+    inc = only(_incidents(tmp_path / "s"))
     assert inc["class"] == "link_degradation"
     assert inc["hosts"] == [hosts[4]] and inc["culprit_ranks"] == [4]
     rc, v = _verify(tmp_path / "s", inc["id"], health)
