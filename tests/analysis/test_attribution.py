@@ -130,3 +130,31 @@ def test_a_whole_job_slowdown_nothing_explains_is_said_so(tmp_path, until, sever
     assert (inc.severity != "info") == severe
     ev = next(e for e in inc.evidence if e["kind"] == "attribution")
     assert ev["ruled_out"] and all(r["worker"] < 1.05 and r["stage"] < 1.05 for r in ev["ruled_out"])
+
+
+def test_the_replay_answers_each_scenario_as_if_it_ran_alone(jobs):
+    """Scenarios are replayed in runs of the same durations (a slice of the last axis, not an
+    index array): the answer to each is the same, in the order asked, as replayed on its own."""
+    from argus.analysis.attribution import StepBounds, build_chains
+    from argus.analysis.attribution.durations import durations
+    from argus.analysis.attribution.graph import build_graphs
+    from argus.analysis.attribution.replay import Scenario, replay
+    from argus.analysis.frames import load_phases
+
+    attempt, _, _ = jobs("straggler")
+    layout, hosts = attempt.layout, attempt.topology().hosts
+    st = attempt.read("steps", columns=["rank", "step", "start_ns", "end_ns"])
+    bounds = StepBounds.of(*(st.column(c).to_numpy() for c in ("rank", "step", "start_ns", "end_ns")))
+    ch = build_chains(load_phases(attempt, 2, 5), layout, hosts, bounds)
+    g = build_graphs(ch, layout)[0]
+    d = durations(ch, g, layout)
+    n = sum(s.columns for s in g.stages)
+    one = np.zeros(n, bool)
+    one[1] = True
+    mixed = [Scenario("peer", "peer", "peer", tr_base="peer", tr_over="peer"), Scenario("a", "rec0", "peer", cols=one),
+             Scenario("rec"), Scenario("b", "rec0", "peer", cols=~one), Scenario("ideal", "ideal", "ideal"),
+             Scenario("c", "rec", "upeer", cols=one)]
+    together = replay(g, d, mixed)
+    alone = np.stack([replay(g, d, [s])[:, 0] for s in mixed], axis=1)
+    assert np.array_equal(together, alone)
+    assert not np.array_equal(together[:, 1], together[:, 3])  # the scenarios differ: the order matters

@@ -22,6 +22,7 @@ step-to-step fluctuation at once."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -288,7 +289,11 @@ def attribute_graph(ch: Chains, g: StepGraph, layout: Layout, hosts: np.ndarray,
             rs = ranked[:k]
             groups.append(_Group(Part.WORKER, GroupKind.RANKS, f"top {k} ranks", rs, mask(rs)))
     host_arr = np.asarray(hosts).astype(str)
-    for h in sorted({host_arr[r] for r in cand_w[:MAX_CANDIDATES] + cand_h[:MAX_CANDIDATES]}):
+    held = Counter(host_arr[r] for r in set(cand_w[:MAX_CANDIDATES] + cand_h[:MAX_CANDIDATES]))
+    # in a large job, a host with one candidate is that rank's own what-if (its scenarios were
+    # 66 of 166 at 10,240 ranks, each a full replay); a host with several is asked as a host
+    alone = 1 if n_cols <= ALL_RANKS else 2
+    for h in sorted(h for h, n in held.items() if n >= alone):
         rs = [int(r) for r in ranks if host_arr[r] == h]
         if len(rs) > 1:
             groups.append(_Group(Part.WORKER, GroupKind.HOST, h, rs, mask(rs)))
