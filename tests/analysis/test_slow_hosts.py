@@ -71,3 +71,36 @@ def test_kernel_time_a_little_above_the_peers_all_along_names_no_host():
     """The same 1.12× from the first step on: a GPU a little slower than its peers by nature,
     not what slowed the job at step 5."""
     assert _slow_hosts(_ctx(0.002), _windows(device=True, slow_ms=5.6, before_ms=5.6), []) == []
+
+
+def test_the_screen_of_every_host_at_once_drops_no_host_the_exact_test_names(monkeypatch):
+    """``_candidate_hosts`` is a necessary condition only: over random kernel times on hosts of
+    two and of four ranks (a host holding a whole peer set: the own-history fallback), the hosts
+    named are the same as when every host goes through the exact per-host test."""
+    import argus.analysis.rootcause.slow_hosts as sh
+
+    exact = sh._candidate_hosts
+    every = lambda ctx, windows, regressions, hosts: sorted(set(hosts.tolist()))  # noqa: E731
+    rng = np.random.default_rng(0)
+    named = 0
+    for trial in range(120):
+        per_host = (2, 4)[trial % 2]
+        layout = parse_layout("pp=2,dp=4")
+        topo = Topology(layout, np.array([f"h{r // per_host}" for r in range(8)]), np.zeros(8, int),
+                        np.array([f"gpu-{r}" for r in range(8)]))
+        times = np.array([BASE_S] * 5 + [BASE_S + 0.040] * (STEPS - 5))
+        l1 = L1Result(np.arange(STEPS), times, BASE_S, [AnomalousWindow("regression", 5, STEPS - 1, 1.3)])
+        ctx = _Ctx(None, topo, l1, HwSignals(), {s: float(t) for s, t in enumerate(times)}, RootCauseConfig())
+        slow = rng.choice([1.0, 1.05, 1.1, 1.2, 2.0, 8.0], size=8)
+        windows = []
+        for lo in range(0, STEPS, 5):
+            total = {r: 5 * 5e6 * (float(slow[r]) if lo >= 5 else 1.0) * rng.uniform(0.97, 1.03) for r in range(8)}
+            l3 = L3Result(lo // 5, lo, lo + 4, busy_total_ns=total, device=True,
+                          busy_ratio={r: v / 25e6 for r, v in total.items()})
+            windows.append(WindowAnalysis(lo, lo + 4, L2Result(lo, lo + 4), l3, dict(total)))
+        monkeypatch.setattr(sh, "_candidate_hosts", every)
+        want = [(i.hosts, i.culprit_ranks) for i in _slow_hosts(ctx, windows, [])]
+        monkeypatch.setattr(sh, "_candidate_hosts", exact)
+        assert [(i.hosts, i.culprit_ranks) for i in _slow_hosts(ctx, windows, [])] == want, (trial, slow)
+        named += bool(want)
+    assert named >= 10  # the trials name hosts often enough to mean something
