@@ -16,6 +16,9 @@ __all__ = ["register"]
 
 _MB = 1 << 20
 
+#: Consequences listed one per line; the rest are counted.
+MAX_CONSEQUENCE_LINES = 8
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ingest", help="import traces from other tools into a store",
@@ -214,10 +217,21 @@ def run_ingest_flight_recorder(args: argparse.Namespace) -> int:
                   f"(format {', '.join(versions) or '?'}); {len(stuck)} stuck collective{'s' * (len(stuck) != 1)}")
         for inc in incidents:
             out.print(f"[bold red]hang[/bold red] ({inc.state}) {term(inc.summary)}")
+        waits = [s for s in stuck if s.consequence and s.behind]
+        for s in waits[:MAX_CONSEQUENCE_LINES]:
+            out.print(f"  consequence: {term(s.group_desc or s.group)} #{s.seq} waits for "
+                      f"{', '.join(map(str, s.behind[:16]))}, who wait in another stuck collective")
+        # issued by every member and blocked behind the fault: counted per group kind, not listed
+        blocked: dict[str, int] = {}
         for s in stuck:
-            if s.consequence:
-                out.print(f"  consequence: {term(s.group_desc or s.group)} #{s.seq} waits for "
-                          f"{', '.join(map(str, s.behind))}, who wait in another stuck collective")
+            if s.consequence and not s.behind:
+                key = f"{s.op.split(':')[-1] or 'collective'} of {s.group_desc or 'group ' + s.group}"
+                blocked[key] = blocked.get(key, 0) + 1
+        if len(waits) > MAX_CONSEQUENCE_LINES or blocked:
+            parts = [f"{n} × {term(k)}" for k, n in sorted(blocked.items(), key=lambda kv: -kv[1])]
+            if len(waits) > MAX_CONSEQUENCE_LINES:
+                parts.insert(0, f"{len(waits) - MAX_CONSEQUENCE_LINES} more waiting for ranks stuck elsewhere")
+            out.print(f"  blocked behind it, issued by every member: {', '.join(parts)}")
         if not stuck:
             out.print("no collective is stuck: every member of every group completed what it enqueued")
         if attempt is not None and incidents:

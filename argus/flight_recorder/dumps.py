@@ -35,6 +35,19 @@ class Frame:
         return f"{self.name} ({self.filename}:{self.line})"
 
 
+#: Collectives whose members pass tensors of one shape (by their profiling names, backend prefix
+#: dropped): their shapes are compared member to member, no other op's are.
+EQUAL_SHAPES = frozenset({"all_reduce", "allreduce", "allreduce_coalesced", "all_reduce_coalesced", "broadcast",
+                          "reduce", "_allgather_base", "all_gather_into_tensor", "allgather_into_tensor_coalesced",
+                          "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
+                          "barrier"})
+
+
+def equal_shapes(op: str) -> bool:
+    """Whether every member of collective ``op`` ("nccl:all_reduce") passes the same shapes."""
+    return op.rsplit(":", 1)[-1].strip().lower() in EQUAL_SHAPES
+
+
 @dataclass(frozen=True)
 class Entry:
     """One collective (or point-to-point op) as one rank recorded it."""
@@ -59,8 +72,14 @@ class Entry:
 
     @property
     def signature(self) -> tuple:
-        """What every member must agree on for the collective to match."""
-        return self.op, self.input_sizes, self.input_dtypes, self.output_sizes, self.output_dtypes
+        """What every member must agree on for the collective to match: the op and its dtypes;
+        the shapes only where the collective needs them equal on every member — an all_to_all's
+        per-rank split sizes, a gather's or scatter's lists (and an op not known here) differ by
+        design (a real MoE job's all_to_all was "confirmed" a divergence for them)."""
+        if equal_shapes(self.op):
+            return self.op, self.input_sizes, self.input_dtypes, self.output_sizes, self.output_dtypes
+        return (self.op, (), tuple(sorted(set(self.input_dtypes))), (),
+                tuple(sorted(set(self.output_dtypes))))
 
     def where(self) -> str:
         """The innermost frame outside torch (frames run innermost first): the job's line that

@@ -50,6 +50,9 @@ class StuckCollective:
     #: stuck collective — members that never came, if they are members
     strangers: list[int] = field(default_factory=list)
     consequence: bool = False  # every rank it waits for waits in another stuck collective
+    #: arrived members for which it is the first collective they issued and never saw complete
+    #: (where they really wait; their later ones are queued behind it)
+    heads: int = 0
     #: where the ranks that never joined last issued a collective (any group: where they went), then
     #: where the waiting ranks issued this one — each distinct stack once, with its ranks (``_stacks``)
     stacks: list[dict] = field(default_factory=list)
@@ -72,7 +75,8 @@ def _dims(sizes: tuple) -> str:
 
 def _show(sig: tuple) -> str:
     op, isz, idt = sig[:3]
-    return f"{op.split(':')[-1]} [{_dims(isz)}] {','.join(idt)}"
+    shape = f" [{_dims(isz)}]" if isz else ""  # no shapes where the op's members differ by design
+    return f"{op.split(':')[-1]}{shape} {','.join(idt)}"
 
 
 def _is_default(group: str, desc: str) -> bool:
@@ -99,14 +103,29 @@ def stuck_collectives(ds: DumpSet) -> list[StuckCollective]:
         if s is not None:
             s.listed = default or g in listed
             out.append(s)
+    head = {}  # rank → (group, seq) of the first collective it issued and never saw complete
+    for r, d in ds.dumps.items():
+        open_ = [e for e in d.entries if not e.is_p2p and e.state in ("scheduled", "started")]
+        if open_:
+            first = min(open_, key=lambda e: e.record_id)
+            head[r] = (first.group, first.seq)
     waiting = {r for s in out for r in s.arrived}
     for s in out:
+        s.heads = sum(1 for r in s.arrived if head.get(r) == (s.group, s.seq))
         s.culprits = sorted(set(s.behind) - waiting)
         s.consequence = bool(s.behind) and not s.culprits and not s.mismatch and not s.no_dump
         if not s.listed and not s.behind and not s.mismatch:
             # a rank with no readable dump may be a member too: it is a stranger like an idle one
             others = (set(ds.dumps) | set(ds.unreadable) | set(ds.missing)) - set(s.members) - waiting
             s.strangers = sorted(others)
+    # the wavefront: where some rank is behind and waits nowhere, has no dump, or issued another
+    # collective, a collective every member issued and none completed is blocked behind it (NCCL
+    # runs a rank's collectives in order: its later ones never start) — that fault's consequence,
+    # not a fault of its own (a real 16-rank MoE dump set gave 19 such incidents for one dead rank)
+    if any(s.culprits or s.no_dump or s.mismatch or s.strangers for s in out):
+        for s in out:
+            if not (s.behind or s.no_dump or s.mismatch or s.strangers):
+                s.consequence = True
     return out
 
 
@@ -152,7 +171,8 @@ def _stuck_in(ds: DumpSet, g: str, desc: str, members: list[int]) -> StuckCollec
         for v in sigs.values():
             counts[v] = counts.get(v, 0) + 1
         common = max(counts, key=lambda v: counts[v])
-        mismatch = {r: v for r, v in sigs.items() if v != common}
+        e_of = {r: by_rank[r][seq] for r in sigs}  # shown as issued, shapes included
+        mismatch = {r: (e_of[r].op, e_of[r].input_sizes, e_of[r].input_dtypes) for r, v in sigs.items() if v != common}
         first = next(by_rank[r][seq] for r in arrived if seq in by_rank[r] and sigs[r] == common)
     last = {}
     for r in behind:
@@ -262,16 +282,17 @@ def hang_incidents(ds: DumpSet, stuck: list[StuckCollective] | None = None, step
             v = _verdict(s, ds)
             key = (v.state, tuple(v.culprits)) if v.culprits and not s.mismatch else ("own", s.group, s.seq)
             grouped.setdefault(key, []).append(v)
-    out = []
-    for same in grouped.values():
+    out: list[Incident] = []
+    faults = _merged(list(grouped.values()))
+    for same in faults:
         # rank 3 never joined its pair's all-reduce, where rank 2 waits; 0 and 1 wait for both in the
         # world's: the pair's says it without a victim in between
-        v = max(same, key=lambda x: (x.direct, len(x.stuck.arrived), -x.stuck.seq))
+        v = max(same, key=lambda x: (x.direct, x.stuck.heads, len(x.stuck.arrived), -x.stuck.seq))
         s, others = v.stuck, [x.stuck for x in same if x is not v]
         waiting = set().union(*(x.arrived for x in [s, *others])) | set(v.culprits)
         ev: list[dict] = [{"level": Level.FLIGHT_RECORDER, "kind": EvidenceKind.STUCK_COLLECTIVE, **x.to_json()} for x in [s, *others]]
         ev += [{"level": Level.FLIGHT_RECORDER, "kind": EvidenceKind.CONSEQUENCE, **c.to_json()} for c in stuck
-               if c.consequence and set(c.behind) & waiting]
+               if c.consequence and (set(c.behind) & waiting or not c.behind and _home(c, faults) is same)]
         ev += [{"level": Level.FLIGHT_RECORDER, "kind": EvidenceKind.UNREADABLE_DUMP, "rank": r, "why": why}
                for r, why in sorted(ds.unreadable.items()) if r in set(s.members) | set(v.culprits)]
         also = (f"; {', '.join(map(_name, others))} wait{'s' * (len(others) == 1)} for "
@@ -280,3 +301,41 @@ def hang_incidents(ds: DumpSet, stuck: list[StuckCollective] | None = None, step
                             100.0, None, Action.CHECKPOINT_AND_RESTART, ev, [step] if step >= 0 else [],
                             v.summary + also))
     return out
+
+
+def _merged(groups: list[list[_Verdict]]) -> list[list[_Verdict]]:
+    """Verdict groups whose culprits overlap are one fault (rank 12 never joined one group's
+    collective, ranks 12 and 13 another's): one incident, led by the most certain and the fewest
+    culprits; a mismatch or a collective of its own stays apart."""
+    def rank(vs: list[_Verdict]) -> tuple:
+        v = vs[0]
+        return (v.state != State.CONFIRMED, len(v.culprits), v.stuck.seq)
+
+    kept: list[list[_Verdict]] = []
+    for vs in sorted(groups, key=rank):
+        culprits = set(vs[0].culprits)
+        home = next((k for k in kept if culprits and not vs[0].stuck.mismatch and not k[0].stuck.mismatch
+                     and culprits & set(k[0].culprits)), None)
+        if home is None:
+            kept.append(list(vs))
+        else:
+            home.extend(v for v in vs if v not in home)
+    # the first verdict of each list leads: keep the lead's culprits for the merged ones
+    for k in kept:
+        lead = k[0]
+        for v in k[1:]:
+            v.culprits = lead.culprits
+            v.state = lead.state
+    return kept
+
+
+def _home(c: StuckCollective, faults: list[list[_Verdict]]) -> list[_Verdict] | None:
+    """Where a collective every member issued, blocked behind a fault elsewhere, is told: the
+    fault whose culprits or waiting ranks share the most of its members (then the first)."""
+    best, score = None, -1
+    for vs in faults:
+        ranks = set(vs[0].culprits).union(*(v.stuck.arrived for v in vs))
+        n = len(ranks & set(c.members))
+        if n > score:
+            best, score = vs, n
+    return best

@@ -246,3 +246,67 @@ def test_with_the_jobs_store_the_culprit_gets_its_host_and_the_incident_is_store
     assert inc["hosts"] == [str(attempt.topology().hosts[3])] and inc["window"]["start_step"] == 6
     rows = attempt.read("incidents").to_pylist()
     assert [(r["class"], list(r["culprit_ranks"])) for r in rows] == [("hang", [3])]
+
+
+def test_one_dead_rank_of_a_many_group_moe_job_is_one_incident(tmp_path):
+    """Megatron-style NCCL dumps (tp=2, ep=4, pp=4; tests/flight_recorder/megatron_dumps.py): rank
+    12 never joins its expert-tensor group's _allgather_base. The collectives blocked behind it —
+    issued by every member of their groups, completed by none, expert all_to_alls of unequal
+    splits among them — are that incident's consequences, not incidents (a real dump set of this
+    shape gave 23 incidents, 3 of them "confirmed" divergences of the all_to_all's splits)."""
+    from tests.flight_recorder.megatron_dumps import write
+
+    ds = read_dumps([write(tmp_path / "d", dead=12)])
+    assert not any(s.mismatch for s in stuck_collectives(ds))
+    (inc,) = hang_incidents(ds)
+    assert (inc.culprit_ranks, inc.state) == ([12], "confirmed")
+    assert inc.summary.startswith("rank 12 never joined _allgather_base #6 of EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP")
+    consequences = [e for e in inc.evidence if e["kind"] == "consequence"]
+    descs = {e["group_desc"] for e in consequences}
+    assert {"TENSOR_MODEL_PARALLEL_GROUP", "EXPERT_MODEL_PARALLEL_GROUP", "PIPELINE_MODEL_PARALLEL_GROUP"} <= descs
+    assert len(consequences) >= 10 and check_evidence(inc.evidence) == []
+
+
+def test_a_dead_rank_without_a_dump_is_one_suspected_incident(tmp_path):
+    """The same job with rank 12's dump missing (killed before it could write): one incident,
+    rank 12 suspected (no dump is not proof), everything else its consequence."""
+    from tests.flight_recorder.megatron_dumps import write
+
+    ds = read_dumps([write(tmp_path / "d", dead=12, without=(12,))])
+    assert ds.missing == [12]
+    (inc,) = hang_incidents(ds)
+    assert (inc.culprit_ranks, inc.state) == ([12], "suspected") and "no readable dump" in inc.summary
+
+
+@pytest.mark.parametrize("dead", [0, 7])
+def test_the_dead_rank_is_named_wherever_it_sits(tmp_path, dead):
+    from tests.flight_recorder.megatron_dumps import write
+
+    (inc,) = hang_incidents(read_dumps([write(tmp_path / "d", dead=dead)]))
+    assert (inc.culprit_ranks, inc.state) == ([dead], "confirmed")
+
+
+def test_an_all_to_all_of_unequal_splits_is_no_mismatch_but_another_dtype_is(tmp_path):
+    """Per-rank split sizes differ by design; a member that sends another dtype cannot match."""
+    def a2a(rank: int, dtype: str = "BFloat16") -> list:
+        return [(1, "nccl:all_to_all", [64 + 8 * rank, 1024], dtype, "completed"),
+                (2, "nccl:all_to_all", [96 - 8 * rank, 1024], dtype, "started")]
+
+    ds = read_dumps([_write(tmp_path / "a", {r: _nccl(r, a2a(r)) for r in range(4)})])
+    (inc,) = hang_incidents(ds)
+    assert inc.culprit_ranks == [] and "none completed" in inc.summary
+    odd = {r: _nccl(r, a2a(r, "Float" if r == 3 else "BFloat16")) for r in range(4)}
+    odd[3]["entries"][0]["input_dtypes"] = odd[3]["entries"][0]["output_dtypes"] = ["BFloat16"]  # #1 matched
+    (inc,) = hang_incidents(read_dumps([_write(tmp_path / "b", odd)]))
+    assert (inc.culprit_ranks, inc.state) == ([3], "confirmed") and "rank 3: all_to_all [72x1024] Float" in inc.summary
+
+
+def test_the_cli_tells_one_hang_and_counts_what_is_blocked_behind_it(tmp_path):
+    from tests.flight_recorder.megatron_dumps import write
+
+    done = _cli(str(write(tmp_path / "d", dead=12)))
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.count("hang (") == 1 and "rank 12 never joined" in done.stdout
+    text = " ".join(done.stdout.split())
+    assert "blocked behind it, issued by every member: 7 × all_reduce of TENSOR_MODEL_PARALLEL_GROUP" in text
+    assert "waits for ," not in text
