@@ -275,9 +275,10 @@ def run(args: argparse.Namespace) -> int:
     joblog = None
     if not args.no_job_log:
         try:
-            from argus.joblog import JobLog
+            from argus.joblog import JobLog, local_rank_offset
 
-            joblog = JobLog(args.store, args.host, kernel_log=None if args.kernel_log == "off" else args.kernel_log)
+            joblog = JobLog(args.store, args.host, kernel_log=None if args.kernel_log == "off" else args.kernel_log,
+                            local_offset=local_rank_offset(cmd))
         except Exception as exc:  # noqa: BLE001 - the command runs as it would without us
             print(f"argus run: job log channel off ({exc})", file=sys.stderr)
     try:

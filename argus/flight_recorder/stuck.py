@@ -103,15 +103,15 @@ def stuck_collectives(ds: DumpSet) -> list[StuckCollective]:
         if s is not None:
             s.listed = default or g in listed
             out.append(s)
-    head = {}  # rank → (group, seq) of the first collective it issued and never saw complete
-    for r, d in ds.dumps.items():
-        open_ = [e for e in d.entries if not e.is_p2p and e.state in ("scheduled", "started")]
+    head: dict[int, tuple[str, int]] = {}  # rank → the first collective it issued and never saw complete
+    for rank, dump in ds.dumps.items():
+        open_ = [e for e in dump.entries if not e.is_p2p and e.state in ("scheduled", "started")]
         if open_:
             first = min(open_, key=lambda e: e.record_id)
-            head[r] = (first.group, first.seq)
+            head[rank] = (first.group, first.seq)
     waiting = {r for s in out for r in s.arrived}
     for s in out:
-        s.heads = sum(1 for r in s.arrived if head.get(r) == (s.group, s.seq))
+        s.heads = sum(1 for a in s.arrived if head.get(a) == (s.group, s.seq))
         s.culprits = sorted(set(s.behind) - waiting)
         s.consequence = bool(s.behind) and not s.culprits and not s.mismatch and not s.no_dump
         if not s.listed and not s.behind and not s.mismatch:

@@ -5,10 +5,12 @@ store's ``logs`` table, with what the host's kernel log says meanwhile (GPU Xids
 NIC links down: ``kernel.py``); the diagnosis puts them next to its incidents."""
 
 from argus.joblog.kernel import KMSG, KernelLog, parse_kernel_line
+from argus.joblog.launch import local_rank_offset
 from argus.joblog.record import JobLog, events_table
 from argus.joblog.scanner import LogEvent, LogScanner
 from argus.joblog.signatures import FAIL_STOP_KINDS, KERNEL_SIGNATURES, SIGNATURES, LogKind, Signature
 from argus.joblog.tee import Tee, job_streams
 
 __all__ = ["JobLog", "events_table", "LogEvent", "LogScanner", "FAIL_STOP_KINDS", "SIGNATURES", "KERNEL_SIGNATURES",
-           "LogKind", "Signature", "Tee", "job_streams", "KMSG", "KernelLog", "parse_kernel_line"]
+           "LogKind", "Signature", "Tee", "job_streams", "KMSG", "KernelLog", "parse_kernel_line",
+           "local_rank_offset"]

@@ -41,10 +41,13 @@ def events_table(events: list[LogEvent], other: dict[tuple[int, str], int], host
 class JobLog:
     """Streams for the job (``popen_kwargs``), the tee threads, and the flushes into the store."""
 
-    def __init__(self, store: str, host: str, flush_s: float = 5.0, kernel_log: str | None = None):
-        """``kernel_log``: the host's kernel log to read alongside (``kernel.KMSG``; None: not read)."""
+    def __init__(self, store: str, host: str, flush_s: float = 5.0, kernel_log: str | None = None,
+                 local_offset: int | None = None):
+        """``kernel_log``: the host's kernel log to read alongside (``kernel.KMSG``; None: not read);
+        ``local_offset``: the global rank of the node's local rank 0, where the launch says it
+        (``launch.local_rank_offset``)."""
         self.store, self.host, self.flush_s = store, host, flush_s
-        self.scanner = LogScanner(pid_rank=self._pid_rank)
+        self.scanner = LogScanner(pid_rank=self._pid_rank, local_offset=local_offset)
         self.kernel = KernelLog(kernel_log) if kernel_log else None
         self._streams = job_streams()
         self._tees: list[Tee] = []

@@ -31,7 +31,9 @@ MAX_LINE = 64 << 10
 MAX_EVENTS = 10_000
 MAX_TEXT = 500
 
-_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
+# ``[rank12]:`` (torch.distributed's global rank) and ``[default0]:`` (torchrun's tee: the worker
+# role, "default", and its LOCAL rank), often both: ``[default0]:[rank12]:[E…] …``
+_PREFIX = re.compile(r"^\[([A-Za-z_][\w-]{0,31}?)(\d+)\]:\s?")
 _PG_RANK = re.compile(r"\bRank (\d+)\b")
 # NCCL's prefix: ``host:pid:tid [dev] NCCL INFO``; a WARN names its source line too (``[dev] misc/socket.cc:484 NCCL WARN``)
 _NCCL_PID = re.compile(r"^[\w.\-]+:(\d+):\d+ \[\d+\] (?:[\w./\-]+:\d+ )?NCCL")
@@ -64,8 +66,14 @@ class LogScanner:
     """Thread-safe: each stream feeds from its own thread."""
 
     def __init__(self, pid_rank: Callable[[int], int | None] | None = None,
-                 clock: Callable[[], int] = time.time_ns, max_events: int = MAX_EVENTS):
+                 clock: Callable[[], int] = time.time_ns, max_events: int = MAX_EVENTS,
+                 local_offset: int | None = None):
+        """``local_offset``: the global rank of local rank 0 on this node, where the launch says it
+        (``launch.local_rank_offset``); None: a ``[default3]`` line's rank is not known, its local
+        rank is kept in the text (a multi-node log's ``[default0]`` is local rank 0 of every node)."""
         self.pid_rank = pid_rank
+        self.local_offset = local_offset
+        self._note = ""  # the line's unmapped local rank, said in its event's text
         self.clock = clock
         self.max_events = max_events
         self._lock = threading.Lock()
@@ -119,12 +127,26 @@ class LogScanner:
             self.dropped += 1
             return
         self.events += 1
-        self.pending.append(LogEvent(self.clock(), rank, stream, kind, severity, text[:MAX_TEXT], pid))
+        self.pending.append(LogEvent(self.clock(), rank, stream, kind, severity, (self._note + text)[:MAX_TEXT], pid))
 
     def _rank_of(self, line: str) -> tuple[int, str]:
-        m = _PREFIX.match(line)
-        if m:
-            return int(m.group(1)), line[m.end():]
+        rank = local = None
+        while (m := _PREFIX.match(line)) is not None:
+            if m.group(1) == "rank":
+                rank = int(m.group(2))
+            elif local is None:
+                local = int(m.group(2))
+            line = line[m.end():]
+        if rank is not None:
+            return rank, line
+        self._note = ""
+        if local is not None:
+            if self.local_offset is not None:
+                return self.local_offset + local, line
+            self._note = f"[local rank {local}] "  # the node's, not the job's: kept as such in the text
+        return self._unprefixed(line)
+
+    def _unprefixed(self, line: str) -> tuple[int, str]:
         m = _NCCL_PID.match(line)
         if m and self.pid_rank is not None:
             r = self.pid_rank(int(m.group(1)))

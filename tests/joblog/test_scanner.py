@@ -12,7 +12,7 @@ def _kinds(s: LogScanner) -> list[tuple[int, str, str]]:
 
 
 def test_signatures_and_the_ranks_lines_carry():
-    s = LogScanner(pid_rank={4242: 5}.get)
+    s = LogScanner(pid_rank={4242: 5}.get, local_offset=0)  # one node: local ranks are global
     s.feed("stderr", b"node-3:4242:4290 [1] NCCL WARN NET/IB : Got completion from peer with error 12\n")
     s.feed("stderr", b"[rank2]:[E1203 ProcessGroupNCCL.cpp:632] [Rank 2] Watchdog caught collective operation "
                      b"timeout: WorkNCCL(SeqNum=51, OpType=ALLREDUCE) ran for 600018 milliseconds\n")
@@ -160,3 +160,33 @@ def test_a_long_line_of_signature_words_costs_one_pass():
         s.feed("stdout", line[:MAX_LINE - 1] + b"\n")
     assert time.process_time() - t0 < 2.0  # was ~10 s; now a few ms
     assert s.take()[1] == {(-1, "stdout"): 5}
+
+
+def test_torchruns_local_prefix_yields_to_the_global_rank_and_stays_local_without_the_nodes_place():
+    """A real multi-node torchrun log line: ``[default0]`` is local rank 0 of its node, ``[rank12]``
+    the job's rank — the ECC error is rank 12's (it was blamed on rank 0)."""
+    line = (b"[default0]:[rank12]:[E1203 10:41:07.123 ProcessGroupNCCL.cpp:1484] [PG ID 0 PG GUID 0(default_pg) "
+            b"Rank 12] Process group watchdog thread terminated with exception: CUDA error: uncorrectable ECC "
+            b"error encountered\n")
+    s = LogScanner()
+    s.feed("stderr", line)
+    s.feed("stderr", b"[default3]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    got = _kinds(s)
+    assert [(r, k) for r, k, _ in got] == [(12, "cuda_error"), (-1, "oom")]
+    assert got[0][2].startswith("[E1203") and got[1][2].startswith("[local rank 3] torch.OutOfMemoryError")
+    s = LogScanner(local_offset=8)  # node rank 1 of nodes of 8 (the launch said so)
+    s.feed("stderr", b"[default3]:torch.OutOfMemoryError: CUDA out of memory.\n")
+    assert [(r, k) for r, k, _ in _kinds(s)] == [(11, "oom")]
+
+
+def test_where_a_launch_puts_its_nodes_local_ranks():
+    from argus.joblog.launch import local_rank_offset as offset
+
+    assert offset(["python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m", "x"]) == 0
+    assert offset(["torchrun", "--nnodes=1", "--nproc_per_node=8", "train.py"]) == 0
+    assert offset(["torchrun", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "8", "train.py"]) == 8
+    assert offset(["torchrun", "--nnodes=2", "--node_rank=1", "--nproc_per_node=8", "train.py"]) == 8
+    assert offset(["torchrun", "--nnodes=1:4", "--nproc_per_node=8", "train.py"]) is None  # elastic: not said
+    assert offset(["torchrun", "--nproc_per_node=gpu", "--node_rank=1", "train.py"]) is None
+    assert offset(["torchrun", "train.py", "--node_rank=3", "--nproc_per_node=2"]) is None  # the script's own flags
+    assert offset(["python", "train.py"]) is None
