@@ -32,7 +32,8 @@ _FAIL_STOP = ("exception", "cuda_error", "oom", "xid", "killed", "worker_failed"
 _RELEVANT = {
     IncidentClass.LINK_DEGRADATION: ("nccl_warn", "nccl_connect", "nccl_error", "watchdog_timeout", "peer_lost",
                                      "nic_down"),
-    IncidentClass.HANG: ("watchdog_timeout", "peer_lost", "nccl_error", "nccl_connect", "nccl_warn", *_FAIL_STOP),
+    IncidentClass.HANG: ("desync", "watchdog_timeout", "peer_lost", "nccl_error", "nccl_connect", "nccl_warn",
+                         *_FAIL_STOP),
     IncidentClass.HOST_STALL: ("dataloader", "oom"),
     IncidentClass.COMPUTE_STRAGGLER: ("xid", "cuda_error"),
 }
@@ -140,6 +141,7 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
             inc.evidence = [*inc.evidence, {"level": Level.LOG, "kind": EvidenceKind.LOG_LINES, "events": [
                 _shown(e, step(e)) for e in shown], "total": len(mine)}]
     failed = [e for e in events if e["kind"] in _FAIL_STOP and e["rank"] >= 0]
+    _desync(events, topology, incidents, failed, step)
     if not failed:
         return incidents
     hang = next((i for i in incidents if i.klass == IncidentClass.HANG), None)
@@ -163,3 +165,39 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
                               Severity.CRITICAL, 100.0, None, Action.CHECKPOINT_AND_RESTART, evidence,
                               [at] if at >= 0 else [], summary))
     return incidents
+
+
+def _desync(events: list[dict[str, Any]], topology: Topology, incidents: list[Incident], failed: list[dict[str, Any]],
+            step: Callable[[dict[str, Any]], int]) -> None:
+    """PyTorch's desync report names the ranks a collective timeout waited for: it corroborates a
+    hang that names them, and is the hang's incident where none was raised and no rank's own
+    failure explains it (the watchdog's rank 0 only waited)."""
+    desync = [e for e in events if e["kind"] == "desync" and e["rank"] >= 0]
+    if not desync:
+        return
+    named = sorted({int(e["rank"]) for e in desync})
+    hang = next((i for i in incidents if i.klass == IncidentClass.HANG), None)
+    if hang is not None:
+        if set(hang.culprit_ranks) == set(named):
+            hang.summary += f"; PyTorch's desync report names the same rank{'s' * (len(named) > 1)}"
+        else:
+            hang.summary += f"; PyTorch's desync report names rank{'s' * (len(named) > 1)} {', '.join(map(str, named[:8]))}"
+        return
+    if set(named) <= {int(e["rank"]) for e in failed}:
+        return  # the ranks said themselves why they stopped: that fail-stop tells it
+    first = desync[0]
+    ok = [r for r in named if 0 <= r < len(topology.hosts)]
+    waited = sorted({int(e["rank"]) for e in events if e["kind"] == "watchdog_timeout" and e["rank"] >= 0} - set(named))
+    at = step(first)
+    summary = (f"{'rank' if len(named) == 1 else 'ranks'} {', '.join(map(str, named[:8]))} held up a collective: "
+               f"{first['text'].split(': ', 1)[-1]}"
+               + (f"; rank{'s' * (len(waited) > 1)} {', '.join(map(str, waited[:8]))} timed out waiting" if waited
+                  else "")
+               + " (PyTorch's desync report; suspected until the dumps or the ranks' own state confirm it)")
+    evidence = [{"level": Level.LOG, "kind": EvidenceKind.LOG_LINES, "events": [
+        _shown(e, step(e)) for e in [*desync, *[e for e in events if e["kind"] == "watchdog_timeout"]][:MAX_SHOWN]],
+        "total": len(desync)}]
+    incidents.append(Incident(IncidentClass.HANG, named, sorted({str(topology.hosts[r]) for r in ok}),
+                              [str(topology.gpu_uuids[r]) for r in ok], at, at, "desync", [], State.SUSPECTED,
+                              Severity.CRITICAL, 100.0, None, Action.CHECKPOINT_AND_RESTART, evidence,
+                              [at] if at >= 0 else [], summary))

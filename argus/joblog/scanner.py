@@ -39,6 +39,15 @@ _PG_RANK = re.compile(r"\bRank (\d+)\b")
 _NCCL_PID = re.compile(r"^[\w.\-]+:(\d+):\d+ \[\d+\] (?:[\w./\-]+:\d+ )?NCCL")
 _REPORT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
 _REPORT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)\)")
+# ProcessGroupNCCL's desync report (TORCH_NCCL_DESYNC_DEBUG): "… the lagging/dead/mismatched ranks
+# that caused the desync are: [7] finished collective #182, but didn't join collective #183 …"
+# Its lines after "are:" list ranks by state ("   - [47] joined but didn't finish collective #41207");
+# a rank that never came: "ranks [47] are the lagging ranks that caused this timeout"
+_DESYNC = re.compile(r"ranks that caused the desync are:\s*(.{0,400})")
+_DESYNC_RANKS = re.compile(r"^\s*-?\s*\[([\d,\s]{1,2000})\]\s*(.{0,300})")
+_DESYNC_NEVER = re.compile(r"ranks \[([\d,\s]{1,2000})\] are the lagging ranks that caused this timeout")
+#: lines after the desync report's header that may list its ranks
+_DESYNC_LINES = 4
 _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+), in (.+)$')
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 _LAUNCHER_EXC = ("ChildFailedError", "SignalException")
@@ -80,6 +89,7 @@ class LogScanner:
         self._partial: dict[str, bytearray] = {}
         self._tracebacks: dict[tuple[str, int], _Traceback] = {}
         self._report_rank: int | None = None
+        self._desync_after: dict[tuple[str, int], int] = {}  # lines left that may list a desync's ranks
         self.pending: list[LogEvent] = []  # not yet taken by the caller
         self.events = 0
         self.dropped = 0  # events past max_events
@@ -182,12 +192,46 @@ class LogScanner:
                            f"rank {self._report_rank} (pid {pid}) exited with code {code}")
             self._report_rank = None
             return
+        if self._desync_report(stream, rank, line):
+            return
         for sig in SIGNATURES:
             if sig.pattern.search(line):
                 m = _NCCL_PID.match(line) if rank < 0 else None
                 self._emit(rank, stream, sig.kind, sig.severity, line.strip(), int(m.group(1)) if m else -1)
                 return
         self.other[(rank, stream)] = self.other.get((rank, stream), 0) + 1
+
+    def _desync_report(self, stream: str, rank: int, line: str) -> bool:
+        """PyTorch's desync report: one ``desync`` event per rank it names (the culprits; the rank
+        that printed it only waited for them), from its header line or the few lines after it."""
+        key = (stream, rank)
+        m = _DESYNC.search(line)
+        if m:
+            self._desync_after[key] = _DESYNC_LINES
+            listed = _DESYNC_RANKS.match(m.group(1))
+            if listed:
+                self._desync(stream, rank, listed)
+            return True
+        m = _DESYNC_NEVER.search(line)
+        if m:
+            self._desync(stream, rank, m, "never joined any collective")
+            return True
+        left = self._desync_after.get(key, 0)
+        if left <= 0:
+            return False
+        self._desync_after[key] = left - 1
+        listed = _DESYNC_RANKS.match(line)
+        if listed is None or "..." in listed.group(0):
+            return False  # the report's other lines (its snapshot of every rank), or an elided list
+        self._desync(stream, rank, listed)
+        return True
+
+    def _desync(self, stream: str, rank: int, m: re.Match, what: str | None = None) -> None:
+        named = sorted({int(x) for x in re.findall(r"\d+", m.group(1))})[:64]
+        said = what or m.group(2).strip()
+        by = f" (printed by rank {rank})" if rank >= 0 else ""
+        for r in named:
+            self._emit(r, stream, LogKind.DESYNC, "error", f"PyTorch's desync report{by}: ranks {named} {said}")
 
     def _traceback(self, stream: str, rank: int, line: str) -> bool:
         """Whether ``line`` belongs to an uncaught traceback (its last line becomes the event)."""

@@ -29,6 +29,9 @@ class LogKind(StrEnum):
     STOPPED = "stopped"  # a rank the launcher stopped (SIGTERM/SIGINT) after another failed: a victim
     NIC_DOWN = "nic_down"  # the kernel says a network port lost its link (the host's kernel log)
     CHECKPOINT = "checkpoint"  # the job says it saved (or is saving) a checkpoint, and where: ``path`` group
+    #: PyTorch's desync report names the ranks that caused a collective timeout (one event per
+    #: rank it names, whichever rank printed it: the scanner's ``DESYNC``)
+    DESYNC = "desync"
     OTHER = "other"  # lines no signature matched: kept only as counts
 
 

@@ -130,3 +130,19 @@ def test_nvml_xid_rows_of_the_store_are_a_fail_stop_counted_once_with_the_kernel
     (inc,) = with_job_log(attempt, topology, [], lambda r, ts: 5)
     assert inc.culprit_ranks == [6] and _lines(inc)["total"] == 1
     assert _lines(inc)["events"][0]["text"].startswith("NVRM: Xid (PCI:0000:3b:00): 79")
+
+
+def test_pytorchs_desync_report_names_the_hang_not_the_rank_whose_watchdog_printed_it():
+    """Rank 0's watchdog times out and its desync report names rank 7: one hang on rank 7,
+    suspected (PyTorch's word, no dump yet); with a hang already on rank 7 it corroborates it."""
+    events = [_event(0, 60, "watchdog_timeout", "[Rank 0] Watchdog caught collective operation timeout"),
+              _event(7, 60.1, "desync", "PyTorch's desync report (printed by rank 0): ranks [7] finished collective "
+                                        "#182, but didn't join collective #183 (count from 1)")]
+    (inc,) = correlate(list(events), TOPOLOGY, [], step_of_ts)
+    assert (inc.klass, inc.culprit_ranks, inc.hosts, inc.state) == ("hang", [7], ["node-0001"], "suspected")
+    assert inc.summary.startswith("rank 7 held up a collective: ranks [7] finished collective #182, but didn't join")
+    assert "; rank 0 timed out waiting" in inc.summary and _lines(inc)["total"] == 1
+    hang = _incident(IncidentClass.HANG, [7], [], start=59, end=59)
+    assert correlate(list(events), TOPOLOGY, [hang], step_of_ts) == [hang]
+    assert hang.summary.endswith("PyTorch's desync report names the same rank")
+    assert [e["kind"] for e in _lines(hang)["events"]] == ["watchdog_timeout", "desync"]

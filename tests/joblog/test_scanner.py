@@ -190,3 +190,25 @@ def test_where_a_launch_puts_its_nodes_local_ranks():
     assert offset(["torchrun", "--nproc_per_node=gpu", "--node_rank=1", "train.py"]) is None
     assert offset(["torchrun", "train.py", "--node_rank=3", "--nproc_per_node=2"]) is None  # the script's own flags
     assert offset(["python", "train.py"]) is None
+
+
+def test_pytorchs_desync_report_names_its_ranks_not_the_rank_that_printed_it():
+    """On one line (as a public bug report quotes it), over several (as TraceUtils prints it), and
+    for a rank that never joined: each named rank gets a ``desync`` event; rank 0 only waited."""
+    s = LogScanner()
+    s.feed("stderr", b"[rank0]:[E1204 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: "
+                     b"WorkNCCL(SeqNum=183, OpType=ALLREDUCE) ran for 600041 milliseconds before timing out.\n"
+                     b"[rank0]:[E1204 ProcessGroupNCCL.cpp:1412] [PG ID 0 PG GUID 0(default_pg) Rank 0] To our best "
+                     b"knowledge, the lagging/dead/mismatched ranks that caused the desync are: [7] finished "
+                     b"collective #182, but didn't join collective #183 (count from 1)\n")
+    got = _kinds(s)
+    assert [(r, k) for r, k, _ in got] == [(0, "watchdog_timeout"), (7, "desync")]
+    assert "printed by rank 0" in got[1][2] and "didn't join collective #183" in got[1][2]
+    s.feed("stderr", b"[rank3]: - To our best knowledge, the lagging/dead/mismatched ranks that caused the desync are:\n"
+                     b"[rank3]:   - [5, 9] joined but didn't finish collective #41207 (count from 1)\n"
+                     b"[rank3]:     [0, 1, 2, ...] finished collective #41207, but didn't join collective #41208\n"
+                     b"[rank3]: - Snapshot of ranks' latest states:\n")
+    assert [(r, k) for r, k, _ in _kinds(s)] == [(5, "desync"), (9, "desync")]
+    s.feed("stderr", b"[rank1]: - To our best knowledge, ranks [47] are the lagging ranks that caused this timeout.\n")
+    (ev,) = _kinds(s)
+    assert ev[:2] == (47, "desync") and "never joined" in ev[2]
