@@ -29,6 +29,8 @@ __all__ = ["with_job_log", "correlate", "job_events", "load_log_events", "load_n
            "XID_SAME_NS"]
 
 _FAIL_STOP = ("exception", "cuda_error", "oom", "xid", "killed", "worker_failed")
+#: failures a rank's own lines state (the launcher's exit-code report only says that it ended)
+_SELF_STATED = ("exception", "cuda_error", "oom", "xid")
 _RELEVANT = {
     IncidentClass.LINK_DEGRADATION: ("nccl_warn", "nccl_connect", "nccl_error", "watchdog_timeout", "peer_lost",
                                      "nic_down"),
@@ -141,6 +143,12 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
             inc.evidence = [*inc.evidence, {"level": Level.LOG, "kind": EvidenceKind.LOG_LINES, "events": [
                 _shown(e, step(e)) for e in shown], "total": len(mine)}]
     failed = [e for e in events if e["kind"] in _FAIL_STOP and e["rank"] >= 0]
+    # a rank whose own last words are a lost peer ("Connection closed by peer") and that the
+    # launcher then reports failed (exit code 1) died of another rank's failure: a victim
+    stated = {int(e["rank"]) for e in failed if e["kind"] in _SELF_STATED}
+    lost = {int(e["rank"]) for e in events if e["kind"] == "peer_lost" and e["rank"] >= 0}
+    if stated:
+        failed = [e for e in failed if int(e["rank"]) in stated or int(e["rank"]) not in lost]
     _desync(events, topology, incidents, failed, step)
     if not failed:
         return incidents

@@ -74,6 +74,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "in its latest attempt next to the diagnosis")
     f.add_argument("--json", action="store_true", help="print the incidents as JSON on stdout")
     f.set_defaults(func=run_ingest_flight_recorder)
+    lg = fmt.add_parser(
+        "log", help="a finished job's logs (torchrun, Slurm, Kubernetes): who failed, who the others waited for",
+        description="Read a job's existing log files (or stdin: '-') with the scanner argus run uses live: "
+                    "uncaught exceptions, CUDA/ECC errors, out of memory, Xid, NCCL errors and warnings, watchdog "
+                    "timeouts, PyTorch's desync report, torchrun's failure report — each with the rank its line "
+                    "carries ([rank12], Rank 12, srun --label's task; torchrun's [default0] is a local rank, global "
+                    "only with --node-rank/--nproc-per-node). Prints one incident per fault; with --dumps, the "
+                    "Flight Recorder dumps of the same failure join the same verdict. Exit code 1 when the logs "
+                    "name a failure or a hang.")
+    lg.add_argument("paths", nargs="+", metavar="FILE", help="log files ('-': standard input)")
+    lg.add_argument("--dumps", nargs="+", metavar="PATH", help="the same failure's Flight Recorder dumps (files or "
+                                                               "directories)")
+    lg.add_argument("--world", type=int, help="ranks in the job (default: the highest rank seen + 1)")
+    lg.add_argument("--node-rank", type=int, help="the node these logs are from (torchrun's --node-rank): maps its "
+                                                  "[defaultN] local ranks to global ones, with --nproc-per-node")
+    lg.add_argument("--nproc-per-node", type=int, help="ranks per node (torchrun's --nproc-per-node)")
+    lg.add_argument("--store", help="the job's Argus store: the events are kept in its latest attempt's logs table "
+                                    "(argus diagnose then puts them next to its incidents), culprits get their hosts")
+    lg.add_argument("--json", action="store_true", help="print the events and incidents as JSON on stdout")
+    lg.set_defaults(func=run_ingest_log)
 
 
 class _ByteProgress:
@@ -242,3 +262,73 @@ def run_ingest_flight_recorder(args: argparse.Namespace) -> int:
         if r not in ds.unreadable:
             err.print(f"[yellow]missing[/yellow] no dump from rank {r}")
     return 1 if stuck else 0
+
+
+def run_ingest_log(args: argparse.Namespace) -> int:
+    import sys
+    from contextlib import ExitStack
+    from pathlib import Path
+
+    from argus.errors import ConfigError
+    from argus.joblog.offline import log_incidents, read_logs
+
+    for name in ("world", "nproc_per_node"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1 (got {v})")
+    if args.node_rank is not None and (args.node_rank < 0 or args.nproc_per_node is None):
+        raise ConfigError("--node-rank needs --nproc-per-node, and is at least 0")
+    offset = args.node_rank * args.nproc_per_node if args.node_rank is not None else None
+    attempt, topology = None, None
+    if args.store:
+        from argus.store import Store
+
+        attempt = Store.open(args.store).attempt()
+        topology = attempt.topology()
+    with ExitStack() as stack:
+        sources = []
+        for p in args.paths:
+            if p == "-":
+                sources.append(("<stdin>", sys.stdin.buffer))
+                continue
+            try:
+                sources.append((p, stack.enter_context(open(Path(p), "rb"))))
+            except OSError as exc:
+                raise ConfigError(f"{p}: cannot read it ({exc.strerror or exc})") from None
+        read = read_logs(sources, local_offset=offset, nproc_per_node=args.nproc_per_node)
+    incidents, ds = log_incidents(read, [Path(p) for p in args.dumps] if args.dumps else None, args.world, topology)
+    if attempt is not None and topology is not None and read.events:
+        import time as _time
+
+        from argus.store import conform
+
+        cols: dict[str, list] = {k: [] for k in ("rank", "ts_ns", "host", "stream", "kind", "severity", "text",
+                                                  "lines")}
+        base = _time.time_ns()  # ingested now; the input's order kept
+        for e in read.events:
+            host = str(topology.hosts[e["rank"]]) if 0 <= e["rank"] < topology.world_size else e["host"]
+            for k, v in zip(cols, (e["rank"], base + e["ts_ns"], host, "ingest", e["kind"], e["severity"], e["text"],
+                                   1)):
+                cols[k].append(v)
+        attempt.writer("ingest-log").write("logs", conform("logs", cols), window=len(attempt.files("logs")))
+    kinds: dict[str, int] = {}
+    for e in read.events:
+        kinds[e["kind"]] = kinds.get(e["kind"], 0) + 1
+    if args.json:
+        print(json.dumps({"lines": read.lines, "events": read.events, "unmatched_lines": read.other,
+                          "events_left_out": read.dropped, "srun_labelled": read.srun_labelled,
+                          "incidents": [i.to_json() for i in incidents]}, indent=2, default=str))
+    else:
+        out = stdout_console()
+        said = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: -kv[1])) or "none known"
+        out.print(f"{read.lines:,} lines read; events: {said}"
+                  + (f" (srun --label: {', '.join(map(term, read.srun_labelled))})" if read.srun_labelled else ""))
+        for inc in incidents:
+            where = f" on {', '.join(map(term, inc.hosts))}" if inc.hosts else ""
+            out.print(f"[bold red]{inc.klass}[/bold red] ({inc.state}){where} {term(inc.summary)}")
+        if not incidents:
+            out.print("no failure and no hang in these logs")
+        if attempt is not None and read.events:
+            out.print(f"events kept in {term(str(attempt.path))} (logs table): argus diagnose puts them next to its "
+                      "incidents")
+    return 1 if incidents else 0
