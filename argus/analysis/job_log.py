@@ -34,7 +34,7 @@ _SELF_STATED = ("exception", "cuda_error", "oom", "xid")
 _RELEVANT = {
     IncidentClass.LINK_DEGRADATION: ("nccl_warn", "nccl_connect", "nccl_error", "watchdog_timeout", "peer_lost",
                                      "nic_down"),
-    IncidentClass.HANG: ("desync", "watchdog_timeout", "peer_lost", "nccl_error", "nccl_connect", "nccl_warn",
+    IncidentClass.HANG: ("desync", "ras_behind", "watchdog_timeout", "peer_lost", "nccl_error", "nccl_connect", "nccl_warn",
                          *_FAIL_STOP),
     IncidentClass.HOST_STALL: ("dataloader", "oom"),
     IncidentClass.COMPUTE_STRAGGLER: ("xid", "cuda_error"),
@@ -149,7 +149,7 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
     lost = {int(e["rank"]) for e in events if e["kind"] == "peer_lost" and e["rank"] >= 0}
     if stated:
         failed = [e for e in failed if int(e["rank"]) in stated or int(e["rank"]) not in lost]
-    _desync(events, topology, incidents, failed, step)
+    _reported_hang(events, topology, incidents, failed, step)
     if not failed:
         return incidents
     hang = next((i for i in incidents if i.klass == IncidentClass.HANG), None)
@@ -175,25 +175,39 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
     return incidents
 
 
-def _desync(events: list[dict[str, Any]], topology: Topology, incidents: list[Incident], failed: list[dict[str, Any]],
+def _reported_hang(events: list[dict[str, Any]], topology: Topology, incidents: list[Incident], failed: list[dict[str, Any]],
             step: Callable[[dict[str, Any]], int]) -> None:
-    """PyTorch's desync report names the ranks a collective timeout waited for: it corroborates a
-    hang that names them, and is the hang's incident where none was raised and no rank's own
-    failure explains it (the watchdog's rank 0 only waited)."""
+    """PyTorch's desync report names the ranks a collective timeout waited for, NCCL's RAS report
+    the ranks behind on a communicator's count: they corroborate a hang that names them, and are
+    the hang's incident where none was raised and no rank's own failure explains it (the
+    watchdog's rank 0 only waited) — a RAS report only where two have the same ranks behind."""
     desync = [e for e in events if e["kind"] == "desync" and e["rank"] >= 0]
-    if not desync:
-        return
-    named = sorted({int(e["rank"]) for e in desync})
+    ras = [e for e in events if e["kind"] == "ras_behind" and e["rank"] >= 0]
     hang = next((i for i in incidents if i.klass == IncidentClass.HANG), None)
     if hang is not None:
-        if set(hang.culprit_ranks) == set(named):
-            hang.summary += f"; PyTorch's desync report names the same rank{'s' * (len(named) > 1)}"
-        else:
-            hang.summary += f"; PyTorch's desync report names rank{'s' * (len(named) > 1)} {', '.join(map(str, named[:8]))}"
+        for said, by in ((desync, "PyTorch's desync report"), (ras, "NCCL's RAS report")):
+            ranks = sorted({int(e["rank"]) for e in said})
+            if not ranks:
+                continue
+            if set(hang.culprit_ranks) == set(ranks):
+                hang.summary += f"; {by} names the same rank{'s' * (len(ranks) > 1)}"
+            else:
+                hang.summary += f"; {by} names rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks[:8]))}"
         return
+    if not desync:
+        # one RAS snapshot is no verdict (collectives outpace its query): the same ranks behind in
+        # two reports are
+        seen: dict[int, int] = {}
+        for e in ras:
+            seen[int(e["rank"])] = seen.get(int(e["rank"]), 0) + 1
+        desync = [e for e in ras if seen[int(e["rank"])] >= 2]
+        if not desync:
+            return
+    named = sorted({int(e["rank"]) for e in desync})
     if set(named) <= {int(e["rank"]) for e in failed}:
         return  # the ranks said themselves why they stopped: that fail-stop tells it
     first = desync[0]
+    source = "PyTorch's desync report" if first["kind"] == "desync" else "NCCL's RAS report, twice"
     ok = [r for r in named if 0 <= r < len(topology.hosts)]
     waited = sorted({int(e["rank"]) for e in events if e["kind"] == "watchdog_timeout" and e["rank"] >= 0} - set(named))
     at = step(first)
@@ -201,11 +215,11 @@ def _desync(events: list[dict[str, Any]], topology: Topology, incidents: list[In
                f"{first['text'].split(': ', 1)[-1]}"
                + (f"; rank{'s' * (len(waited) > 1)} {', '.join(map(str, waited[:8]))} timed out waiting" if waited
                   else "")
-               + " (PyTorch's desync report; suspected until the dumps or the ranks' own state confirm it)")
+               + f" ({source}; suspected until the dumps or the ranks' own state confirm it)")
     evidence = [{"level": Level.LOG, "kind": EvidenceKind.LOG_LINES, "events": [
         _shown(e, step(e)) for e in [*desync, *[e for e in events if e["kind"] == "watchdog_timeout"]][:MAX_SHOWN]],
         "total": len(desync)}]
     incidents.append(Incident(IncidentClass.HANG, named, sorted({str(topology.hosts[r]) for r in ok}),
-                              [str(topology.gpu_uuids[r]) for r in ok], at, at, "desync", [], State.SUSPECTED,
+                              [str(topology.gpu_uuids[r]) for r in ok], at, at, str(first["kind"]), [], State.SUSPECTED,
                               Severity.CRITICAL, 100.0, None, Action.CHECKPOINT_AND_RESTART, evidence,
                               [at] if at >= 0 else [], summary))

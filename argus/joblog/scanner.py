@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from argus.joblog.ras import RasBehind, RasParser
 from argus.joblog.signatures import SIGNATURES, LogKind
 
 __all__ = ["LogEvent", "LogScanner", "MAX_LINE", "MAX_EVENTS"]
@@ -90,6 +91,7 @@ class LogScanner:
         self._tracebacks: dict[tuple[str, int], _Traceback] = {}
         self._report_rank: int | None = None
         self._desync_after: dict[tuple[str, int], int] = {}  # lines left that may list a desync's ranks
+        self._ras: dict[str, RasParser] = {}  # per stream: NCCL RAS reports
         self.pending: list[LogEvent] = []  # not yet taken by the caller
         self.events = 0
         self.dropped = 0  # events past max_events
@@ -123,6 +125,8 @@ class LogScanner:
                     buf.clear()
             for (stream, rank), _tb in list(self._tracebacks.items()):
                 del self._tracebacks[(stream, rank)]
+            for stream, ras in self._ras.items():
+                self._ras_behind(stream, ras.close())
 
     def take(self) -> tuple[list[LogEvent], dict[tuple[int, str], int]]:
         """The events and unmatched-line counts since the last call."""
@@ -194,12 +198,23 @@ class LogScanner:
             return
         if self._desync_report(stream, rank, line):
             return
+        behind, taken = self._ras.setdefault(stream, RasParser()).feed(line)
+        self._ras_behind(stream, behind)
+        if taken:
+            return
         for sig in SIGNATURES:
             if sig.pattern.search(line):
                 m = _NCCL_PID.match(line) if rank < 0 else None
                 self._emit(rank, stream, sig.kind, sig.severity, line.strip(), int(m.group(1)) if m else -1)
                 return
         self.other[(rank, stream)] = self.other.get((rank, stream), 0) + 1
+
+    def _ras_behind(self, stream: str, behind: list[RasBehind]) -> None:
+        for b in behind:
+            who = f"rank {b.rank}" if b.rank >= 0 else f"communicator rank {b.comm_rank}"
+            self._emit(b.rank, stream, LogKind.RAS_BEHIND, "warning",
+                       f"NCCL RAS: {who}{' on node ' + b.node if b.node else ''} has launched up to {b.op} operation "
+                       f"{b.at} of communicator {b.comm}; {b.n_ahead} rank{'s' * (b.n_ahead != 1)} up to {b.ahead}")
 
     def _desync_report(self, stream: str, rank: int, line: str) -> bool:
         """PyTorch's desync report: one ``desync`` event per rank it names (the culprits; the rank

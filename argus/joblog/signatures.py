@@ -32,6 +32,8 @@ class LogKind(StrEnum):
     #: PyTorch's desync report names the ranks that caused a collective timeout (one event per
     #: rank it names, whichever rank printed it: the scanner's ``DESYNC``)
     DESYNC = "desync"
+    #: NCCL's RAS report has this rank behind on a communicator's collective count (``ras.py``)
+    RAS_BEHIND = "ras_behind"
     OTHER = "other"  # lines no signature matched: kept only as counts
 
 
