@@ -239,6 +239,9 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     t = time.perf_counter()
     deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen, frames, timings)
     incidents = reinstate_victims(incidents)  # a culprit the attribution dismissed explains no victim
+    from argus.flight_recorder import with_kept_dumps
+
+    incidents = with_kept_dumps(attempt, topology, incidents)  # dumps argus ingest kept: one hang with ours
     incidents = with_job_log(attempt, topology, incidents, step_of_ts)  # argus run's logs table
     incidents = fold_into_failures(incidents)  # a whole-job slowdown into a failure is the failure's
     checkpoints = checkpoints_from_log(attempt, step_of_ts)  # saves the job's log reported, with their paths

@@ -201,7 +201,7 @@ def run_ingest_flight_recorder(args: argparse.Namespace) -> int:
 
     from argus.analysis.incident import incidents_table
     from argus.errors import ConfigError
-    from argus.flight_recorder import hang_incidents, read_dumps, stuck_collectives
+    from argus.flight_recorder import hang_incidents, hang_step, keep_dumps, read_dumps, stuck_collectives
 
     if args.world is not None and args.world < 1:
         raise ConfigError(f"--world must be at least 1 (got {args.world})")
@@ -213,8 +213,8 @@ def run_ingest_flight_recorder(args: argparse.Namespace) -> int:
         from argus.store import Store
 
         attempt = Store.open(args.store).attempt()
-        done = attempt.sql("SELECT max(step) AS s FROM steps WHERE end_ns > 0").column("s")[0].as_py()
-        step = -1 if done is None else int(done) + 1  # the step no rank finished
+        step = hang_step(attempt)
+        keep_dumps(attempt, ds)  # every later diagnosis of the store reads them into its hang
     incidents = hang_incidents(ds, stuck, step=step)
     if attempt is not None:
         topo = attempt.topology()
@@ -296,7 +296,13 @@ def run_ingest_log(args: argparse.Namespace) -> int:
             except OSError as exc:
                 raise ConfigError(f"{p}: cannot read it ({exc.strerror or exc})") from None
         read = read_logs(sources, local_offset=offset, nproc_per_node=args.nproc_per_node)
-    incidents, ds = log_incidents(read, [Path(p) for p in args.dumps] if args.dumps else None, args.world, topology)
+    start = []
+    if attempt is not None and topology is not None and not args.dumps:
+        from argus.flight_recorder import with_kept_dumps
+
+        start = with_kept_dumps(attempt, topology, [])  # the dumps an earlier ingest kept there
+    incidents, ds = log_incidents(read, [Path(p) for p in args.dumps] if args.dumps else None, args.world, topology,
+                                  start)
     if attempt is not None and topology is not None and read.events:
         import time as _time
 

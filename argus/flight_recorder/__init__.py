@@ -5,7 +5,9 @@ data only) → ``stuck_collectives`` → ``hang_incidents`` (the diagnosis' ``In
 
 from argus.flight_recorder.dumps import DumpSet, Entry, Frame, GroupStatus, RankDump, read_dump, read_dumps
 from argus.flight_recorder.plain import FlightRecorderError, load_plain
+from argus.flight_recorder.stored import hang_step, keep_dumps, with_kept_dumps
 from argus.flight_recorder.stuck import StuckCollective, hang_incidents, stuck_collectives
 
 __all__ = ["DumpSet", "Entry", "Frame", "GroupStatus", "RankDump", "read_dump", "read_dumps", "FlightRecorderError",
-           "load_plain", "StuckCollective", "hang_incidents", "stuck_collectives"]
+           "load_plain", "StuckCollective", "hang_incidents", "stuck_collectives", "hang_step", "keep_dumps",
+           "with_kept_dumps"]

@@ -126,17 +126,18 @@ def _event(e: LogEvent, node: int) -> dict[str, Any]:
 
 
 def log_incidents(read: LogRead, dumps: list[Path] | None = None, world: int | None = None,
-                  topology=None) -> tuple[list, Any]:
+                  topology=None, start: list | None = None) -> tuple[list, Any]:
     """One verdict from the logs (and the Flight Recorder dumps): the dumps' hang incidents, then
     the log's lines on them, a fail-stop where a rank said it failed, the desync report's hang
-    where nothing else named one. Returns ``(incidents, dump set or None)``; without a
-    ``topology`` (no store), hosts and GPUs are unknown."""
+    where nothing else named one; ``start``: incidents already known (the dumps a store keeps).
+    Returns ``(incidents, dump set or None)``; without a ``topology`` (no store), hosts and GPUs
+    are unknown."""
     from argus.analysis.job_log import correlate
     from argus.flight_recorder import hang_incidents, read_dumps
     from argus.topology import Topology, parse_layout
 
     ds = read_dumps(dumps, world=world) if dumps else None
-    incidents = hang_incidents(ds) if ds is not None else []
+    incidents = [*(start or []), *(hang_incidents(ds) if ds is not None else [])]
     if topology is None:
         seen = [e["rank"] for e in read.events if e["rank"] >= 0]
         n = max([world or 0, ds.world if ds is not None else 0, max(seen, default=-1) + 1, 1])

@@ -47,6 +47,9 @@ ATTEMPT_META = "attempt.json"
 #: In an attempt: the Flight Recorder dumps its ranks wrote when their host's processor saw the
 #: job hang (``rank<N>``, torch's pickle; read by ``analysis/hangs.py``)
 FLIGHT_RECORDER_DIR = "flight_recorder"
+#: … and the dumps ``argus ingest flight-recorder --store`` brought in after the fact (``rank<N>``
+#: and ``set.json``): the diagnosis reads them into its hang (``flight_recorder/stored.py``)
+INGESTED_FLIGHT_RECORDER_DIR = "flight_recorder_ingested"
 log = logging.getLogger("argus.store")
 #: Tables whose rows belong to one rank of the layout: a row with a rank outside it (an old
 #: import's -1, a foreign file) is left out by :meth:`Attempt.read`, since analysis indexes
