@@ -118,11 +118,19 @@ def stuck_collectives(ds: DumpSet) -> list[StuckCollective]:
             # a rank with no readable dump may be a member too: it is a stranger like an idle one
             others = (set(ds.dumps) | set(ds.unreadable) | set(ds.missing)) - set(s.members) - waiting
             s.strangers = sorted(others)
+    # a collective whose only missing members have no dump, that none of its members really waits
+    # in (each is queued behind another it issued first), while some other collective is where
+    # ranks wait: blocked behind that one, not evidence against the ranks without a dump (a set
+    # where only the ranks that saw the timeout dumped names 12 of 16 ranks missing otherwise)
+    if any(s.heads for s in out):
+        for s in out:
+            if s.no_dump and not s.heads and not s.behind and not s.mismatch and s.arrived:
+                s.consequence = True
     # the wavefront: where some rank is behind and waits nowhere, has no dump, or issued another
     # collective, a collective every member issued and none completed is blocked behind it (NCCL
     # runs a rank's collectives in order: its later ones never start) — that fault's consequence,
     # not a fault of its own (a real 16-rank MoE dump set gave 19 such incidents for one dead rank)
-    if any(s.culprits or s.no_dump or s.mismatch or s.strangers for s in out):
+    if any((s.culprits or s.no_dump or s.mismatch or s.strangers) and not s.consequence for s in out):
         for s in out:
             if not (s.behind or s.no_dump or s.mismatch or s.strangers):
                 s.consequence = True

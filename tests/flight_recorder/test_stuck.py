@@ -310,3 +310,14 @@ def test_the_cli_tells_one_hang_and_counts_what_is_blocked_behind_it(tmp_path):
     text = " ".join(done.stdout.split())
     assert "blocked behind it, issued by every member: 7 × all_reduce of TENSOR_MODEL_PARALLEL_GROUP" in text
     assert "waits for ," not in text
+
+
+def test_a_set_where_only_the_ranks_that_saw_the_timeout_dumped_names_the_rank_they_wait_for(tmp_path):
+    """Newer backends dump on detection: only ranks 13–15, waiting in rank 12's expert-tensor
+    collective, wrote. The 12 ranks without a dump are not 12 suspects: the one their waits name is."""
+    from tests.flight_recorder.megatron_dumps import write
+
+    ds = read_dumps([write(tmp_path / "d", dead=12, without=tuple(r for r in range(16) if r not in (13, 14, 15)))])
+    assert len(ds.missing) == 13
+    (inc,) = hang_incidents(ds)
+    assert (inc.culprit_ranks, inc.state) == ([12], "suspected") and "no readable dump" in inc.summary
