@@ -34,7 +34,7 @@ _SELF_STATED = ("exception", "cuda_error", "oom", "xid")
 _RELEVANT = {
     IncidentClass.LINK_DEGRADATION: ("nccl_warn", "nccl_connect", "nccl_error", "watchdog_timeout", "peer_lost",
                                      "nic_down"),
-    IncidentClass.HANG: ("desync", "ras_behind", "watchdog_timeout", "peer_lost", "nccl_error", "nccl_connect", "nccl_warn",
+    IncidentClass.HANG: ("desync", "fr_missing", "ras_behind", "watchdog_timeout", "peer_lost", "nccl_error", "nccl_connect", "nccl_warn",
                          *_FAIL_STOP),
     IncidentClass.HOST_STALL: ("dataloader", "oom"),
     IncidentClass.COMPUTE_STRAGGLER: ("xid", "cuda_error"),
@@ -181,11 +181,13 @@ def _reported_hang(events: list[dict[str, Any]], topology: Topology, incidents: 
     the ranks behind on a communicator's count: they corroborate a hang that names them, and are
     the hang's incident where none was raised and no rank's own failure explains it (the
     watchdog's rank 0 only waited) — a RAS report only where two have the same ranks behind."""
-    desync = [e for e in events if e["kind"] == "desync" and e["rank"] >= 0]
+    desync = [e for e in events if e["kind"] in ("desync", "fr_missing") and e["rank"] >= 0]
     ras = [e for e in events if e["kind"] == "ras_behind" and e["rank"] >= 0]
     hang = next((i for i in incidents if i.klass == IncidentClass.HANG), None)
     if hang is not None:
-        for said, by in ((desync, "PyTorch's desync report"), (ras, "NCCL's RAS report")):
+        for said, by in (([e for e in desync if e["kind"] == "desync"], "PyTorch's desync report"),
+                         ([e for e in desync if e["kind"] == "fr_missing"], "torchfrtrace"),
+                         (ras, "NCCL's RAS report")):
             ranks = sorted({int(e["rank"]) for e in said})
             if not ranks:
                 continue
@@ -207,7 +209,8 @@ def _reported_hang(events: list[dict[str, Any]], topology: Topology, incidents: 
     if set(named) <= {int(e["rank"]) for e in failed}:
         return  # the ranks said themselves why they stopped: that fail-stop tells it
     first = desync[0]
-    source = "PyTorch's desync report" if first["kind"] == "desync" else "NCCL's RAS report, twice"
+    source = {"desync": "PyTorch's desync report", "fr_missing": "PyTorch's Flight Recorder analyzer"}.get(
+        str(first["kind"]), "NCCL's RAS report, twice")
     ok = [r for r in named if 0 <= r < len(topology.hosts)]
     waited = sorted({int(e["rank"]) for e in events if e["kind"] == "watchdog_timeout" and e["rank"] >= 0} - set(named))
     at = step(first)

@@ -38,9 +38,10 @@ class Frame:
 #: Collectives whose members pass tensors of one shape (by their profiling names, backend prefix
 #: dropped): their shapes are compared member to member, no other op's are.
 EQUAL_SHAPES = frozenset({"all_reduce", "allreduce", "allreduce_coalesced", "all_reduce_coalesced", "broadcast",
-                          "reduce", "_allgather_base", "all_gather_into_tensor", "allgather_into_tensor_coalesced",
-                          "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
-                          "barrier"})
+                          "_broadcast_oop", "reduce", "_reduce_oop", "_all_gather_base", "_allgather_base",
+                          "all_gather_single", "all_gather_into_tensor", "allgather_into_tensor_coalesced",
+                          "_reduce_scatter_base", "reduce_scatter_single", "reduce_scatter_tensor",
+                          "reduce_scatter_tensor_coalesced", "barrier", "all_reduce_barrier"})
 
 
 def equal_shapes(op: str) -> bool:

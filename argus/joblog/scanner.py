@@ -49,6 +49,15 @@ _DESYNC_RANKS = re.compile(r"^\s*-?\s*\[([\d,\s]{1,2000})\]\s*(.{0,300})")
 _DESYNC_NEVER = re.compile(r"ranks \[([\d,\s]{1,2000})\] are the lagging ranks that caused this timeout")
 #: lines after the desync report's header that may list its ranks
 _DESYNC_LINES = 4
+# torchfrtrace (torch/distributed/flight_recorder/fr_trace.py): "Not all ranks joining collective,
+# sequence number: 6" (or "… collective 5 at entry 4"), then "group info: 20:EXPERT_…",
+# "collective: nccl:_all_gather_base", "missing ranks: {12}"; older: one line, "Missing ranks are {1}"
+_FR_HEAD = re.compile(r"Not all ranks joining collective(?:,? sequence number:? (\d+)| (\d+) at entry \d+| for group "
+                      r"(\S+) collective (\S+))?")
+_FR_FIELD = re.compile(r"^\s*(group info|collective|missing ranks|Missing ranks are):?\s*(.{0,300})")
+_FR_ONE_LINE = re.compile(r"Missing ranks are \{([\d,\s]{0,2000})\}")
+#: lines after the analyzer's header that may hold its fields
+_FR_LINES = 14
 _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+), in (.+)$')
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 _LAUNCHER_EXC = ("ChildFailedError", "SignalException")
@@ -92,6 +101,7 @@ class LogScanner:
         self._report_rank: int | None = None
         self._desync_after: dict[tuple[str, int], int] = {}  # lines left that may list a desync's ranks
         self._ras: dict[str, RasParser] = {}  # per stream: NCCL RAS reports
+        self._fr: dict[str, dict] = {}  # per stream: the torchfrtrace block being read
         self.pending: list[LogEvent] = []  # not yet taken by the caller
         self.events = 0
         self.dropped = 0  # events past max_events
@@ -196,7 +206,7 @@ class LogScanner:
                            f"rank {self._report_rank} (pid {pid}) exited with code {code}")
             self._report_rank = None
             return
-        if self._desync_report(stream, rank, line):
+        if self._desync_report(stream, rank, line) or self._fr_trace(stream, line):
             return
         behind, taken = self._ras.setdefault(stream, RasParser()).feed(line)
         self._ras_behind(stream, behind)
@@ -208,6 +218,46 @@ class LogScanner:
                 self._emit(rank, stream, sig.kind, sig.severity, line.strip(), int(m.group(1)) if m else -1)
                 return
         self.other[(rank, stream)] = self.other.get((rank, stream), 0) + 1
+
+    def _fr_trace(self, stream: str, line: str) -> bool:
+        """torchfrtrace's "Not all ranks joining collective" blocks: an ``fr_missing`` event per
+        missing rank, once the block names them."""
+        m = _FR_HEAD.search(line)
+        if m:
+            seq = m.group(1) or m.group(2) or ""
+            self._fr[stream] = {"left": _FR_LINES, "seq": seq, "group": m.group(3) or "", "op": m.group(4) or ""}
+            one = _FR_ONE_LINE.search(line)
+            if one:
+                self._fr_missing(stream, one.group(1))
+            return True
+        block = self._fr.get(stream)
+        if block is None:
+            return False
+        block["left"] -= 1
+        if block["left"] <= 0:
+            del self._fr[stream]
+            return False
+        f = _FR_FIELD.match(line)
+        if f is None:
+            return False
+        name, value = f.group(1), f.group(2).strip()
+        if name == "group info":
+            block["group"] = value
+        elif name == "collective":
+            block["op"] = value
+        else:
+            self._fr_missing(stream, value.strip("{}"))
+        return True
+
+    def _fr_missing(self, stream: str, ranks: str) -> None:
+        block = self._fr.pop(stream, {})
+        named = sorted({int(x) for x in re.findall(r"\d+", ranks)})[:64]
+        group = block.get("group", "")
+        what = f"{block.get('op') or 'a collective'}{' #' + block['seq'] if block.get('seq') else ''}" \
+               f"{' of group ' + group if group else ''}"
+        for r in named:
+            self._emit(r, stream, LogKind.FR_MISSING, "error",
+                       f"torchfrtrace: ranks {named} missing from {what}")
 
     def _ras_behind(self, stream: str, behind: list[RasBehind]) -> None:
         for b in behind:

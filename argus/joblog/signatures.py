@@ -34,6 +34,8 @@ class LogKind(StrEnum):
     DESYNC = "desync"
     #: NCCL's RAS report has this rank behind on a communicator's collective count (``ras.py``)
     RAS_BEHIND = "ras_behind"
+    #: PyTorch's Flight Recorder analyzer (``torchfrtrace``) lists this rank missing from a collective
+    FR_MISSING = "fr_missing"
     OTHER = "other"  # lines no signature matched: kept only as counts
 
 

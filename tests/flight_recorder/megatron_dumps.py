@@ -6,11 +6,11 @@ Layout: tp=2, ep=4, pp=4 over 16 ranks. Groups (name → desc):
 
 * ``TENSOR_MODEL_PARALLEL_GROUP``: {0,1}, {2,3}, …, {14,15}
 * ``EXPERT_MODEL_PARALLEL_GROUP``: {0–3}, {4–7}, {8–11}, {12–15} (all_to_all, unequal splits)
-* ``EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP``: the same four sets (``_allgather_base``)
+* ``EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP``: the same four sets (``_all_gather_base``)
 * ``PIPELINE_MODEL_PARALLEL_GROUP``: {0,4,8,12}, {1,5,9,13}, {2,6,10,14}, {3,7,11,15}
 
 Every group ran ``HISTORY`` collectives to completion. Then ``dead`` never joins its expert-tensor
-group's ``_allgather_base``; its group mates issued it and wait. Everything else is blocked behind
+group's ``_all_gather_base``; its group mates issued it and wait. Everything else is blocked behind
 that: each waiting rank's tensor-parallel all-reduce, pipeline all-reduces, every expert
 group's all_to_all (per-rank split sizes that differ by design) — issued by every member and
 completed by none (NCCL runs a rank's collectives in order)."""
@@ -28,7 +28,7 @@ GROUPS: dict[str, tuple[str, list[list[int]]]] = {
     "etmp": ("EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", [list(range(4 * i, 4 * i + 4)) for i in range(4)]),
     "pp": ("PIPELINE_MODEL_PARALLEL_GROUP", [[j, j + 4, j + 8, j + 12] for j in range(4)]),
 }
-OPS = {"tp": "nccl:all_reduce", "ep": "nccl:all_to_all", "etmp": "nccl:_allgather_base", "pp": "nccl:all_reduce"}
+OPS = {"tp": "nccl:all_reduce", "ep": "nccl:all_to_all", "etmp": "nccl:_all_gather_base", "pp": "nccl:all_reduce"}
 
 
 def _name(kind: str, i: int) -> str:

@@ -36,7 +36,7 @@ def test_dumps_and_a_log_ingested_into_a_store_are_one_hang_of_the_diagnosis(tmp
     assert len(hangs) == 1, [h["summary"] for h in hangs]
     (hang,) = hangs
     assert (hang["culprit_ranks"], hang["state"]) == ([12], "confirmed") and hang["hosts"]
-    assert hang["summary"].startswith("rank 12 never joined _allgather_base #6")
+    assert hang["summary"].startswith("rank 12 never joined _all_gather_base #6")
     assert "PyTorch's desync report names the same rank" in hang["summary"]
     kinds = {e["kind"] for e in hang["evidence"]}
     assert {"stuck_collective", "consequence", "log_lines"} <= kinds

@@ -260,7 +260,7 @@ def test_one_dead_rank_of_a_many_group_moe_job_is_one_incident(tmp_path):
     assert not any(s.mismatch for s in stuck_collectives(ds))
     (inc,) = hang_incidents(ds)
     assert (inc.culprit_ranks, inc.state) == ([12], "confirmed")
-    assert inc.summary.startswith("rank 12 never joined _allgather_base #6 of EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP")
+    assert inc.summary.startswith("rank 12 never joined _all_gather_base #6 of EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP")
     consequences = [e for e in inc.evidence if e["kind"] == "consequence"]
     descs = {e["group_desc"] for e in consequences}
     assert {"TENSOR_MODEL_PARALLEL_GROUP", "EXPERT_MODEL_PARALLEL_GROUP", "PIPELINE_MODEL_PARALLEL_GROUP"} <= descs

@@ -111,7 +111,7 @@ def test_the_dumps_and_the_log_of_one_hang_are_one_incident_naming_the_rank_from
                  "collective #6 (count from 1)\n")
     (inc,) = log_incidents(read, [dumps])[0]
     assert (inc.klass, inc.culprit_ranks, inc.state) == ("hang", [12], "confirmed")
-    assert inc.summary.startswith("rank 12 never joined _allgather_base #6")
+    assert inc.summary.startswith("rank 12 never joined _all_gather_base #6")
     assert inc.summary.endswith("PyTorch's desync report names the same rank")
     kinds = {e["kind"] for e in inc.evidence}
     assert {"stuck_collective", "consequence", "log_lines"} <= kinds
@@ -136,3 +136,27 @@ def test_the_cli_reads_stdin_and_keeps_the_events_in_a_store(tmp_path):
     done = subprocess.run([sys.executable, "-m", "argus", "ingest", "log", str(tmp_path / "nope.log")],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "cannot read it" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_pytorchs_own_flight_recorder_analyzer_output_names_the_rank_and_joins_the_dumps_verdict(tmp_path):
+    """torchfrtrace (PyTorch's analyzer) run here on the Megatron-style dumps written from the
+    schema: its "missing ranks: {12}" is read, and with the dumps it is one hang, named by both."""
+    pytest.importorskip("torch.distributed.flight_recorder.fr_trace")
+    from tests.flight_recorder.megatron_dumps import write
+
+    dumps = write(tmp_path / "d", dead=12)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", "--prefix",
+                           "nccl_trace_rank_", str(dumps)], capture_output=True, text=True, timeout=120)
+    said = done.stdout + done.stderr  # its report goes through logging: stderr
+    assert done.returncode == 0 and "missing ranks: {12}" in said, said[-2000:]
+    (inc,) = log_incidents(_read(said))[0]
+    assert (inc.klass, inc.culprit_ranks, inc.state) == ("hang", [12], "suspected")
+    (inc,) = log_incidents(_read(said), [dumps])[0]
+    assert (inc.culprit_ranks, inc.state) == ([12], "confirmed") and inc.summary.endswith("torchfrtrace names the same rank")
+
+
+def test_the_analyzers_older_one_line_report_is_read():
+    read = _read("Not all ranks joining collective for group 0:default_pg collective nccl:all_reduce  Missing ranks are "
+                 "{1}  [[3, 4]] [[3, 4]] 2 scheduled\nCollective stack traces: \n")
+    (inc,) = log_incidents(read)[0]
+    assert inc.culprit_ranks == [1] and "nccl:all_reduce of group 0:default_pg" in inc.summary
