@@ -8,7 +8,9 @@ Launchers label lines differently, and a rank is only what a line's own evidence
 * ``srun --label`` prefixes ``12: `` — the Slurm task: the global rank when each task is a rank,
   the node when each task is a torchrun (its lines then carry torchrun's own prefix);
 * ``[rank12]:``, ``Rank 12`` in a process group's line, torchrun's failure report, PyTorch's
-  desync report — the scanner's (``scanner.py``).
+  desync report — the scanner's (``scanner.py``);
+* ``kubectl logs --prefix --timestamps`` output: the pod prefix and the time stamp are taken off
+  first (a pod is no rank by itself).
 
 Events are ordered by their place in the input (line numbers stand in for a clock: a log's own
 time stamps come in a dozen formats, or none); nothing is dated to a step."""
@@ -27,6 +29,9 @@ from argus.joblog.scanner import MAX_LINE, LogEvent, LogScanner
 __all__ = ["LogRead", "read_logs", "log_incidents", "SRUN_SHARE"]
 
 _SRUN = re.compile(rb"^\s{0,6}(\d{1,6}): ")
+# kubectl logs --prefix / --timestamps: "[pod/job-worker-3/pytorch] " and "2026-12-06T09:00:00.123456789Z "
+_K8S_POD = re.compile(rb"^\[pod/([^/\]\s]{1,253})/[^\]\s]{1,253}\] ")
+_K8S_TIME = re.compile(rb"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,9})?(?:Z|[+-]\d\d:\d\d) ")
 _TORCHRUN_TEE = re.compile(rb"^\[[A-Za-z_][\w-]{0,31}?\d+\]:")
 #: A file is srun-labelled when this share of its first non-empty lines carry ``N: ``.
 SRUN_SHARE = 0.8
@@ -109,6 +114,12 @@ def _read_one(name: str, stream: BinaryIO, out: LogRead, clock, local_offset: in
 def _feed(raw: bytes, srun: bool, scanner: _Nodes, out: LogRead) -> None:
     out.lines += 1
     node = -1
+    pod = _K8S_POD.match(raw)
+    if pod:
+        raw = raw[pod.end():]
+    stamp = _K8S_TIME.match(raw)
+    if stamp:
+        raw = raw[stamp.end():]
     if srun:
         m = _SRUN.match(raw)
         if m:

@@ -160,3 +160,11 @@ def test_the_analyzers_older_one_line_report_is_read():
                  "{1}  [[3, 4]] [[3, 4]] 2 scheduled\nCollective stack traces: \n")
     (inc,) = log_incidents(read)[0]
     assert inc.culprit_ranks == [1] and "nccl:all_reduce of group 0:default_pg" in inc.summary
+
+
+def test_kubectl_prefixes_and_time_stamps_are_taken_off_before_the_ranks_are_read():
+    read = _read("[pod/llm-worker-2/pytorch] 2026-12-06T09:00:00.123456789Z [rank5]: torch.OutOfMemoryError: CUDA out "
+                 "of memory. Tried to allocate 2.00 GiB\n"
+                 "[pod/llm-worker-0/pytorch] 2026-12-06T09:00:01.000000000Z step 10 loss 2.31\n")
+    (inc,) = log_incidents(read)[0]
+    assert inc.culprit_ranks == [5] and inc.summary.startswith("rank 5 failed and stopped the job — rank 5: torch.Out")
