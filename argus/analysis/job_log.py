@@ -21,6 +21,7 @@ from typing import Any, Callable
 import pyarrow.compute as pc
 
 from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State
+from argus.analysis.remedies import hardware_failure
 from argus.store import Attempt
 from argus.topology import Topology
 from argus.vocab import EvidenceKind, Level
@@ -168,10 +169,11 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
                + (f"; ranks {', '.join(map(str, victims[:8]))} were stopped after it" if victims else ""))
     evidence = [{"level": Level.LOG, "kind": EvidenceKind.LOG_LINES, "events": [_shown(e, step(e)) for e in failed[:MAX_SHOWN]],
                  "total": len(failed)}]
+    # the GPU's own word (an uncorrectable ECC error, an Xid): the host goes, not only the job restarts
+    action = Action.CORDON_NODE if hardware_failure(evidence) else Action.CHECKPOINT_AND_RESTART
     incidents.append(Incident(IncidentClass.FAIL_STOP, culprits, sorted({str(topology.hosts[r]) for r in ok}),
                               [str(topology.gpu_uuids[r]) for r in ok], at, at, first["kind"], [], State.CONFIRMED,
-                              Severity.CRITICAL, 100.0, None, Action.CHECKPOINT_AND_RESTART, evidence,
-                              [at] if at >= 0 else [], summary))
+                              Severity.CRITICAL, 100.0, None, action, evidence, [at] if at >= 0 else [], summary))
     return incidents
 
 

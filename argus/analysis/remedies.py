@@ -7,6 +7,7 @@ node fixes neither a garbage-collection pause nor a stage partition.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from argus.vocab import EvidenceKind
@@ -65,8 +66,23 @@ _VERIFIED = {
 }
 
 
+#: A failed rank's own line that says its GPU failed (the hardware's word, not an inference)
+_HARDWARE_WORDS = re.compile(r"\bECC\b|fallen off the bus|\bXid\b|NVRM", re.IGNORECASE)
+HARDWARE_FAILURE = ("the GPU reported a hardware fault itself (an uncorrectable ECC error, an Xid): drain its host or "
+                    "exclude the GPU, then restart from the last checkpoint without it")
+
+
+def hardware_failure(evidence: list[Any]) -> bool:
+    """Whether a fail-stop's log lines are its GPU's own report of a hardware fault."""
+    return any(isinstance(e, dict) and e.get("kind") == EvidenceKind.LOG_LINES and any(
+        isinstance(x, dict) and x.get("kind") in ("xid", "cuda_error") and _HARDWARE_WORDS.search(str(x.get("text", "")))
+        for x in e.get("events", [])) for e in evidence)
+
+
 def remedy(klass: str, evidence: list[Any]) -> str:
     """The remedy for an incident of ``klass`` with ``evidence``; "" for a healthy observation."""
+    if klass == "fail_stop" and hardware_failure(evidence):
+        return HARDWARE_FAILURE
     if klass == "host_stall":
         cause = named_cause(evidence)
         if cause in STALL_REMEDIES:

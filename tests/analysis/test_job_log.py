@@ -146,3 +146,14 @@ def test_pytorchs_desync_report_names_the_hang_not_the_rank_whose_watchdog_print
     assert correlate(list(events), TOPOLOGY, [hang], step_of_ts) == [hang]
     assert hang.summary.endswith("PyTorch's desync report names the same rank")
     assert [e["kind"] for e in _lines(hang)["events"]] == ["watchdog_timeout", "desync"]
+
+
+def test_a_gpus_own_hardware_error_asks_for_its_host_not_only_a_restart():
+    """An uncorrectable ECC error is the hardware's word: drain the host (confirmed, a P0);
+    a Python exception is the job's, restart it."""
+    (ecc,) = correlate([_event(5, 30, "cuda_error", "CUDA error: uncorrectable ECC error encountered")], TOPOLOGY, [],
+                       step_of_ts)
+    assert (ecc.action, ecc.hosts, ecc.state) == ("cordon_node", ["node-0001"], "confirmed")
+    assert ecc.to_json()["remedy"].startswith("the GPU reported a hardware fault itself")
+    (exc,) = correlate([_event(5, 30, "exception", "ValueError: loss is nan")], TOPOLOGY, [], step_of_ts)
+    assert exc.action == "checkpoint_and_restart" and "hardware" not in exc.to_json()["remedy"]
