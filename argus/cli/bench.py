@@ -113,6 +113,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="import with the traces' microbatch labels, without them, or both (default)")
     wi.set_defaults(func=_run_whatif)
 
+    hc = bsub.add_parser("healthcheck", help="argus healthcheck --quick run N times against one baseline on this "
+                                             "(healthy) node: the false-fail rate")
+    hc.add_argument("--runs", type=int, default=30, help="quick checks after the baseline (default 30)")
+    hc.add_argument("--baseline-dir", help="where the baseline goes (default: a temporary directory)")
+    hc.set_defaults(func=_run_healthcheck)
+
     p = bsub.add_parser("processor", help="compression rate, socket throughput, CPU at a paced rate, memory")
     p.add_argument("--modes", default="compression,throughput,paced,long",
                    help="comma list of: compression, evidence (Perfetto encoder, before/after in process), "
@@ -219,6 +225,16 @@ def _run_analysis(args: argparse.Namespace) -> int:
     lo, _, hi = args.window.partition(":")
     print(json.dumps(run(ranks=args.ranks, steps=args.steps, window=(int(lo), int(hi)), store=args.store,
                          scenario=args.scenario)), flush=True)
+    return 0
+
+
+def _run_healthcheck(args: argparse.Namespace) -> int:
+    from argus.bench.healthcheck import run
+    from argus.errors import ConfigError
+
+    if args.runs < 1:
+        raise ConfigError(f"--runs must be at least 1 (got {args.runs})")
+    run(args.runs, args.baseline_dir)
     return 0
 
 

@@ -1,0 +1,27 @@
+"""``argus bench healthcheck``'s accounting: every failed run counted as a false fail, the failed
+figures tallied (the quick checks it runs are the real command's; their own tests are
+tests/healthcheck)."""
+
+from __future__ import annotations
+
+import json
+
+import argus.bench.healthcheck as hb
+
+
+def test_failed_runs_and_figures_are_counted(monkeypatch):
+    def verdict(metric, status, size=0):
+        return {"metric": metric, "subject": "ranks:0-1", "size_bytes": size, "status": status}
+
+    docs = iter([(0, 10.0, {"verdicts": []}),
+                 (1, 12.0, {"verdicts": [verdict("all_reduce_busbw_gbs", "fail", 64), verdict("gemm", "pass")]}),
+                 (0, 11.0, {"verdicts": [verdict("all_reduce_busbw_gbs", "pass", 64)]}),
+                 (1, 13.0, None)])
+    monkeypatch.setattr(hb, "_check", lambda base, save, timeout: next(docs))
+    lines: list[str] = []
+    summary = hb.run(3, emit=lines.append)
+    runs = [json.loads(x) for x in lines]
+    assert runs[0]["baseline"] and [r["rc"] for r in runs[1:4]] == [1, 0, 1]
+    assert runs[1]["failed"] == ["all_reduce_busbw_gbs ranks:0-1 64 B"] and runs[3]["failed"] == ["(no report)"]
+    assert (summary["failed_runs"], summary["false_fail_rate"], summary["median_wall_s"]) == (2, 0.6667, 12.0)
+    assert summary["failed_figures"] == {"all_reduce_busbw_gbs ranks:0-1 64 B": 1, "(no report)": 1}
