@@ -150,8 +150,13 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
     lost = {int(e["rank"]) for e in events if e["kind"] == "peer_lost" and e["rank"] >= 0}
     if stated:
         failed = [e for e in failed if int(e["rank"]) in stated or int(e["rank"]) not in lost]
+    else:
+        # SIGABRT is how NCCL's watchdog takes a process down after a collective timed out: ranks
+        # aborted so are that timeout's victims, whichever the launcher saw first ("Root Cause")
+        failed = [e for e in failed if not (e["kind"] == "killed" and "SIGABRT" in str(e["text"]))]
     _reported_hang(events, topology, incidents, failed, step)
     if not failed:
+        _unnamed_hang(events, incidents, step)
         return incidents
     hang = next((i for i in incidents if i.klass == IncidentClass.HANG), None)
     first = failed[0]
@@ -177,6 +182,32 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
     return incidents
 
 
+def _unnamed_hang(events: list[dict[str, Any]], incidents: list[Incident],
+                  step: Callable[[dict[str, Any]], int]) -> None:
+    """A collective timed out (a watchdog said so, or ranks were aborted for it) and nothing names
+    the rank it waited for: a hang with no culprit, said so — not "no failure"."""
+    if any(i.klass in (IncidentClass.HANG, IncidentClass.FAIL_STOP) for i in incidents):
+        return
+    if any(i.severity != Severity.INFO and any(e.get("kind") == EvidenceKind.LOG_LINES and any(
+            x.get("kind") == "watchdog_timeout" for x in e.get("events", [])) for e in i.evidence) for i in incidents):
+        return  # an incident already tells the timeout (a slow link's collectives timing out)
+    said = [e for e in events if e["kind"] in ("watchdog_timeout", "desync")
+            or (e["kind"] == "killed" and "SIGABRT" in str(e["text"]))]
+    if not said:
+        return
+    ranks = sorted({int(e["rank"]) for e in said if e["rank"] >= 0 and e["kind"] != "desync"})
+    at = step(said[0])
+    who = f"rank{'s' * (len(ranks) > 1)} {', '.join(map(str, ranks[:8]))}" if ranks else "a rank"
+    summary = (f"a collective timed out ({who}: the watchdog's timeout or its abort) and the logs name no rank it "
+               "waited for: the Flight Recorder dumps (argus ingest flight-recorder) or PyTorch's desync report "
+               "(TORCH_NCCL_DESYNC_DEBUG=1) would")
+    evidence = [{"level": Level.LOG, "kind": EvidenceKind.LOG_LINES, "events": [_shown(e, step(e)) for e in said[:MAX_SHOWN]],
+                 "total": len(said)}]
+    incidents.append(Incident(IncidentClass.HANG, [], [], [], at, at, "watchdog_timeout", [], State.SUSPECTED,
+                              Severity.CRITICAL, 100.0, None, Action.CHECKPOINT_AND_RESTART, evidence,
+                              [at] if at >= 0 else [], summary))
+
+
 def _reported_hang(events: list[dict[str, Any]], topology: Topology, incidents: list[Incident], failed: list[dict[str, Any]],
             step: Callable[[dict[str, Any]], int]) -> None:
     """PyTorch's desync report names the ranks a collective timeout waited for, NCCL's RAS report
@@ -184,6 +215,13 @@ def _reported_hang(events: list[dict[str, Any]], topology: Topology, incidents: 
     the hang's incident where none was raised and no rank's own failure explains it (the
     watchdog's rank 0 only waited) — a RAS report only where two have the same ranks behind."""
     desync = [e for e in events if e["kind"] in ("desync", "fr_missing") and e["rank"] >= 0]
+    # ranks a desync report lists as in the collective ("joined but didn't finish"): one rank of
+    # many is the laggard; half the job or more is the collective itself not finishing (a link,
+    # the network), no rank's — a real 16-rank report listed all 16 so
+    inside = {int(e["rank"]) for e in desync if "joined but didn't finish" in str(e["text"])}
+    world = max([int(e["rank"]) for e in events if e["rank"] >= 0] + [len(topology.hosts) - 1, 0]) + 1
+    if len(inside) >= max(2, world / 2):
+        desync = [e for e in desync if int(e["rank"]) not in inside]
     ras = [e for e in events if e["kind"] == "ras_behind" and e["rank"] >= 0]
     hang = next((i for i in incidents if i.klass == IncidentClass.HANG), None)
     if hang is not None:

@@ -157,3 +157,31 @@ def test_a_gpus_own_hardware_error_asks_for_its_host_not_only_a_restart():
     assert ecc.to_json()["remedy"].startswith("the GPU reported a hardware fault itself")
     (exc,) = correlate([_event(5, 30, "exception", "ValueError: loss is nan")], TOPOLOGY, [], step_of_ts)
     assert exc.action == "checkpoint_and_restart" and "hardware" not in exc.to_json()["remedy"]
+
+
+def test_ranks_the_watchdog_aborted_are_victims_and_a_timeout_nothing_explains_is_a_hang_naming_no_one():
+    """torchrun's report of every rank killed by SIGABRT (NCCL's watchdog tearing them down after a
+    collective timed out) names no culprit, whichever abort it saw first ("Root Cause"): one hang,
+    no rank named, said so."""
+    events = [_event(3, 60, "watchdog_timeout", "[Rank 3] Watchdog caught collective operation timeout"),
+              _event(7, 61, "killed", "rank 7 (pid 3438) ended by signal 6 (SIGABRT)"),
+              _event(0, 61, "killed", "rank 0 (pid 3431) ended by signal 6 (SIGABRT)")]
+    (inc,) = correlate(events, TOPOLOGY, [], step_of_ts)
+    assert (inc.klass, inc.culprit_ranks, inc.state) == ("hang", [], "suspected")
+    assert "the logs name no rank it waited for" in inc.summary and _lines(inc)["total"] == 3
+    (inc,) = correlate([_event(3, 60, "watchdog_timeout", "[Rank 3] Watchdog caught collective operation timeout")],
+                       TOPOLOGY, [], step_of_ts)
+    assert (inc.klass, inc.culprit_ranks) == ("hang", [])
+    killed = [_event(2, 30, "killed", "rank 2 (pid 11) ended by signal 9 (SIGKILL)")]  # the OOM killer: a culprit
+    assert correlate(killed, TOPOLOGY, [], step_of_ts)[0].culprit_ranks == [2]
+
+
+def test_a_desync_report_with_every_rank_inside_the_collective_names_no_rank():
+    """All 8 ranks "joined but didn't finish": the collective itself did not complete (a real
+    16-rank report said so of all 16) — no culprit; one rank of eight so is the laggard."""
+    every = [_event(r, 60, "desync", f"PyTorch's desync report: ranks {list(range(8))} joined but didn't finish "
+                                     "collective #90 (count from 1)") for r in range(8)]
+    (inc,) = correlate(every, TOPOLOGY, [], step_of_ts)
+    assert (inc.klass, inc.culprit_ranks) == ("hang", [])
+    one = [_event(5, 60, "desync", "PyTorch's desync report: ranks [5] joined but didn't finish collective #90")]
+    assert correlate(one, TOPOLOGY, [], step_of_ts)[0].culprit_ranks == [5]
