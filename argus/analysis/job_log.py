@@ -156,6 +156,7 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
         failed = [e for e in failed if not (e["kind"] == "killed" and "SIGABRT" in str(e["text"]))]
     _reported_hang(events, topology, incidents, failed, step)
     if not failed:
+        _unranked_failure(events, incidents, step)
         _unnamed_hang(events, incidents, step)
         return incidents
     hang = next((i for i in incidents if i.klass == IncidentClass.HANG), None)
@@ -180,6 +181,27 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
                               [str(topology.gpu_uuids[r]) for r in ok], at, at, first["kind"], [], State.CONFIRMED,
                               Severity.CRITICAL, 100.0, None, action, evidence, [at] if at >= 0 else [], summary))
     return incidents
+
+
+def _unranked_failure(events: list[dict[str, Any]], incidents: list[Incident],
+                      step: Callable[[dict[str, Any]], int]) -> None:
+    """A worker failed and the log gives it no global rank (torchrun's agent names a local rank;
+    which node's, a merged log may not say): a fail-stop naming no rank, its words quoted."""
+    if any(i.klass in (IncidentClass.HANG, IncidentClass.FAIL_STOP) for i in incidents):
+        return
+    lost = [e for e in events if e["kind"] in _FAIL_STOP and e["rank"] < 0
+            and not (e["kind"] == "killed" and "SIGABRT" in str(e["text"]))]
+    if not lost:
+        return
+    first = lost[0]
+    at = step(first)
+    summary = (f"a worker failed and stopped the job — {first['text']}; the log gives it no global rank (a local "
+               "rank is the node's: --node-rank and --nproc-per-node, or the job's [rankN] lines, would place it)")
+    evidence = [{"level": Level.LOG, "kind": EvidenceKind.LOG_LINES, "events": [_shown(e, step(e)) for e in lost[:MAX_SHOWN]],
+                 "total": len(lost)}]
+    incidents.append(Incident(IncidentClass.FAIL_STOP, [], [], [], at, at, str(first["kind"]), [], State.SUSPECTED,
+                              Severity.CRITICAL, 100.0, None, Action.CHECKPOINT_AND_RESTART, evidence,
+                              [at] if at >= 0 else [], summary))
 
 
 def _unnamed_hang(events: list[dict[str, Any]], incidents: list[Incident],

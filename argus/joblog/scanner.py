@@ -35,6 +35,11 @@ MAX_TEXT = 500
 # ``[rank12]:`` (torch.distributed's global rank) and ``[default0]:`` (torchrun's tee: the worker
 # role, "default", and its LOCAL rank), often both: ``[default0]:[rank12]:[E…] …``
 _PREFIX = re.compile(r"^\[([A-Za-z_][\w-]{0,31}?)(\d+)\]:\s?")
+# a logger's time stamp before everything else: "2024-11-20 14:37:16 [rank3]: …",
+# "[2024-11-26 02:04:28,494] torch.distributed…", "2026-12-06T09:00:00.123Z …"
+_STAMP = re.compile(r"^\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?\]?\s+")
+# torchrun's agent on a worker it lost: "failed (exitcode: -9) local_rank: 3 (pid: 812917) of binary: …"
+_AGENT_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+) \(pid: (\d+)\)")
 _PG_RANK = re.compile(r"\bRank (\d+)\b")
 # NCCL's prefix: ``host:pid:tid [dev] NCCL INFO``; a WARN names its source line too (``[dev] misc/socket.cc:484 NCCL WARN``)
 _NCCL_PID = re.compile(r"^[\w.\-]+:(\d+):\d+ \[\d+\] (?:[\w./\-]+:\d+ )?NCCL")
@@ -154,6 +159,9 @@ class LogScanner:
         self.pending.append(LogEvent(self.clock(), rank, stream, kind, severity, (self._note + text)[:MAX_TEXT], pid))
 
     def _rank_of(self, line: str) -> tuple[int, str]:
+        stamp = _STAMP.match(line)
+        if stamp:
+            line = line[stamp.end():]
         rank = local = None
         while (m := _PREFIX.match(line)) is not None:
             if m.group(1) == "rank":
@@ -185,6 +193,17 @@ class LogScanner:
     def _line(self, stream: str, raw: str) -> None:
         rank, line = self._rank_of(raw)
         if self._traceback(stream, rank, line):
+            return
+        m = _AGENT_FAILED.search(line)
+        if m:  # the agent names the worker by its local rank: global only where the launch says
+            code, local, pid = int(m.group(1)), int(m.group(2)), m.group(3)
+            r = self.local_offset + local if self.local_offset is not None else -1
+            who = f"rank {r}" if r >= 0 else f"local rank {local}"
+            if code < 0:
+                self._emit(r, stream, LogKind.KILLED, "error", f"{who} (pid {pid}) ended by signal {-code} "
+                                                               f"({_SIGNALS.get(-code, 'signal')})")
+            else:
+                self._emit(r, stream, LogKind.WORKER_FAILED, "error", f"{who} (pid {pid}) exited with code {code}")
             return
         m = _REPORT_RANK.match(line)
         if m:

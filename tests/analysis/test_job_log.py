@@ -185,3 +185,10 @@ def test_a_desync_report_with_every_rank_inside_the_collective_names_no_rank():
     assert (inc.klass, inc.culprit_ranks) == ("hang", [])
     one = [_event(5, 60, "desync", "PyTorch's desync report: ranks [5] joined but didn't finish collective #90")]
     assert correlate(one, TOPOLOGY, [], step_of_ts)[0].culprit_ranks == [5]
+
+
+def test_a_worker_the_log_gives_no_global_rank_is_a_fail_stop_naming_no_rank():
+    events = [_event(-1, 30, "killed", "local rank 3 (pid 812917) ended by signal 9 (SIGKILL)")]
+    (inc,) = correlate(events, TOPOLOGY, [], step_of_ts)
+    assert (inc.klass, inc.culprit_ranks, inc.state) == ("fail_stop", [], "suspected")
+    assert "local rank 3 (pid 812917) ended by signal 9" in inc.summary and "no global rank" in inc.summary

@@ -70,7 +70,8 @@ def test_a_multi_node_ecc_line_is_the_global_ranks_not_local_rank_0s():
 
 def test_a_local_rank_alone_names_no_rank_unless_the_node_is_known():
     line = "[default2]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
-    assert log_incidents(_read(line))[0] == []  # local rank 2 of which node? not said
+    (inc,) = log_incidents(_read(line))[0]  # local rank 2 of which node? not said: no rank named
+    assert (inc.klass, inc.culprit_ranks) == ("fail_stop", []) and "[local rank 2]" in inc.summary
     (inc,) = log_incidents(_read(line, local_offset=8))[0]  # node rank 1, 8 ranks a node
     assert inc.culprit_ranks == [10]
 
@@ -95,7 +96,8 @@ def test_srun_labels_are_ranks_or_nodes_as_the_lines_say():
     assert inc.culprit_ranks == [3]
     per_node = "".join(f"{n}: [default{k}]:step 10 loss 2.31\n" for n in range(2) for k in range(4)) + (
         "1: [default2]:torch.OutOfMemoryError: CUDA out of memory.\n")
-    assert log_incidents(_read(per_node))[0] == []  # node 1's local rank 2: no global rank without the node's size
+    (inc,) = log_incidents(_read(per_node))[0]  # node 1's local rank 2: no global rank without the node's size
+    assert inc.culprit_ranks == []
     (inc,) = log_incidents(_read(per_node, nproc_per_node=4))[0]
     assert inc.culprit_ranks == [6] and inc.hosts == []
 

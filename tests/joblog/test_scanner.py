@@ -212,3 +212,19 @@ def test_pytorchs_desync_report_names_its_ranks_not_the_rank_that_printed_it():
     s.feed("stderr", b"[rank1]: - To our best knowledge, ranks [47] are the lagging ranks that caused this timeout.\n")
     (ev,) = _kinds(s)
     assert ev[:2] == (47, "desync") and "never joined" in ev[2]
+
+
+def test_a_loggers_time_stamp_before_the_rank_prefix_and_torchruns_agent_line():
+    """"2024-11-20 14:37:16 [rank3]: …" is rank 3's; the agent's "failed (exitcode: -9) local_rank: 3"
+    names a local rank: global with the launch's offset, else kept local in the text."""
+    s = LogScanner()
+    s.feed("stderr", b"2024-11-20 14:37:16 [rank3]: torch.OutOfMemoryError: CUDA out of memory.\n"
+                     b"[2024-11-26 02:04:31,514] torch.distributed.elastic.multiprocessing.api: [ERROR] failed "
+                     b"(exitcode: -11) local_rank: 1 (pid: 750662) of binary: /usr/bin/python\n")
+    assert [(r, k, t) for r, k, t in _kinds(s)] == [
+        (3, "oom", "torch.OutOfMemoryError: CUDA out of memory."),
+        (-1, "killed", "local rank 1 (pid 750662) ended by signal 11 (SIGSEGV)")]
+    s = LogScanner(local_offset=4)
+    s.feed("stderr", b"ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 3 (pid: 17)"
+                     b" of binary: /usr/bin/python\n")
+    assert _kinds(s) == [(7, "worker_failed", "rank 7 (pid 17) exited with code 1")]
