@@ -146,8 +146,11 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
     failed = [e for e in events if e["kind"] in _FAIL_STOP and e["rank"] >= 0]
     # a rank whose own last words are a lost peer ("Connection closed by peer") and that the
     # launcher then reports failed (exit code 1) died of another rank's failure: a victim
-    stated = {int(e["rank"]) for e in failed if e["kind"] in _SELF_STATED}
-    lost = {int(e["rank"]) for e in events if e["kind"] == "peer_lost" and e["rank"] >= 0}
+    # (or timed out waiting: a watchdog's or gloo's timeout) and that the launcher then reports
+    # failed died of another rank's failure too, once some rank failed on its own account
+    stated = {int(e["rank"]) for e in failed if e["kind"] in _SELF_STATED
+              or (e["kind"] == "killed" and "SIGABRT" not in str(e["text"]))}
+    lost = {int(e["rank"]) for e in events if e["kind"] in ("peer_lost", "watchdog_timeout") and e["rank"] >= 0}
     if stated:
         failed = [e for e in failed if int(e["rank"]) in stated or int(e["rank"]) not in lost]
     else:

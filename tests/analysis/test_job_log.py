@@ -192,3 +192,14 @@ def test_a_worker_the_log_gives_no_global_rank_is_a_fail_stop_naming_no_rank():
     (inc,) = correlate(events, TOPOLOGY, [], step_of_ts)
     assert (inc.klass, inc.culprit_ranks, inc.state) == ("fail_stop", [], "suspected")
     assert "local rank 3 (pid 812917) ended by signal 9" in inc.summary and "no global rank" in inc.summary
+
+
+def test_ranks_that_timed_out_waiting_for_a_killed_rank_are_its_victims():
+    """Rank 1 killed (SIGKILL); ranks 0 and 2 time out waiting for it and exit 1: rank 1 alone."""
+    events = [_event(1, 30, "killed", "rank 1 (pid 11) ended by signal 9 (SIGKILL)"),
+              _event(0, 40, "watchdog_timeout", "RuntimeError: Timed out waiting 16000ms for recv operation"),
+              _event(2, 40, "watchdog_timeout", "RuntimeError: Timed out waiting 16000ms for recv operation"),
+              _event(0, 41, "worker_failed", "rank 0 (pid 10) exited with code 1"),
+              _event(2, 41, "worker_failed", "rank 2 (pid 12) exited with code 1")]
+    (inc,) = correlate(events, TOPOLOGY, [], step_of_ts)
+    assert (inc.klass, inc.culprit_ranks) == ("fail_stop", [1])
