@@ -189,8 +189,9 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
 def _unranked_failure(events: list[dict[str, Any]], incidents: list[Incident],
                       step: Callable[[dict[str, Any]], int]) -> None:
     """A worker failed and the log gives it no global rank (torchrun's agent names a local rank;
-    which node's, a merged log may not say): a fail-stop naming no rank, its words quoted."""
-    if any(i.klass in (IncidentClass.HANG, IncidentClass.FAIL_STOP) for i in incidents):
+    which node's, a merged log may not say): a fail-stop naming no rank, its words quoted — where
+    no other incident tells the job's end."""
+    if any(i.severity != Severity.INFO for i in incidents):
         return
     lost = [e for e in events if e["kind"] in _FAIL_STOP and e["rank"] < 0
             and not (e["kind"] == "killed" and "SIGABRT" in str(e["text"]))]
@@ -211,11 +212,8 @@ def _unnamed_hang(events: list[dict[str, Any]], incidents: list[Incident],
                   step: Callable[[dict[str, Any]], int]) -> None:
     """A collective timed out (a watchdog said so, or ranks were aborted for it) and nothing names
     the rank it waited for: a hang with no culprit, said so — not "no failure"."""
-    if any(i.klass in (IncidentClass.HANG, IncidentClass.FAIL_STOP) for i in incidents):
-        return
-    if any(i.severity != Severity.INFO and any(e.get("kind") == EvidenceKind.LOG_LINES and any(
-            x.get("kind") == "watchdog_timeout" for x in e.get("events", [])) for e in i.evidence) for i in incidents):
-        return  # an incident already tells the timeout (a slow link's collectives timing out)
+    if any(i.severity != Severity.INFO for i in incidents):
+        return  # a fault already told: the timeout is most likely its consequence (one fault, one incident)
     said = [e for e in events if e["kind"] in ("watchdog_timeout", "desync")
             or (e["kind"] == "killed" and "SIGABRT" in str(e["text"]))]
     if not said:

