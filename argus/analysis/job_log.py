@@ -144,10 +144,9 @@ def correlate(events: list[dict[str, Any]], topology: Topology, incidents: list[
             inc.evidence = [*inc.evidence, {"level": Level.LOG, "kind": EvidenceKind.LOG_LINES, "events": [
                 _shown(e, step(e)) for e in shown], "total": len(mine)}]
     failed = [e for e in events if e["kind"] in _FAIL_STOP and e["rank"] >= 0]
-    # a rank whose own last words are a lost peer ("Connection closed by peer") and that the
-    # launcher then reports failed (exit code 1) died of another rank's failure: a victim
-    # (or timed out waiting: a watchdog's or gloo's timeout) and that the launcher then reports
-    # failed died of another rank's failure too, once some rank failed on its own account
+    # a rank whose own last words are a lost peer ("Connection closed by peer") or a timeout
+    # waiting (a watchdog's, gloo's) and that the launcher then reports failed (exit code 1) died
+    # of another rank's failure — a victim, once some rank failed on its own account
     stated = {int(e["rank"]) for e in failed if e["kind"] in _SELF_STATED
               or (e["kind"] == "killed" and "SIGABRT" not in str(e["text"]))}
     lost = {int(e["rank"]) for e in events if e["kind"] in ("peer_lost", "watchdog_timeout") and e["rank"] >= 0}

@@ -159,6 +159,7 @@ class LogScanner:
         self.pending.append(LogEvent(self.clock(), rank, stream, kind, severity, (self._note + text)[:MAX_TEXT], pid))
 
     def _rank_of(self, line: str) -> tuple[int, str]:
+        self._note = ""  # each line's own: a [rankN] line after a [defaultN] one says no local rank
         stamp = _STAMP.match(line)
         if stamp:
             line = line[stamp.end():]
@@ -171,7 +172,6 @@ class LogScanner:
             line = line[m.end():]
         if rank is not None:
             return rank, line
-        self._note = ""
         if local is not None:
             if self.local_offset is not None:
                 return self.local_offset + local, line

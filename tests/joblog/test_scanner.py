@@ -228,3 +228,11 @@ def test_a_loggers_time_stamp_before_the_rank_prefix_and_torchruns_agent_line():
     s.feed("stderr", b"ERROR:torch.distributed.elastic.multiprocessing.api:failed (exitcode: 1) local_rank: 3 (pid: 17)"
                      b" of binary: /usr/bin/python\n")
     assert _kinds(s) == [(7, "worker_failed", "rank 7 (pid 17) exited with code 1")]
+
+
+def test_a_local_rank_note_belongs_to_its_own_line_only():
+    s = LogScanner()
+    s.feed("stderr", b"[default3]:torch.OutOfMemoryError: CUDA out of memory.\n"
+                     b"[rank5]: torch.OutOfMemoryError: CUDA out of memory.\n")
+    assert _kinds(s) == [(-1, "oom", "[local rank 3] torch.OutOfMemoryError: CUDA out of memory."),
+                         (5, "oom", "torch.OutOfMemoryError: CUDA out of memory.")]
