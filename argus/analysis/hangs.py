@@ -53,6 +53,9 @@ class HangState:
     stalled_s: float
     threshold_s: float
     detected_ns: int
+    #: ranks an earlier row of this hang saw alive and waiting on the others: dead later, they
+    #: were killed with the job (an operator's SIGTERM, the watchdog), not the hang's cause
+    waited_alive: frozenset[int] = frozenset()
 
     def groups_of(self, rank: int) -> dict[int, dict[str, Any]]:
         return {int(g["key"]): g for g in json.loads(self.rows[rank]["groups"] or "[]")}
@@ -65,13 +68,17 @@ def load_hang_state(attempt: Attempt) -> HangState | None:
     if t.num_rows == 0:
         return None
     rows: dict[int, dict[str, Any]] = {}
-    for row in sorted(t.to_pylist(), key=lambda r: r["detected_ns"]):
+    every = sorted(t.to_pylist(), key=lambda r: r["detected_ns"])
+    for row in every:
         rows[int(row["rank"])] = row  # the latest per rank
     latest = max(r["detected_ns"] for r in rows.values())
     threshold = max(r["threshold_s"] for r in rows.values())
     # rows of an earlier, resolved stall are not part of this one
-    rows = {k: r for k, r in rows.items() if latest - r["detected_ns"] <= 2 * threshold * 1e9 + 60e9}
-    return HangState(rows, max(r["stalled_s"] for r in rows.values()), threshold, latest)
+    span_ns = 2 * threshold * 1e9 + 60e9
+    rows = {k: r for k, r in rows.items() if latest - r["detected_ns"] <= span_ns}
+    waited = frozenset(int(r["rank"]) for r in every if latest - r["detected_ns"] <= span_ns
+                       and r["alive"] and r["waiting"] and r is not rows.get(int(r["rank"])))
+    return HangState(rows, max(r["stalled_s"] for r in rows.values()), threshold, latest, waited)
 
 
 def _behind(state: HangState) -> tuple[set[int], dict[int, tuple[str, int]]]:
@@ -114,7 +121,7 @@ def hang_incident(attempt: Attempt, topology: Topology) -> Incident | None:
     waiting = sorted(r for r, row in rows.items() if row["waiting"] and r not in behind)
     if not waiting:
         return None  # nobody waits on anybody: a stall of this host, not a distributed hang
-    dead = sorted(r for r, row in rows.items() if not row["alive"])
+    dead = sorted(r for r, row in rows.items() if not row["alive"] and r not in state.waited_alive)
     reported = set(rows)
     missing = sorted(set(range(world)) - reported)
     culprits = sorted(set(dead) | behind)

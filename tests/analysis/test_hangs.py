@@ -83,6 +83,25 @@ def test_a_frozen_rank_inside_the_collective_is_the_culprit_not_the_network(tmp_
     assert not any(p in inc.summary for p in ("a link", "network"))
 
 
+def test_a_rank_killed_with_the_job_after_it_waited_is_no_culprit(tmp_path):
+    """The hang drill's teardown: rank 1 stopped inside its all-reduce, the others waiting; the
+    operator's SIGTERM then ends rank 0 first, and the processor's next snapshot finds it dead.
+    A rank seen waiting on the others earlier in the hang is the job's end, not its cause (CI
+    named ranks 0 and 1)."""
+    def later(attempt):
+        t = attempt.read("hangs").to_pylist()
+        for row in t:
+            row["detected_ns"] += 5 * 10**9
+            row["stalled_s"] += 5.0
+            row["alive"] = row["rank"] != 0
+        cols = {c: [r[c] for r in t] for c in TABLES["hangs"].column_names}
+        attempt.writer("host0").write("hangs", cols, window=1)
+
+    (inc,) = _snapshot(tmp_path, {r: (25, 24, "dp-allreduce", "") for r in range(4)}, proc_state={1: "T"},
+                       before=later)
+    assert inc.culprit_ranks == [1]
+
+
 def test_a_rank_frozen_for_a_while_is_a_host_stall_once_the_job_goes_on(tmp_path):
     """The same freeze, resumed before the job died: no hang, and no rank to blame from the
     timings either — the snapshot's process state names it, a host stall. A stall with every

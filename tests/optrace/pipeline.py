@@ -34,6 +34,7 @@ class Job:
     stage_factor: dict[int, float] = field(default_factory=dict)  # stage → compute factor (a long stage)
     seq_sigma: float = 0.0  # per (replica, step, microbatch) length factor, the same on every stage
     whole: dict[int, float] = field(default_factory=dict)  # step → every rank's compute factor (the job slowed)
+    time_scale: float = 1.0  # every time × this (a job of longer steps, the same shape)
 
 
 def _stage_ops(pp: int, s: int, m: int) -> list[list[tuple[str, int]]]:
@@ -169,7 +170,10 @@ def make(job: Job) -> tuple[pa.Table, list[float], list[float]]:
                    stage_factor={s: mean for s in range(job.pp)})
         rows0, clock0 = _replica_step(base, 0, step, np.full(job.pp, AG), None, np.ones(job.microbatches))
         ideal.append(float(clock0.max() + RS + OPT))
-    return pa.table(table), recorded, ideal
+    k = job.time_scale
+    table["start_ts"] = [t * k for t in table["start_ts"]]
+    table["duration"] = [t * k for t in table["duration"]]
+    return pa.table(table), [t * k for t in recorded], [t * k for t in ideal]
 
 
 def write(job: Job, path) -> tuple[list[float], list[float]]:
