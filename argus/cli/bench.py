@@ -117,6 +117,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                                              "(healthy) node: the false-fail rate")
     hc.add_argument("--runs", type=int, default=30, help="quick checks after the baseline (default 30)")
     hc.add_argument("--baseline-dir", help="where the baseline goes (default: a temporary directory)")
+    hc.add_argument("--load", action="store_true",
+                    help="with one process spinning on a CPU beside every check after the baseline: how often the "
+                         "check says the node is loaded (exit 3) rather than failing it")
     hc.set_defaults(func=_run_healthcheck)
 
     p = bsub.add_parser("processor", help="compression rate, socket throughput, CPU at a paced rate, memory")
@@ -234,7 +237,7 @@ def _run_healthcheck(args: argparse.Namespace) -> int:
 
     if args.runs < 1:
         raise ConfigError(f"--runs must be at least 1 (got {args.runs})")
-    run(args.runs, args.baseline_dir)
+    run(args.runs, args.baseline_dir, load=args.load)
     return 0
 
 

@@ -87,13 +87,52 @@ def judge(report: HealthReport, baseline: HealthReport | None, threshold: float 
         rest = [x for x in by_metric[(m.level, m.metric, m.size_bytes)] if x.subject != m.subject]
         mine = [k.partition(" ")[0] for k in changed if _concerns(k, m.subject)]
         b = base.get(m.key)
-        out.append(_verdict(m, b.value if b else None, rest, threshold, mine, b.noise if b else 0.0))
+        out.append(_verdict(m, b.value if b else None, rest, threshold, mine, b.noise if b else 0.0,
+                            b.samples if b else ()))
     return out
 
 
+#: A latency (µs, messages below ``LATENCY_BYTES``) fails from this much slower than its reference
+#: (1.5×): a loopback or NVLink latency is a few µs of software and scheduling, whose spread is
+#: larger than a bandwidth's
+LATENCY_TOLERANCE = 0.5
+#: With rounds on both sides, a figure fails only where its deficit is beyond the line with this
+#: confidence: the lower bound of a bootstrap interval of the ratio of the two runs' medians
+CONFIDENCE = 0.95
+BOOTSTRAP = 2000
+MIN_SAMPLES = 3
+
+
+def deficit_bound(now: np.ndarray, ref: np.ndarray, confidence: float = CONFIDENCE) -> float:
+    """The deficit ``1 − median(now)/median(ref)`` (values: higher is better) that the rounds show
+    with ``confidence``: one minus the upper quantile of the ratio of medians over bootstrap
+    resamples of both. Deterministic (a fixed seed): the same rounds, the same verdict."""
+    rng = np.random.default_rng(0)
+    a = np.median(rng.choice(now, (BOOTSTRAP, now.size)), axis=1)
+    b = np.median(rng.choice(ref, (BOOTSTRAP, ref.size)), axis=1)
+    return 1.0 - float(np.quantile(a / b, confidence))
+
+
+def _oriented(m: Measurement, xs) -> np.ndarray:  # type: ignore[no-untyped-def]
+    x = np.asarray(xs, dtype=np.float64)
+    return x if m.higher_is_better else 1.0 / np.maximum(x, 1e-12)
+
+
+def _shortfall(m: Measurement, d: float, what: str, ref: float) -> str:
+    if m.higher_is_better:
+        return f"{d:.0%} below {what} ({ref:.4g} {m.unit})"
+    return f"{1.0 / max(1.0 - d, 1e-12):.2f}× {what} latency ({ref:.4g} {m.unit})"
+
+
 def _verdict(m: Measurement, b: float | None, rest: list[Measurement], threshold: float,
-             changed: list[str], b_noise: float = 0.0) -> Verdict:
-    line = threshold * (3 if 0 < m.size_bytes < LATENCY_BYTES else 1)
+             changed: list[str], b_noise: float = 0.0, b_samples: tuple[float, ...] = ()) -> Verdict:
+    """Where both sides were measured in rounds, the deficit must pass the line with confidence
+    (``deficit_bound``); a figure of one value each (an older baseline, a probe measured once)
+    keeps the noise rule: a deficit beyond twice the measured noise and the line."""
+    if not m.higher_is_better:
+        line = 1.0 - 1.0 / (1.0 + LATENCY_TOLERANCE)
+    else:
+        line = threshold * (3 if 0 < m.size_bytes < LATENCY_BYTES else 1)
     peers = float(np.median([x.value for x in rest])) if rest else None
     # never a deficit inside twice the measured noise of what it is compared with — the
     # peers' (their rounds' spread: a slowed subject's own erratic rounds must not excuse
@@ -103,19 +142,31 @@ def _verdict(m: Measurement, b: float | None, rest: list[Measurement], threshold
     peer_noise = float(np.median([x.noise for x in rest])) if rest else 0.0
     limit_peer = max(line, min(NOISE_K * peer_noise, NOISE_CAP))
     limit_base = max(line, min(NOISE_K * max(m.noise, b_noise), NOISE_CAP))
-    d_base = 1.0 - m.value / b if b else 0.0
-    d_peer = 1.0 - m.value / peers if peers else 0.0
+    value = float(_oriented(m, [m.value])[0])
+
+    def point(ref: float | None) -> float:
+        return 1.0 - value / float(_oriented(m, [ref])[0]) if ref else 0.0
+
+    d_base, d_peer = point(b), point(peers)
     d_expected = 1.0 - m.value / m.expected if m.expected else 0.0
     deficit = max(d_base, d_peer, d_expected, 0.0)
     if b is None and peers is None and m.expected is None:
         return Verdict(m, Status.NEW, None, None, 0.0, "no baseline and no peers to compare with")
+    mine = _oriented(m, m.samples) if len(m.samples) >= MIN_SAMPLES else None
+    fails_base = b is not None and d_base >= limit_base
+    if b is not None and mine is not None and len(b_samples) >= MIN_SAMPLES:
+        fails_base = deficit_bound(mine, _oriented(m, b_samples)) >= line
+    fails_peer = peers is not None and d_peer >= limit_peer
+    pooled = [x for r in rest for x in r.samples] if rest and all(len(r.samples) >= MIN_SAMPLES for r in rest) else []
+    if peers is not None and mine is not None and pooled:
+        fails_peer = deficit_bound(mine, _oriented(m, pooled)) >= line
     reasons = []
     if m.expected is not None and m.value < m.expected:  # a reported maximum: any shortfall, no noise
         reasons.append(f"below the hardware's maximum ({m.value:.4g} of {m.expected:.4g} {m.unit})")
-    if b is not None and d_base >= limit_base:
-        reasons.append(f"{d_base:.0%} below this node's baseline ({b:.4g} {m.unit})")
-    if peers is not None and d_peer >= limit_peer:
-        reasons.append(f"{d_peer:.0%} below its peers' median ({peers:.4g} {m.unit})")
+    if fails_base and b is not None:
+        reasons.append(_shortfall(m, d_base, "this node's baseline", b))
+    if fails_peer and peers is not None:
+        reasons.append(_shortfall(m, d_peer, "its peers' median", peers))
     if reasons and changed:
         reasons.append("the baseline was taken with other " + ", ".join(changed))
     status = Status.FAIL if reasons else Status.PASS

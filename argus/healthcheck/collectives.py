@@ -34,6 +34,9 @@ BUS_FACTOR = {"all_reduce": lambda n: 2.0 * (n - 1) / n, "all_gather": lambda n:
               "broadcast": lambda n: 1.0}
 GLOO_OPS = ("all_reduce", "all_gather", "broadcast")
 PAIR_ROUNDS = 3  # each link measured in this many rounds
+#: each collective and size measured in this many rounds, round-robin over them, in the same
+#: time as one: a verdict compares the rounds' distributions (``baseline.deficit_bound``)
+ROUNDS = 5
 #: each rank's matrix products measured in this many rounds (on a CPU, one rank at a time,
 #: interleaved): a neighbour's burst that hits two rounds of one rank cannot move its median
 GEMM_ROUNDS = 5
@@ -98,6 +101,34 @@ def _timed_collective(fn, sync, group, device, seconds: float, warm_up: bool = T
     return float(took.item())
 
 
+def _nbytes(size: int, world: int) -> int:
+    n = max(size // 4, world)
+    return 4 * (n - n % world)
+
+
+def _collective(op: str, n: int, world: int, cuda: bool, device):  # type: ignore[no-untyped-def]
+    """One call of ``op`` on ``n`` float32 elements a rank."""
+    import torch
+    import torch.distributed as dist
+
+    x = torch.ones(n, device=device)
+    if op == "all_gather":
+        if cuda:
+            out = torch.empty(n * world, device=device)
+            return lambda: dist.all_gather_into_tensor(out, x)
+        outs = [torch.empty_like(x) for _ in range(world)]
+        return lambda: dist.all_gather(outs, x)
+    if op == "reduce_scatter":
+        out = torch.empty(n // world, device=device)
+        return lambda: dist.reduce_scatter_tensor(out, x)
+    if op == "all_to_all":
+        out = torch.empty_like(x)
+        return lambda: dist.all_to_all_single(out, x)
+    if op == "broadcast":
+        return lambda: dist.broadcast(x, 0)
+    return lambda: dist.all_reduce(x)
+
+
 def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: float, gemm_n: int,
             pair_bytes: int = 1 << 20, local_rank: int | None = None) -> dict | None:
     """One rank's part of the net level; rank 0 returns the job's document, the others None.
@@ -124,24 +155,15 @@ def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: 
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     ops = NCCL_OPS if cuda else GLOO_OPS
-    rows = []
-    for op in ops:
-        for size in sizes:
+    cases = [(op, size) for op in ops for size in sizes]
+    per_case: list[list[float]] = [[] for _ in cases]
+    for round_ in range(ROUNDS):  # round-robin: a moment's slowdown of the machine hits one round of each
+        for i, (op, size) in enumerate(cases):
             n = max(size // 4, world)  # float32 elements, divisible work for every rank
             n -= n % world
-            x = torch.ones(n, device=device)
-            if op == "all_gather":
-                fn = lambda: dist.all_gather_into_tensor(torch.empty(n * world, device=device), x) if cuda \
-                    else dist.all_gather([torch.empty_like(x) for _ in range(world)], x)  # noqa: E731, B023
-            elif op == "reduce_scatter":
-                fn = lambda: dist.reduce_scatter_tensor(torch.empty(n // world, device=device), x)  # noqa: E731, B023
-            elif op == "all_to_all":
-                fn = lambda: dist.all_to_all_single(torch.empty_like(x), x)  # noqa: E731, B023
-            elif op == "broadcast":
-                fn = lambda: dist.broadcast(x, 0)  # noqa: E731, B023
-            else:
-                fn = lambda: dist.all_reduce(x)  # noqa: E731, B023
-            rows.append((op, n * 4, _timed_collective(fn, sync, None, device, seconds)))
+            fn = _collective(op, n, world, cuda, device)
+            per_case[i].append(_timed_collective(fn, sync, None, device, seconds / ROUNDS, warm_up=round_ == 0))
+    rows = [(op, _nbytes(size, world), float(np.median(t)), t) for (op, size), t in zip(cases, per_case)]
     hosts: list = [None] * world
     dist.all_gather_object(hosts, os.environ.get(argus_env.HOST) or _socket.gethostname())
     first: dict[str, int] = {}
@@ -162,7 +184,7 @@ def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: 
     # (a, b, median seconds, spread: 1 − best/worst, the link's own noise in this run). The
     # median, not the best: a link that is slow a third of the time is slow (and a best-of
     # would let any duty-cycled limit — a CPU quota, a throttling clock — look healthy)
-    pairs = [(a, b, float(np.median(t)), 1.0 - min(t) / max(t)) for (a, b), t in rounds.items()]
+    pairs = [(a, b, float(np.median(t)), 1.0 - min(t) / max(t), t) for (a, b), t in rounds.items()]
     every_pair: list = [None] * world
     dist.all_gather_object(every_pair, pairs)
     mine: list[float] = []
@@ -174,13 +196,15 @@ def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: 
                 if r == rank:
                     mine.append(gemm_gflops(torch, gemm_n, torch.float32, seconds / GEMM_ROUNDS))
                 dist.barrier()
-    gflops = torch.tensor([float(np.median(mine)), 1.0 - min(mine) / max(mine)], device=device, dtype=torch.float64)
+    gflops = torch.tensor([float(np.median(mine)), 1.0 - min(mine) / max(mine), *mine], device=device,
+                          dtype=torch.float64)
     every = [torch.zeros_like(gflops) for _ in range(world)]
     dist.all_gather(every, gflops)
     doc = {"world": world, "backend": "nccl" if cuda else "gloo", "rows": rows, "hosts": [str(h) for h in hosts],
-           "pairs": sorted({tuple(x) for got in every_pair for x in got}),  # both members: one figure
+           "pairs": [v for _, v in sorted({(x[0], x[1]): list(x) for got in every_pair for x in got}.items())],
+           # both members measured a pair: one figure
            "pair_bytes": pair_bytes, "gemm": [float(g[0].item()) for g in every],
-           "gemm_noise": [float(g[1].item()) for g in every]}
+           "gemm_noise": [float(g[1].item()) for g in every], "gemm_samples": [g[2:].tolist() for g in every]}
     dist.barrier()
     dist.destroy_process_group()
     return doc if rank == 0 else None
@@ -198,24 +222,37 @@ def to_measurements(doc: dict) -> list[Measurement]:
     shares one slow link with it), and each rank's matrix products."""
     import numpy as np
 
+    from argus.healthcheck.baseline import LATENCY_BYTES
+
     world = int(doc["world"])
-    ms = [Measurement(Level.NET, f"{op}_busbw_gbs", f"ranks:0-{world - 1}", busbw(op, size, t, world), "GB/s", size)
-          for op, size, t in doc["rows"]]
+    ms = []
+    for row in doc["rows"]:
+        op, size, t = row[0], int(row[1]), float(row[2])
+        rounds = [float(x) for x in row[3]] if len(row) > 3 else []
+        subject = f"ranks:0-{world - 1}"
+        if size < LATENCY_BYTES:  # latency-bound: judged as the time of one call
+            ms.append(Measurement(Level.NET, f"{op}_latency_us", subject, t * 1e6, "µs", size,
+                                  samples=tuple(x * 1e6 for x in rounds), higher_is_better=False))
+        else:
+            ms.append(Measurement(Level.NET, f"{op}_busbw_gbs", subject, busbw(op, size, t, world), "GB/s", size,
+                                  samples=tuple(busbw(op, size, x, world) for x in rounds)))
     size = int(doc.get("pair_bytes", 0))
     per_host: dict[str, list[float]] = {}
-    pairs = [tuple(p) + (0.0,) * (4 - len(p)) for p in doc.get("pairs", [])]
+    pairs = [tuple(p) + (0.0, [])[len(p) - 3:] if len(p) < 5 else tuple(p) for p in doc.get("pairs", [])]
     host_noise: dict[str, list[float]] = {}
-    for a, b, t, spread in pairs:
+    for a, b, t, spread, rounds in pairs:
         value = busbw("all_reduce", size, t, 2)
-        ms.append(Measurement(Level.NET, "link_busbw_gbs", f"link:{a}~{b}", value, "GB/s", size, float(spread)))
+        ms.append(Measurement(Level.NET, "link_busbw_gbs", f"link:{a}~{b}", value, "GB/s", size, float(spread),
+                              samples=tuple(busbw("all_reduce", size, x, 2) for x in rounds)))
         for h in (a, b):
             per_host.setdefault(h, []).append(value)
             host_noise.setdefault(h, []).append(float(spread))
     ms += [Measurement(Level.NET, "host_links_busbw_gbs", f"host:{h}", float(np.median(v)), "GB/s", size,
                        float(np.median(host_noise[h]))) for h, v in per_host.items()]
     spread = doc.get("gemm_noise") or [0.0] * len(doc["gemm"])
-    ms += [Measurement(Level.NET, "gemm_fp32_gflops", f"rank:{r}", g, "GFLOP/s", 0, float(n))
-           for r, (g, n) in enumerate(zip(doc["gemm"], spread))]
+    rounds_of = doc.get("gemm_samples") or [[] for _ in doc["gemm"]]
+    ms += [Measurement(Level.NET, "gemm_fp32_gflops", f"rank:{r}", g, "GFLOP/s", 0, float(n), samples=tuple(k))
+           for r, (g, n, k) in enumerate(zip(doc["gemm"], spread, rounds_of))]
     return ms
 
 

@@ -23,6 +23,8 @@ class Status(StrEnum):
     PASS = "pass"
     FAIL = "fail"
     NEW = "new"  # nothing to compare with (no baseline, no peers)
+    #: below the line while other processes held the node's CPUs: the node's state, not judged
+    LOADED = "loaded"
 
 
 def gpu_subject(uuid: str) -> str:
@@ -68,6 +70,11 @@ class Measurement:
     #: width, from NVML), where it says one: any shortfall fails, whatever its peers show — a
     #: node whose GPUs all trained down alike has no healthy peer to be compared with
     expected: float | None = None
+    #: the figure of each round it was measured in (its ``value`` is their median): the
+    #: distribution a verdict compares, with confidence, against the baseline's
+    samples: tuple[float, ...] = ()
+    #: False for a latency (µs): lower is better
+    higher_is_better: bool = True
 
     @property
     def key(self) -> tuple[str, str, str, int]:
@@ -77,6 +84,12 @@ class Measurement:
         d = {**asdict(self), "level": str(self.level)}
         if self.expected is None:  # most figures have none: the document stays as it was
             del d["expected"]
+        if self.samples:
+            d["samples"] = [float(f"{x:.6g}") for x in self.samples]
+        else:
+            del d["samples"]
+        if self.higher_is_better:
+            del d["higher_is_better"]
         return d
 
     @classmethod
@@ -84,7 +97,8 @@ class Measurement:
         expected = d.get("expected")
         return cls(Level(d["level"]), str(d["metric"]), str(d["subject"]), float(d["value"]), str(d["unit"]),
                    int(d.get("size_bytes", 0)), float(d.get("noise", 0.0)),
-                   None if expected is None else float(expected))
+                   None if expected is None else float(expected), tuple(float(x) for x in d.get("samples", ())),
+                   bool(d.get("higher_is_better", True)))
 
 
 @dataclass(frozen=True)
@@ -122,6 +136,15 @@ class HealthReport:
                 "skipped": [{"check": c, "reason": r} for c, r in self.skipped],
                 **({"rank_hosts": self.rank_hosts} if self.rank_hosts else {}),
                 **({"gpus": [g.to_json() for g in self.gpus]} if self.gpus else {})}
+
+    def remeasured(self, again: "HealthReport", keys: set) -> list[tuple]:
+        """Each figure of ``keys`` as ``again`` measured it (the figure judged now). Returns the
+        keys replaced."""
+        more = {m.key: m for m in again.measurements if m.key in keys}
+        for i, m in enumerate(self.measurements):
+            if m.key in more:
+                self.measurements[i] = more[m.key]
+        return [k for k in (m.key for m in self.measurements) if k in more]
 
     @classmethod
     def from_json(cls, d: dict) -> "HealthReport":

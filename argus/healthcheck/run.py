@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from argus import env as argus_env
 from argus.healthcheck.burn import BurnMonitor, PcieLink, merge_links, pcie_measurements
-from argus.healthcheck.collectives import default_sizes, measure, net_measurements, to_measurements
+from argus.healthcheck.collectives import ROUNDS, default_sizes, measure, net_measurements, to_measurements
 from argus.healthcheck.gpus import local_gpus, nvml_versions
 from argus.healthcheck.model import HealthReport, Level, LocalGpu, Measurement, gpu_subject
 from argus.healthcheck.probes import (Clock, copy_gbs, gemm_gflops, host_copy_gbs, p2p_gbs,
@@ -131,8 +131,10 @@ def run_checks(config: CheckConfig, progress: Callable[[str], None] | None = Non
         _net_level(run)
     if Level.E2E in config.levels:
         run.say("e2e: the bundled transformer's training throughput")
-        run.add(Measurement(Level.E2E, "train_tokens_per_s", "device", train_tokens_per_s(torch, 4 * config.probe_s),
-                            "tokens/s", 0))
+        def train(t: float) -> float:
+            return train_tokens_per_s(torch, t)
+
+        run.add(*_in_rounds(Level.E2E, "train_tokens_per_s", "device", "tokens/s", 0, [train], 4 * config.probe_s))
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -148,17 +150,35 @@ def _dtypes(torch: Any, cuda: bool) -> list[tuple[str, Any]]:
     return [("fp32", torch.float32), ("bf16", torch.bfloat16)] + ([("fp16", torch.float16)] if cuda else [])
 
 
+def _in_rounds(level: Level, metric: str, subject: str, unit: str, size: int,
+               probes: list[Callable[[float], float]], seconds: float) -> list[Measurement]:
+    """Each probe measured in ``ROUNDS`` rounds of ``seconds / ROUNDS``, round-robin over the
+    probes (a moment's slowdown hits one round of each); per probe, the median, the spread
+    (1 − worst/best) and the rounds themselves."""
+    took: list[list[float]] = [[] for _ in probes]
+    for _ in range(ROUNDS):
+        for i, probe in enumerate(probes):
+            took[i].append(probe(seconds / ROUNDS))
+    return [Measurement(level, metric, subject, float(sorted(t)[len(t) // 2]), unit, size,
+                        1.0 - min(t) / max(t) if max(t) > 0 else 0.0, samples=tuple(t)) for t in took]
+
+
 def _cpu_level(run: _Run) -> dict[str, PcieLink]:
     """The gpu level without a GPU: the CPU's matrix products and memory, as subject ``device``."""
     torch, cfg, s = run.torch, run.config, run.config.probe_s
     n = 1024 if cfg.full else 512
     for label, dtype in _dtypes(torch, cuda=False):
         run.say(f"gpu: {label} matrix products ({n}×{n})")
-        run.add(Measurement(Level.GPU, f"gemm_{label}_gflops", "device",
-                            gemm_gflops(torch, n, dtype, s, clock=cfg.clock), "GFLOP/s", 0))
+        def gemm(t: float, dtype: Any = dtype) -> float:
+            return gemm_gflops(torch, n, dtype, t, clock=cfg.clock)
+
+        run.add(*_in_rounds(Level.GPU, f"gemm_{label}_gflops", "device", "GFLOP/s", 0, [gemm], s))
     nbytes = 512 << 20 if cfg.full else 64 << 20
     run.say(f"gpu: memory copies ({nbytes >> 20} MiB)")
-    run.add(Measurement(Level.GPU, "copy_gbs", "device", copy_gbs(torch, nbytes, s, clock=cfg.clock), "GB/s", nbytes))
+    def copy(t: float) -> float:
+        return copy_gbs(torch, nbytes, t, clock=cfg.clock)
+
+    run.add(*_in_rounds(Level.GPU, "copy_gbs", "device", "GB/s", nbytes, [copy], s))
     run.skip(_SENSORS, "skipped: no CUDA device (measured the CPU's arithmetic and memory instead)")
     return {}
 

@@ -25,3 +25,13 @@ def test_failed_runs_and_figures_are_counted(monkeypatch):
     assert runs[1]["failed"] == ["all_reduce_busbw_gbs ranks:0-1 64 B"] and runs[3]["failed"] == ["(no report)"]
     assert (summary["failed_runs"], summary["false_fail_rate"], summary["median_wall_s"]) == (2, 0.6667, 12.0)
     assert summary["failed_figures"] == {"all_reduce_busbw_gbs ranks:0-1 64 B": 1, "(no report)": 1}
+
+
+def test_a_loaded_answer_is_no_false_fail(monkeypatch):
+    docs = iter([(0, 10.0, {"verdicts": []}), (3, 12.0, {"verdicts": [], "load": {"others_cpu_share": 0.5}}),
+                 (1, 12.0, {"verdicts": [{"metric": "copy_gbs", "subject": "device", "status": "fail"}]})])
+    monkeypatch.setattr(hb, "_check", lambda base, save, timeout: next(docs))
+    lines: list[str] = []
+    summary = hb.run(2, emit=lines.append)
+    assert (summary["failed_runs"], summary["loaded_runs"]) == (1, 1)
+    assert json.loads(lines[1])["others_cpu_share"] == 0.5

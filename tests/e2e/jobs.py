@@ -91,16 +91,33 @@ def diagnose(store: Path, keep: bool = False) -> list[dict]:
     """Incidents worth a person's attention (warning or critical); ``keep``: written into the
     store too (what ``argus verify`` reads)."""
     doc = diagnosis(store) if keep else diagnosis(store, "--no-store")
+    _SHOWN[:] = [i for i in doc["incidents"] if i["severity"] not in ("warning", "critical")]
     return [i for i in doc["incidents"] if i["severity"] in ("warning", "critical")]
+
+
+#: the last diagnosis's incidents below warning: a failed check prints them too (a fault found but
+#: graded info is told apart from one not found at all)
+_SHOWN: list[dict] = []
+
+
+def _headline(i: dict) -> str:
+    return (f"{i['class']} {i['severity']} ranks {i['culprit_ranks']} steps {i['window']['start_step']}-"
+            f"{i['window']['end_step']} {i['impact']}: {i['summary']}")
+
+
+def none(incidents: list[dict]) -> None:
+    """No incident worth attention; else every headline (shown ones too), then the records."""
+    assert not incidents, ("\n".join(map(_headline, incidents)) + "\n"
+                           + "\n".join("(shown) " + _headline(i) for i in _SHOWN) + "\n"
+                           + json.dumps(incidents, indent=1)[:4000])
 
 
 def only(incidents: list[dict]) -> dict:
     """The one incident; else every incident's headline first (CI prints only the message's
     start), then the records."""
-    heads = "\n".join(f"{i['class']} {i['severity']} ranks {i['culprit_ranks']} steps "
-                      f"{i['window']['start_step']}-{i['window']['end_step']} {i['impact']}: {i['summary']}"
-                      for i in incidents)
-    assert len(incidents) == 1, heads + "\n" + json.dumps(incidents, indent=1)[:4000]
+    heads = "\n".join(map(_headline, incidents))
+    shown = "\n".join("(shown) " + _headline(i) for i in _SHOWN)
+    assert len(incidents) == 1, heads + "\n" + shown + "\n" + json.dumps(incidents, indent=1)[:4000]
     return incidents[0]
 
 

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("torch")
 
 from argus.workloads.netns import NamespaceCluster, available, cleanup_stale, launch_job
-from tests.e2e.jobs import diagnose, only, pin_cpu
+from tests.e2e.jobs import diagnose, none, only, pin_cpu
 
 WORKLOAD = [sys.executable, "-m", "argus.workloads.train_transformer"]
 STEPS = ["--steps", "30", "--microbatches", "2"]
@@ -107,7 +107,7 @@ def test_a_clean_run_reports_nothing(tmp_path):
     keeps only a bucket's future, and one of two buckets was lost in 8 of 120 rank-steps when
     the producer keyed launches by the id of a Work object already freed."""
     _argus_run(tmp_path / "s", ["--fault", "none"])
-    assert _incidents(tmp_path / "s") == []
+    none(_incidents(tmp_path / "s"))
     from collections import Counter
 
     from argus.store import Store
@@ -150,7 +150,7 @@ def _health(cluster, out: Path) -> None:
     res = launch_job(cluster, "-m", ["argus", "healthcheck", "--level", "net", "--json", "--seconds", "0.3",
                                      "--sizes", "8,65536", "--baseline-dir", str(out.parent / "baselines")],
                      timeout=300)
-    assert res[0].returncode in (0, 1), res[0].stderr[-3000:]
+    assert res[0].returncode in (0, 1) and res[0].stdout.strip(), res[0].stderr[-3000:]  # a verdict, not a crash
     out.write_text(res[0].stdout)
 
 
@@ -181,4 +181,4 @@ def test_the_same_pipeline_job_unthrottled_reports_nothing(tmp_path):
     """Real loopback transfers between namespaces vary from step to step and stage to stage
     (the stages move different bytes): nothing of that is a fault."""
     _netns_pipeline_job(tmp_path / "s", throttled_host=None)
-    assert _incidents(tmp_path / "s") == []
+    none(_incidents(tmp_path / "s"))

@@ -32,6 +32,7 @@ def test_a_saved_baseline_is_the_reference_of_the_next_run_and_a_deficit_exits_1
     saved = json.loads((tmp_path / "base" / (doc["saved_baseline"].rsplit("/", 1)[1])).read_text())
     for m in saved["measurements"]:  # as if the node had been a hundred times faster at delivery
         m["value"] *= 100  # (3× was not enough: beside parallel tests a first run can be 3× slower)
+        m["samples"] = [x * 100 for x in m["samples"]]
     (tmp_path / "base" / doc["saved_baseline"].rsplit("/", 1)[1]).write_text(json.dumps(saved))
     second = _run("--level", "gpu", "--json", tmp_path=tmp_path)
     assert second.returncode == 1, second.stderr[-2000:]
@@ -39,22 +40,28 @@ def test_a_saved_baseline_is_the_reference_of_the_next_run_and_a_deficit_exits_1
     assert again["baseline"]["found"] and not again["passed"]
     failed = {v["metric"] for v in again["verdicts"] if v["status"] == "fail"}
     assert failed == {"gemm_fp32_gflops", "gemm_bf16_gflops", "copy_gbs"}
-    assert all("below this node's baseline" in v["why"] for v in again["verdicts"])
+    assert all("below this node's baseline" in v["why"] and "measured twice" in v["why"] for v in again["verdicts"])
+    assert len(again["remeasured"]) == 3
     text = _run("--level", "gpu", tmp_path=tmp_path)  # the table, for a person
     assert text.returncode == 1 and "check(s) failed" in text.stdout and "gemm_fp32_gflops" in text.stdout
 
 
 def test_the_net_level_runs_real_ranks_and_measures_every_size_and_each_ranks_peers(tmp_path):
+    """Small messages as latency (µs), large ones as bus bandwidth, each in five rounds."""
     done = _run("--level", "net", "--json", tmp_path=tmp_path)
-    assert done.returncode in (0, 1), done.stderr[-2000:]  # a verdict either way, never an error
+    assert done.returncode in (0, 1, 3), done.stderr[-2000:]  # a verdict either way, never an error
     doc = json.loads(done.stdout)
     by = {}
     for m in doc["measurements"]:
         by.setdefault(m["metric"], []).append(m)
-    assert {"all_reduce_busbw_gbs", "all_gather_busbw_gbs", "broadcast_busbw_gbs"} <= set(by)
-    sizes = [m["size_bytes"] for m in by["all_reduce_busbw_gbs"]]
-    assert sizes == sorted(sizes) and sizes[0] == 8 and sizes[-1] == 4 << 20
-    assert all(m["value"] > 0 and m["subject"] == "ranks:0-1" for m in by["all_reduce_busbw_gbs"])
+    assert {"all_reduce_busbw_gbs", "all_gather_busbw_gbs", "broadcast_busbw_gbs", "all_reduce_latency_us",
+            "all_gather_latency_us", "broadcast_latency_us"} <= set(by)
+    small = [m["size_bytes"] for m in by["all_reduce_latency_us"]]
+    large = [m["size_bytes"] for m in by["all_reduce_busbw_gbs"]]
+    assert small == sorted(small) and small[0] == 8 and max(small) < 1 << 20 <= min(large) and large[-1] == 4 << 20
+    assert all(m["value"] > 0 and m["subject"] == "ranks:0-1" and len(m["samples"]) == 5
+               for m in by["all_reduce_busbw_gbs"] + by["all_reduce_latency_us"])
+    assert all(m["higher_is_better"] is False for m in by["all_reduce_latency_us"])
     assert sorted(m["subject"] for m in by["gemm_fp32_gflops"]) == ["rank:0", "rank:1"]
     peers = [v for v in doc["verdicts"] if v["metric"] == "gemm_fp32_gflops"]
     assert all(v["peers"] is not None and v["status"] in ("pass", "fail") for v in peers)
@@ -78,7 +85,7 @@ def test_a_check_kept_in_a_store_is_what_verify_reads(tmp_path, capsys):
     assert main(["verify", str(store), inc["id"]]) == 0  # nothing kept yet: it says what to run
     assert "argus healthcheck --level net" in capsys.readouterr().out
     done = _run("--level", "net", "--nproc", "4", "--sizes", "8", "--store", str(store), "--json", tmp_path=tmp_path)
-    assert done.returncode in (0, 1), done.stderr[-2000:]
+    assert done.returncode in (0, 1, 3), done.stderr[-2000:]
     ((path, doc),) = list(stored_health(store))
     printed = json.loads(done.stdout)
     printed.pop("standing")  # derived from the kept checks when printed, not kept itself
@@ -147,8 +154,12 @@ def test_a_rank_whose_cpu_the_kernel_limits_is_named_by_its_peers(tmp_path):
     try:
         proc = subprocess.Popen(_cpu_limit_check(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 120
-        while proc.poll() is None and not moved and time.monotonic() < deadline:
+        # every rank 1 the check starts (it measures a failing figure again: the limit stays, as a
+        # real quota would)
+        while proc.poll() is None and time.monotonic() < deadline:
             for pid in filter(str.isdigit, os.listdir("/proc")):
+                if int(pid) in moved:
+                    continue
                 try:
                     argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
                 except OSError:
@@ -158,6 +169,8 @@ def test_a_rank_whose_cpu_the_kernel_limits_is_named_by_its_peers(tmp_path):
                     (group / "cgroup.procs").write_text(pid)
                     moved.append(int(pid))
             time.sleep(0.02)
+            if moved:
+                time.sleep(0.05)
         out, err = proc.communicate(timeout=300)
     finally:
         for pid in (group / "cgroup.procs").read_text().split():

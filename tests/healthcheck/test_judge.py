@@ -91,3 +91,100 @@ def test_a_deficit_inside_the_measured_noise_of_its_peers_is_no_verdict_and_one_
     assert [v.measurement.subject for v in quiet if v.status == Status.FAIL] == ["link:0"]
     throttled = judge(links([0.002, 0.30, 0.31, 0.33], 0.6), None)
     assert [v.measurement.subject for v in throttled if v.status == Status.FAIL] == ["link:0"]
+
+
+def _rounds(metric: str, subject: str, size: int, rounds, higher: bool = True, level: Level = Level.NET) -> Measurement:
+    import statistics
+
+    return Measurement(level, metric, subject, statistics.median(rounds), "GB/s" if higher else "µs", size,
+                       1.0 - min(rounds) / max(rounds), samples=tuple(rounds), higher_is_better=higher)
+
+
+def _with(*ms: Measurement) -> HealthReport:
+    r = HealthReport("node-7", "cpu: test", {"torch": "2.13.0"}, 1.0)
+    r.measurements = list(ms)
+    return r
+
+
+def test_rounds_fail_only_a_deficit_beyond_the_line_with_confidence():
+    """Figures measured in rounds: 12% below in the medians but rounds that overlap the baseline's
+    is no verdict (a quiet node's rounds spread ~15%); 20% below in every round fails; an
+    erratic figure does not hide a deficit its every round shows."""
+    base = _with(_rounds("copy_gbs", "device", 1 << 26, [10.0, 10.4, 9.6, 11.2, 9.1], level=Level.GPU))
+    overlap = _with(_rounds("copy_gbs", "device", 1 << 26, [8.8, 9.9, 8.5, 9.4, 7.9], level=Level.GPU))
+    (v,) = judge(overlap, base)
+    assert v.status == Status.PASS and v.deficit > 0.1
+    slow = _with(_rounds("copy_gbs", "device", 1 << 26, [7.6, 8.0, 7.9, 7.7, 8.1], level=Level.GPU))
+    (v,) = judge(slow, base)
+    assert v.status == Status.FAIL and "below this node's baseline" in v.why
+    # the same distributions as single values (an older baseline, no rounds) keep the noise rule
+    (v,) = judge(_with(Measurement(Level.GPU, "copy_gbs", "device", 7.9, "GB/s", 1 << 26)),
+                 _with(Measurement(Level.GPU, "copy_gbs", "device", 10.0, "GB/s", 1 << 26)))
+    assert v.status == Status.FAIL
+
+
+def test_small_messages_are_judged_as_latency_with_their_own_tolerance():
+    """Below 1 MiB a collective is latency: 1.3× slower calls pass, 2× in every round fails, and
+    the verdict says it in latency, not as a bandwidth deficit."""
+    base = _with(_rounds("all_reduce_latency_us", "ranks:0-1", 64, [40.0, 42, 45, 39, 41], higher=False))
+    ok = _with(_rounds("all_reduce_latency_us", "ranks:0-1", 64, [52.0, 55, 50, 58, 53], higher=False))
+    assert judge(ok, base)[0].status == Status.PASS
+    slow = _with(_rounds("all_reduce_latency_us", "ranks:0-1", 64, [80.0, 85, 90, 83, 88], higher=False))
+    (v,) = judge(slow, base)
+    assert v.status == Status.FAIL and "× this node's baseline latency" in v.why
+    assert v.measurement.to_json()["higher_is_better"] is False
+    back = Measurement.from_json(v.measurement.to_json())
+    assert back == v.measurement
+
+
+def test_a_slow_peer_in_rounds_is_named_and_noisy_equal_peers_are_not():
+    ranks = [_rounds("gemm_fp32_gflops", f"rank:{r}", 0, [30.0 + r, 34, 29, 33, 31 + r]) for r in range(3)]
+    assert all(v.status == Status.PASS for v in judge(_with(*ranks), None))
+    limited = _rounds("gemm_fp32_gflops", "rank:3", 0, [12.0, 14, 13, 12.5, 13.5])
+    v = {x.measurement.subject: x for x in judge(_with(*ranks, limited), None)}
+    assert [s for s, x in v.items() if x.status == Status.FAIL] == ["rank:3"]
+
+
+def test_a_figure_measured_again_is_the_one_judged():
+    first = _with(_rounds("copy_gbs", "device", 1 << 26, [7.0, 7.2, 7.1, 6.9, 7.3], level=Level.GPU),
+                  _rounds("gemm_fp32_gflops", "device", 0, [30.0, 31, 29, 30, 32], level=Level.GPU))
+    again = _with(_rounds("copy_gbs", "device", 1 << 26, [10.0, 10.1, 9.9, 10.2, 9.8], level=Level.GPU),
+                  _rounds("gemm_fp32_gflops", "device", 0, [20.0, 21, 19, 20, 22], level=Level.GPU))
+    key = first.measurements[0].key
+    assert first.remeasured(again, {key}) == [key]
+    assert first.measurements[0].value == 10.0 and first.measurements[1].value == 30.0  # only what was asked
+
+
+def test_a_deficit_while_others_load_the_node_is_the_nodes_state_not_a_fault():
+    from argus.healthcheck.load import NodeLoad, mark_loaded
+
+    base = _with(_rounds("copy_gbs", "device", 1 << 26, [10.0, 10.4, 9.6, 10.2, 9.9], level=Level.GPU))
+    slow = _with(_rounds("copy_gbs", "device", 1 << 26, [6.0, 6.4, 6.1, 6.2, 5.9], level=Level.GPU))
+    (v,) = mark_loaded(judge(slow, base), NodeLoad(0.5, 10.0, 2))
+    assert v.status == Status.LOADED and "50% of the node's CPUs" in v.why
+    (v,) = mark_loaded(judge(slow, base), NodeLoad(0.02, 10.0, 2))
+    assert v.status == Status.FAIL
+
+
+def test_the_load_meter_counts_another_process_not_the_check_itself():
+    import subprocess
+    import sys
+    import time
+
+    from argus.healthcheck.load import LoadMeter
+
+    with LoadMeter() as quiet:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.5:  # the check's own work
+            pass
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        with LoadMeter() as busy:
+            time.sleep(1.0)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    q, b = quiet.result(), busy.result()
+    assert q is not None and b is not None
+    assert b.others_share > q.others_share and b.loaded, (q, b)
