@@ -42,6 +42,10 @@ def _failed(doc: dict | None) -> list[str]:
             for v in doc.get("verdicts", []) if v.get("status") == "fail"]
 
 
+def _why(doc: dict | None) -> list[str]:
+    return [str(v.get("why", ""))[:300] for v in (doc or {}).get("verdicts", []) if v.get("status") == "fail"]
+
+
 def run(runs: int = 30, baseline_dir: str | None = None, timeout_s: float = 300.0, emit=print,
         load: bool = False) -> dict:
     """Emit one JSON line per run and the summary (also returned)."""
@@ -67,6 +71,7 @@ def run(runs: int = 30, baseline_dir: str | None = None, timeout_s: float = 300.
                 per.update(failed)
                 share = (doc or {}).get("load") or {}
                 emit(json.dumps({"run": i + 1, "rc": rc, "wall_s": round(wall, 2), "failed": failed,
+                                 **({"why": _why(doc)} if failed else {}),
                                  "others_cpu_share": share.get("others_cpu_share"),
                                  "remeasured": len((doc or {}).get("remeasured") or [])}))
         finally:

@@ -20,6 +20,9 @@ EXIT_PASS, EXIT_FAIL = 0, 1  # 2: an error (argus's usual)
 #: no figure failed, but some fell below the line while other processes loaded the node: not
 #: judged (a Slurm prolog should neither drain the node nor count it as checked)
 EXIT_LOADED = 3
+#: ``--save-baseline`` measures the node this many times: a baseline is a distribution, its runs'
+#: spread part of it (``HealthReport.with_runs``)
+BASELINE_RUNS = 3
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -99,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         report = run_checks(config, progress=say)
         if report is None:  # one rank of many: rank 0 reports for the job
             return EXIT_PASS
+        if args.save_baseline and launched() is None:
+            more = [run_checks(config, progress=say) for _ in range(BASELINE_RUNS - 1)]
+            report.with_runs([r for r in more if r is not None])
         try:
             baseline = load_baseline(directory, report.host)
         except ValueError as exc:

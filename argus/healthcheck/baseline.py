@@ -155,11 +155,14 @@ def _verdict(m: Measurement, b: float | None, rest: list[Measurement], threshold
     mine = _oriented(m, m.samples) if len(m.samples) >= MIN_SAMPLES else None
     fails_base = b is not None and d_base >= limit_base
     if b is not None and mine is not None and len(b_samples) >= MIN_SAMPLES:
-        fails_base = deficit_bound(mine, _oriented(m, b_samples)) >= line
+        # the baseline's own runs differed this much (``HealthReport.with_runs``): no verdict inside it
+        limit_base = max(line, min(NOISE_K * b_noise, NOISE_CAP))
+        fails_base = deficit_bound(mine, _oriented(m, b_samples)) >= limit_base
     fails_peer = peers is not None and d_peer >= limit_peer
     pooled = [x for r in rest for x in r.samples] if rest and all(len(r.samples) >= MIN_SAMPLES for r in rest) else []
     if peers is not None and mine is not None and pooled:
-        fails_peer = deficit_bound(mine, _oriented(m, pooled)) >= line
+        # peers measured now, side by side, whose rounds spread this much: no verdict inside it
+        fails_peer = deficit_bound(mine, _oriented(m, pooled)) >= limit_peer
     reasons = []
     if m.expected is not None and m.value < m.expected:  # a reported maximum: any shortfall, no noise
         reasons.append(f"below the hardware's maximum ({m.value:.4g} of {m.expected:.4g} {m.unit})")

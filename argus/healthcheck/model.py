@@ -137,6 +137,26 @@ class HealthReport:
                 **({"rank_hosts": self.rank_hosts} if self.rank_hosts else {}),
                 **({"gpus": [g.to_json() for g in self.gpus]} if self.gpus else {})}
 
+    def with_runs(self, others: list["HealthReport"]) -> "HealthReport":
+        """This run and ``others`` of the same checks as one baseline: each figure's rounds
+        pooled, its value their median, its ``noise`` the spread of the runs' own values (1 −
+        lowest/highest) — on a shared machine runs differ more than one run's rounds do (a
+        process lands on a faster or slower vCPU), and a verdict must not fail inside that."""
+        from dataclasses import replace
+        from statistics import median
+
+        runs = [{m.key: m for m in r.measurements} for r in others]
+        for i, m in enumerate(self.measurements):
+            same = [r[m.key] for r in runs if m.key in r]
+            if not same:
+                continue
+            rounds = tuple(x for k in (m, *same) for x in (k.samples or (k.value,)))
+            values = [k.value for k in (m, *same)]
+            spread = 1.0 - min(values) / max(values) if max(values) > 0 else 0.0
+            self.measurements[i] = replace(m, value=float(median(rounds)), samples=rounds, noise=spread)
+        self.seconds += sum(r.seconds for r in others)
+        return self
+
     def remeasured(self, again: "HealthReport", keys: set) -> list[tuple]:
         """Each figure of ``keys`` as ``again`` measured it (the figure judged now). Returns the
         keys replaced."""

@@ -110,7 +110,11 @@ def test_rounds_fail_only_a_deficit_beyond_the_line_with_confidence():
     """Figures measured in rounds: 12% below in the medians but rounds that overlap the baseline's
     is no verdict (a quiet node's rounds spread ~15%); 20% below in every round fails; an
     erratic figure does not hide a deficit its every round shows."""
-    base = _with(_rounds("copy_gbs", "device", 1 << 26, [10.0, 10.4, 9.6, 11.2, 9.1], level=Level.GPU))
+    from dataclasses import replace
+
+    # a baseline whose runs agreed within 2% (``with_runs``: its noise is their spread)
+    base = _with(replace(_rounds("copy_gbs", "device", 1 << 26, [10.0, 10.4, 9.6, 11.2, 9.1], level=Level.GPU),
+                         noise=0.02))
     overlap = _with(_rounds("copy_gbs", "device", 1 << 26, [8.8, 9.9, 8.5, 9.4, 7.9], level=Level.GPU))
     (v,) = judge(overlap, base)
     assert v.status == Status.PASS and v.deficit > 0.1
@@ -188,3 +192,17 @@ def test_the_load_meter_counts_another_process_not_the_check_itself():
     q, b = quiet.result(), busy.result()
     assert q is not None and b is not None
     assert b.others_share > q.others_share and b.loaded, (q, b)
+
+
+def test_a_baseline_of_several_runs_keeps_their_spread():
+    """Three runs of one check: the rounds pooled, the runs' spread as the baseline's noise — a
+    later run inside that spread passes though every round of it is below the baseline's median."""
+    runs = [_with(_rounds("gemm_fp32_gflops", "device", 0, [v, v * 1.02, v * 0.98, v * 1.01, v * 0.99],
+                          level=Level.GPU)) for v in (100.0, 80.0, 95.0)]
+    base = runs[0].with_runs(runs[1:])
+    (m,) = base.measurements
+    assert len(m.samples) == 15 and m.noise == pytest.approx(0.2) and 80 <= m.value <= 100
+    later = _with(_rounds("gemm_fp32_gflops", "device", 0, [79.0, 80, 81, 78.5, 80.5], level=Level.GPU))
+    assert judge(later, base)[0].status == Status.PASS
+    halved = _with(_rounds("gemm_fp32_gflops", "device", 0, [40.0, 41, 39, 40.5, 39.5], level=Level.GPU))
+    assert judge(halved, base)[0].status == Status.FAIL
