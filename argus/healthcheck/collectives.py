@@ -15,11 +15,13 @@ reduce-scatter or all-to-all); with CUDA, NCCL and all five.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -99,6 +101,28 @@ def _timed_collective(fn, sync, group, device, seconds: float, warm_up: bool = T
     took = torch.tensor([once], device=device, dtype=torch.float64)
     dist.all_reduce(took, op=dist.ReduceOp.MAX, group=group)
     return float(took.item())
+
+
+@contextlib.contextmanager
+def _on_cpu(cpus: list[int], round_: int) -> Iterator[None]:
+    """The calling thread on core ``cpus[round_ % len(cpus)]`` for one round. Ranks sharing a
+    machine's cores are compared like with like: on a shared VM one vCPU runs the same work up to
+    2× slower than another for seconds at a time, so a rank that happened to sit on the slower
+    one was a slow rank (a net check's rank 0 failed its matrix products twice in a row, 1 run of
+    30). Where the thread may not move (a launcher bound it), it stays."""
+    if len(cpus) < 2:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {cpus[round_ % len(cpus)]})
+    except OSError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _nbytes(size: int, world: int) -> int:
@@ -188,13 +212,15 @@ def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: 
     every_pair: list = [None] * world
     dist.all_gather_object(every_pair, pairs)
     mine: list[float] = []
-    for _ in range(GEMM_ROUNDS):  # rounds: their median, and their spread as this rank's noise
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    for round_ in range(GEMM_ROUNDS):  # rounds: their median, and their spread as this rank's noise
         if cuda:  # each rank its own device: all at once
             mine.append(gemm_gflops(torch, gemm_n, torch.float32, seconds / GEMM_ROUNDS))
-        else:  # ranks share the machine's cores (more ranks than cores, network namespaces): one at a time
-            for r in range(world):
+        else:  # ranks share the machine's cores (more ranks than cores, network namespaces): one at a time,
+            for r in range(world):  # each round on the same core for every rank that may use it
                 if r == rank:
-                    mine.append(gemm_gflops(torch, gemm_n, torch.float32, seconds / GEMM_ROUNDS))
+                    with _on_cpu(cpus, round_):
+                        mine.append(gemm_gflops(torch, gemm_n, torch.float32, seconds / GEMM_ROUNDS))
                 dist.barrier()
     gflops = torch.tensor([float(np.median(mine)), 1.0 - min(mine) / max(mine), *mine], device=device,
                           dtype=torch.float64)
