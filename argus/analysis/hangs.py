@@ -53,8 +53,9 @@ class HangState:
     stalled_s: float
     threshold_s: float
     detected_ns: int
-    #: ranks an earlier row of this hang saw alive and waiting on the others: dead later, they
-    #: were killed with the job (an operator's SIGTERM, the watchdog), not the hang's cause
+    #: ranks an earlier row of this hang saw alive, running and waiting on the others: dead later,
+    #: they were killed with the job (an operator's SIGTERM, the watchdog), not the hang's cause.
+    #: A rank frozen in its collective (``T``, ``D``) also reads "waiting": it is not one of them
     waited_alive: frozenset[int] = frozenset()
 
     def groups_of(self, rank: int) -> dict[int, dict[str, Any]]:
@@ -77,7 +78,8 @@ def load_hang_state(attempt: Attempt) -> HangState | None:
     span_ns = 2 * threshold * 1e9 + 60e9
     rows = {k: r for k, r in rows.items() if latest - r["detected_ns"] <= span_ns}
     waited = frozenset(int(r["rank"]) for r in every if latest - r["detected_ns"] <= span_ns
-                       and r["alive"] and r["waiting"] and r is not rows.get(int(r["rank"])))
+                       and r["alive"] and r["waiting"] and str(r.get("proc_state") or "") not in FROZEN
+                       and r is not rows.get(int(r["rank"])))
     return HangState(rows, max(r["stalled_s"] for r in rows.values()), threshold, latest, waited)
 
 
