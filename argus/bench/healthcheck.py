@@ -87,3 +87,77 @@ def run(runs: int = 30, baseline_dir: str | None = None, timeout_s: float = 300.
                         "a node assumed healthy and quiet: every failed run is a false fail")}
     emit(json.dumps(summary))
     return summary
+
+
+#: the links bench's check: the net level alone, as ``tests/healthcheck/test_netns.py`` runs it
+LINK_CHECK = ("--level", "net", "--json", "--seconds", "0.4", "--sizes", "8,1048576")
+
+
+def _host_verdicts(doc: dict | None) -> dict[str, dict]:
+    return {v["subject"]: v for v in (doc or {}).get("verdicts", []) if v.get("metric") == "host_links_busbw_gbs"}
+
+
+def links(runs: int = 5, fraction: float = 0.8, hosts: int = 4, throttled: int = 2, emit=print,
+          timeout_s: float = 300.0, keep: Path | None = None) -> dict:
+    """The net level across ``hosts`` network-namespace hosts (one rank each): one baseline, then
+    ``runs`` checks as they are (each should pass), then ``runs`` with host ``throttled``'s link
+    limited by ``tc tbf`` to ``fraction`` of its links' median bus bandwidth in the baseline (each
+    should fail that host, and no other). ``keep``: each check's report is written there too.
+    Needs root, ``ip`` and ``tc``."""
+    from argus.errors import ArgusError
+    from argus.workloads.netns import NamespaceCluster, available, cleanup_stale, launch_job
+
+    why = available()
+    if why is not None:
+        raise ArgusError(f"the links bench needs network namespaces here: {why}")
+    if not 0 <= throttled < hosts or hosts < 3:
+        raise ArgusError(f"--hosts {hosts} (at least 3) and --throttled {throttled} (one of them)")
+    cleanup_stale()
+
+    def check(cluster: NamespaceCluster, base: Path, *extra: str) -> tuple[float, dict | None]:
+        t0 = time.perf_counter()
+        res = launch_job(cluster, "-m", ["argus", "healthcheck", *LINK_CHECK, "--baseline-dir", str(base), *extra],
+                         timeout=timeout_s)
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            (keep / f"check-{len(list(keep.glob('check-*.json'))):03d}.json").write_text(res[0].stdout)
+        try:
+            return time.perf_counter() - t0, json.loads(res[0].stdout)
+        except ValueError:
+            return time.perf_counter() - t0, None
+
+    out: dict = {"summary": True, "hosts": hosts, "throttled_host": throttled, "fraction": fraction, "runs": runs}
+    with tempfile.TemporaryDirectory(prefix="argus-hc-links-") as tmp, NamespaceCluster(hosts) as cluster:
+        base = Path(tmp)
+        names = [f"host:{cluster.host_name(h)}" for h in range(hosts)]
+        wall, doc = check(cluster, base, "--save-baseline")
+        linked = [v for v in (doc or {}).get("verdicts", []) if v.get("metric") == "link_busbw_gbs"]
+        if not linked:
+            raise ArgusError("the baseline measured no links")
+        gbs = sorted(float(v["value"]) for v in linked)[len(linked) // 2]
+        mbit = int(gbs * 8e3 * fraction)
+        emit(json.dumps({"baseline": True, "wall_s": round(wall, 2), "links_median_gbs": round(gbs, 4),
+                         "throttle_mbit": mbit}))
+        tallies = {"healthy": [0, 0], "throttled": [0, 0]}  # [runs failing any host, runs failing another host]
+        detected = 0
+        for phase in ("healthy", "throttled"):
+            if phase == "throttled":  # a bucket of 4 ms at the rate: tbf shapes to it, not below it
+                cluster.throttle(throttled, rate=f"{mbit}mbit", burst=f"{max(mbit * 4, 64)}kbit", latency="400ms")
+            for i in range(runs):
+                wall, doc = check(cluster, base)
+                hv = _host_verdicts(doc)
+                failed = sorted(s for s, v in hv.items() if v["status"] == "fail")
+                others = [s for s in failed if s != names[throttled]]
+                tallies[phase][0] += bool(failed)
+                tallies[phase][1] += bool(others)
+                detected += phase == "throttled" and names[throttled] in failed
+                emit(json.dumps({"phase": phase, "run": i + 1, "wall_s": round(wall, 2), "failed_hosts": failed,
+                                 "deficits": {s.removeprefix("host:"): round(float(v["deficit"]), 3)
+                                              for s, v in sorted(hv.items())},
+                                 "why": {s: hv[s]["why"][:200] for s in failed}}))
+    out.update({"false_fail_rate": round(tallies["healthy"][0] / runs, 4),
+                "detection_rate": round(detected / runs, 4),
+                "throttled_runs_failing_another_host": tallies["throttled"][1],
+                "note": f"host {throttled}'s link limited to {fraction:.0%} of the baseline's median link bus bandwidth"})
+    emit(json.dumps(out))
+    return out

@@ -120,6 +120,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     hc.add_argument("--load", action="store_true",
                     help="with one process spinning on a CPU beside every check after the baseline: how often the "
                          "check says the node is loaded (exit 3) rather than failing it")
+    hc.add_argument("--links", type=float, default=None, metavar="FRACTION",
+                    help="instead: the net level across 4 network-namespace hosts, --runs checks as they are, then "
+                         "--runs with one host's link limited by tc tbf to FRACTION (e.g. 0.8) of its measured bus "
+                         "bandwidth: the false-fail and detection rates (needs root)")
     hc.set_defaults(func=_run_healthcheck)
 
     p = bsub.add_parser("processor", help="compression rate, socket throughput, CPU at a paced rate, memory")
@@ -232,11 +236,16 @@ def _run_analysis(args: argparse.Namespace) -> int:
 
 
 def _run_healthcheck(args: argparse.Namespace) -> int:
-    from argus.bench.healthcheck import run
+    from argus.bench.healthcheck import links, run
     from argus.errors import ConfigError
 
     if args.runs < 1:
         raise ConfigError(f"--runs must be at least 1 (got {args.runs})")
+    if args.links is not None:
+        if not 0 < args.links < 1:
+            raise ConfigError(f"--links {args.links}: a fraction of the measured bandwidth, between 0 and 1")
+        links(args.runs, args.links)
+        return 0
     run(args.runs, args.baseline_dir, load=args.load)
     return 0
 

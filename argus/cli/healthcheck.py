@@ -96,7 +96,10 @@ def run(args: argparse.Namespace) -> int:
     if launched() is not None and levels != (Level.NET,):
         raise ArgusError("started by a launcher (RANK, WORLD_SIZE, MASTER_ADDR set): only --level net runs across "
                          "ranks; run the other levels once per node, without a launcher")
-    config = CheckConfig(levels=levels, full=args.full, nproc=args.nproc, seconds=args.seconds, sizes=sizes)
+    # launched across ranks, every rank runs the baseline's runs in one process group
+    runs = BASELINE_RUNS if args.save_baseline and launched() is not None else 1
+    config = CheckConfig(levels=levels, full=args.full, nproc=args.nproc, seconds=args.seconds, sizes=sizes,
+                         runs=runs)
     say = None if args.json else (lambda msg: err.print(f"[dim]{term(msg)}[/dim]"))
     with LoadMeter() as meter:
         report = run_checks(config, progress=say)

@@ -161,7 +161,14 @@ def _verdict(m: Measurement, b: float | None, rest: list[Measurement], threshold
     fails_peer = peers is not None and d_peer >= limit_peer
     pooled = [x for r in rest for x in r.samples] if rest and all(len(r.samples) >= MIN_SAMPLES for r in rest) else []
     if peers is not None and mine is not None and pooled:
-        # peers measured now, side by side, whose rounds spread this much: no verdict inside it
+        if len(rest) >= 2:
+            # peers measured now, side by side: no verdict inside twice what they differ among
+            # themselves (their medians' spread), rather than what one round differs from the next
+            # (a median of many rounds moves far less than a round: a host whose every link was
+            # throttled by a fifth hid inside its peers' round-to-round spread)
+            values = [float(_oriented(x, [x.value])[0]) for x in rest]
+            limit_peer = max(line, min(NOISE_K * (1.0 - min(values) / max(values)), NOISE_CAP))
+        # else one peer: no spread among peers to read, the rounds' spread stands
         fails_peer = deficit_bound(mine, _oriented(m, pooled)) >= limit_peer
     reasons = []
     if m.expected is not None and m.value < m.expected:  # a reported maximum: any shortfall, no noise

@@ -35,7 +35,11 @@ BUS_FACTOR = {"all_reduce": lambda n: 2.0 * (n - 1) / n, "all_gather": lambda n:
               "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
               "broadcast": lambda n: 1.0}
 GLOO_OPS = ("all_reduce", "all_gather", "broadcast")
-PAIR_ROUNDS = 3  # each link measured in this many rounds
+#: each link measured in this many rounds (even: each end on each of two shared cores as often),
+#: for ``PAIR_SECONDS`` × the per-size budget in all — a host's figure pools its links' rounds,
+#: and a link throttled by a fifth must show beyond the rounds' noise
+PAIR_ROUNDS = 6
+PAIR_SECONDS = 3.0
 #: each collective and size measured in this many rounds, round-robin over them, in the same
 #: time as one: a verdict compares the rounds' distributions (``baseline.deficit_bound``)
 ROUNDS = 5
@@ -103,26 +107,39 @@ def _timed_collective(fn, sync, group, device, seconds: float, warm_up: bool = T
     return float(took.item())
 
 
+def _threads() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
 @contextlib.contextmanager
 def _on_cpu(cpus: list[int], round_: int) -> Iterator[None]:
-    """The calling thread on core ``cpus[round_ % len(cpus)]`` for one round. Ranks sharing a
-    machine's cores are compared like with like: on a shared VM one vCPU runs the same work up to
-    2× slower than another for seconds at a time, so a rank that happened to sit on the slower
-    one was a slow rank (a net check's rank 0 failed its matrix products twice in a row, 1 run of
-    30). Where the thread may not move (a launcher bound it), it stays."""
+    """This process — every thread of it: gloo runs its collectives on threads of its own, torch
+    its matrix products on several — on core ``cpus[round_ % len(cpus)]`` for one round. Ranks
+    sharing a machine's cores are compared like with like: on a shared VM one vCPU runs the same
+    work up to 2× slower than another for seconds at a time, so a rank that happened to sit on
+    the slower one was a slow rank (a net check's rank 0 failed its matrix products twice in a
+    row, 1 run of 30). Where a thread may not move (a launcher bound it), it stays."""
     if len(cpus) < 2:
         yield
         return
-    before = os.sched_getaffinity(0)
-    try:
-        os.sched_setaffinity(0, {cpus[round_ % len(cpus)]})
-    except OSError:
-        yield
-        return
+    before: dict[int, set[int]] = {}
+    for tid in _threads():
+        try:
+            before[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, {cpus[round_ % len(cpus)]})
+        except OSError:
+            before.pop(tid, None)
     try:
         yield
     finally:
-        os.sched_setaffinity(0, before)
+        for tid, mask in before.items():
+            try:
+                os.sched_setaffinity(tid, mask)
+            except OSError:
+                pass
 
 
 def _nbytes(size: int, world: int) -> int:
@@ -154,19 +171,17 @@ def _collective(op: str, n: int, world: int, cuda: bool, device):  # type: ignor
 
 
 def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: float, gemm_n: int,
-            pair_bytes: int = 1 << 20, local_rank: int | None = None) -> dict | None:
-    """One rank's part of the net level; rank 0 returns the job's document, the others None.
+            pair_bytes: int = 1 << 20, local_rank: int | None = None, runs: int = 1) -> list[dict] | None:
+    """One rank's part of the net level, ``runs`` times in one process group (a baseline is
+    several runs: their spread is the node's run-to-run noise); rank 0 returns the job's
+    documents, one a run, the others None.
 
     Where the ranks sit on several hosts (``ARGUS_HOST``, else the host name), each pair of
     hosts is also measured alone — an all-reduce of ``pair_bytes`` between their first ranks,
-    one pair at a time, the median of ``PAIR_ROUNDS`` round-robin rounds — so that a slow link is
-    named by its hosts, not averaged into the job."""
-    import socket as _socket
-
+    one pair at a time, in ``PAIR_ROUNDS`` round-robin rounds — so that a slow link is named by
+    its hosts, not averaged into the job."""
     import torch
     import torch.distributed as dist
-
-    from argus.healthcheck.probes import gemm_gflops
 
     local = rank if local_rank is None else local_rank
     cuda = torch.cuda.is_available() and torch.cuda.device_count() > local
@@ -177,6 +192,22 @@ def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(per_host, 1)))
     dist.init_process_group("nccl" if cuda else "gloo", init_method=init_method, rank=rank, world_size=world)
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    docs = [_measure_once(rank, world, sizes, seconds, gemm_n, pair_bytes, cuda, device, first_run=i == 0)
+            for i in range(max(1, runs))]
+    dist.barrier()
+    dist.destroy_process_group()
+    return docs if rank == 0 else None
+
+
+def _measure_once(rank: int, world: int, sizes: list[int], seconds: float, gemm_n: int, pair_bytes: int,
+                  cuda: bool, device, first_run: bool) -> dict:  # type: ignore[no-untyped-def]
+    import socket as _socket
+
+    import torch
+    import torch.distributed as dist
+
+    from argus.healthcheck.probes import gemm_gflops
+
     sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
     ops = NCCL_OPS if cuda else GLOO_OPS
     cases = [(op, size) for op in ops for size in sizes]
@@ -186,7 +217,8 @@ def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: 
             n = max(size // 4, world)  # float32 elements, divisible work for every rank
             n -= n % world
             fn = _collective(op, n, world, cuda, device)
-            per_case[i].append(_timed_collective(fn, sync, None, device, seconds / ROUNDS, warm_up=round_ == 0))
+            per_case[i].append(_timed_collective(fn, sync, None, device, seconds / ROUNDS,
+                                                 warm_up=first_run and round_ == 0))
     rows = [(op, _nbytes(size, world), float(np.median(t)), t) for (op, size), t in zip(cases, per_case)]
     hosts: list = [None] * world
     dist.all_gather_object(hosts, os.environ.get(argus_env.HOST) or _socket.gethostname())
@@ -196,23 +228,27 @@ def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: 
     names = sorted(first, key=first.__getitem__)
     links = [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
     groups = [dist.new_group([first[a], first[b]]) for a, b in links]  # every rank takes part in creating each
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     rounds: dict[tuple[str, str], list[float]] = {}
-    for round_ in range(PAIR_ROUNDS):  # round-robin, the median of the rounds: a moment's slowdown of one
-        for (a, b), group in zip(links, groups):  # host (a busy neighbour, a slow vCPU) hits one round only
+    for round_ in range(PAIR_ROUNDS):  # round-robin: a moment's slowdown of one host (a busy neighbour,
+        for (a, b), group in zip(links, groups):  # a slow vCPU) hits one round of each of its links
             if rank in (first[a], first[b]):
                 x = torch.ones(pair_bytes // 4, device=device)
-                took = _timed_collective(lambda: dist.all_reduce(x, group=group), sync, group, device,  # noqa: B023
-                                         seconds / PAIR_ROUNDS, warm_up=round_ == 0)
+                # the pair's two ends on the machine's cores in turn (hosts that share a machine's
+                # cores: namespaces), so that no host's links are all measured on the slower core
+                with contextlib.nullcontext() if cuda else _on_cpu(cpus, round_ + (rank == first[b])):
+                    took = _timed_collective(lambda: dist.all_reduce(x, group=group), sync, group,  # noqa: B023
+                                             device, seconds * PAIR_SECONDS / PAIR_ROUNDS,
+                                             warm_up=first_run and round_ == 0)
                 rounds.setdefault((a, b), []).append(took)
             dist.barrier()  # one pair at a time: nothing else on the wire
-    # (a, b, median seconds, spread: 1 − best/worst, the link's own noise in this run). The
-    # median, not the best: a link that is slow a third of the time is slow (and a best-of
+    # (a, b, median seconds, spread: 1 − best/worst, the link's own noise in this run, rounds).
+    # The median, not the best: a link that is slow a third of the time is slow (and a best-of
     # would let any duty-cycled limit — a CPU quota, a throttling clock — look healthy)
     pairs = [(a, b, float(np.median(t)), 1.0 - min(t) / max(t), t) for (a, b), t in rounds.items()]
     every_pair: list = [None] * world
     dist.all_gather_object(every_pair, pairs)
     mine: list[float] = []
-    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     for round_ in range(GEMM_ROUNDS):  # rounds: their median, and their spread as this rank's noise
         if cuda:  # each rank its own device: all at once
             mine.append(gemm_gflops(torch, gemm_n, torch.float32, seconds / GEMM_ROUNDS))
@@ -226,26 +262,23 @@ def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: 
                           dtype=torch.float64)
     every = [torch.zeros_like(gflops) for _ in range(world)]
     dist.all_gather(every, gflops)
-    doc = {"world": world, "backend": "nccl" if cuda else "gloo", "rows": rows, "hosts": [str(h) for h in hosts],
-           "pairs": [v for _, v in sorted({(x[0], x[1]): list(x) for got in every_pair for x in got}.items())],
-           # both members measured a pair: one figure
-           "pair_bytes": pair_bytes, "gemm": [float(g[0].item()) for g in every],
-           "gemm_noise": [float(g[1].item()) for g in every], "gemm_samples": [g[2:].tolist() for g in every]}
-    dist.barrier()
-    dist.destroy_process_group()
-    return doc if rank == 0 else None
+    return {"world": world, "backend": "nccl" if cuda else "gloo", "rows": rows, "hosts": [str(h) for h in hosts],
+            "pairs": [v for _, v in sorted({(x[0], x[1]): list(x) for got in every_pair for x in got}.items())],
+            # both members measured a pair: one figure
+            "pair_bytes": pair_bytes, "gemm": [float(g[0].item()) for g in every],
+            "gemm_noise": [float(g[1].item()) for g in every], "gemm_samples": [g[2:].tolist() for g in every]}
 
 
 def _rank_main(rank: int, world: int, port: int, sizes: list[int], seconds: float, gemm_n: int, out: str) -> None:
-    doc = measure(rank, world, f"tcp://127.0.0.1:{port}", sizes, seconds, gemm_n)
-    if doc is not None:
-        Path(out).write_text(json.dumps(doc))
+    docs = measure(rank, world, f"tcp://127.0.0.1:{port}", sizes, seconds, gemm_n)
+    if docs is not None:
+        Path(out).write_text(json.dumps(docs[0]))
 
 
 def to_measurements(doc: dict) -> list[Measurement]:
     """The net level's figures: bus bandwidth per operation and size (the whole job), per link
-    and per host (the median of its links: a slow host's links are all slow, a healthy host
-    shares one slow link with it), and each rank's matrix products."""
+    and per host (the median of its links, their rounds pooled: a slow host's links are all slow,
+    a healthy host shares one slow link with it), and each rank's matrix products."""
     import numpy as np
 
     from argus.healthcheck.baseline import LATENCY_BYTES
@@ -264,17 +297,22 @@ def to_measurements(doc: dict) -> list[Measurement]:
                                   samples=tuple(busbw(op, size, x, world) for x in rounds)))
     size = int(doc.get("pair_bytes", 0))
     per_host: dict[str, list[float]] = {}
-    pairs = [tuple(p) + (0.0, [])[len(p) - 3:] if len(p) < 5 else tuple(p) for p in doc.get("pairs", [])]
+    host_rounds: dict[str, list[float]] = {}
     host_noise: dict[str, list[float]] = {}
+    pairs = [tuple(p) + (0.0, [])[len(p) - 3:] if len(p) < 5 else tuple(p) for p in doc.get("pairs", [])]
     for a, b, t, spread, rounds in pairs:
         value = busbw("all_reduce", size, t, 2)
+        samples = tuple(busbw("all_reduce", size, x, 2) for x in rounds)
         ms.append(Measurement(Level.NET, "link_busbw_gbs", f"link:{a}~{b}", value, "GB/s", size, float(spread),
-                              samples=tuple(busbw("all_reduce", size, x, 2) for x in rounds)))
+                              samples=samples))
         for h in (a, b):
             per_host.setdefault(h, []).append(value)
+            host_rounds.setdefault(h, []).extend(samples)
             host_noise.setdefault(h, []).append(float(spread))
+    # a host's rounds pooled over its links: a throttled host's are all low, a healthy host's low
+    # in the share of its links that reach the throttled one — judged on many rounds, not one value
     ms += [Measurement(Level.NET, "host_links_busbw_gbs", f"host:{h}", float(np.median(v)), "GB/s", size,
-                       float(np.median(host_noise[h]))) for h, v in per_host.items()]
+                       float(np.median(host_noise[h])), samples=tuple(host_rounds[h])) for h, v in per_host.items()]
     spread = doc.get("gemm_noise") or [0.0] * len(doc["gemm"])
     rounds_of = doc.get("gemm_samples") or [[] for _ in doc["gemm"]]
     ms += [Measurement(Level.NET, "gemm_fp32_gflops", f"rank:{r}", g, "GFLOP/s", 0, float(n), samples=tuple(k))

@@ -37,6 +37,7 @@ class CheckConfig:
     nproc: int | None = None  # ranks for the net level (default: the GPUs, or 2 on a CPU)
     seconds: float | None = None  # per probe (default: 0.5 quick, 3 full)
     sizes: list[int] = field(default_factory=list)  # net message sizes (default: 8 B … 4 MiB / 1 GiB)
+    runs: int = 1  # launched across ranks: the net level this many times in one process group (a baseline)
     nvml: Any = None  # the pynvml module for the burn's sensors (None: import it; tests pass a stand-in)
     torch: Any = None  # the torch module (None: import it; tests pass a stand-in with CUDA devices)
     clock: Clock = time.perf_counter  # what probes time with (tests: a virtual one their kernels advance)
@@ -112,11 +113,15 @@ def run_checks(config: CheckConfig, progress: Callable[[str], None] | None = Non
     where = launched()
     if where is not None:
         rank, world, local = where
-        doc = measure(rank, world, "env://", config.sizes or default_sizes(config.full), config.probe_s / 4, 256,
-                      local_rank=local)
-        if doc is None:
+        docs = measure(rank, world, "env://", config.sizes or default_sizes(config.full), config.probe_s / 4, 256,
+                       local_rank=local, runs=config.runs)
+        if docs is None:
             return None
+        doc = docs[0]
         report.measurements.extend(to_measurements(doc))
+        if len(docs) > 1:  # a baseline of several runs in one process group
+            report.with_runs([HealthReport(report.host, report.device, report.versions, report.started_s,
+                                           measurements=to_measurements(d)) for d in docs[1:]])
         report.device = f"{world} ranks on {len(set(doc['hosts']))} hosts ({doc['backend']})"
         report.rank_hosts = [str(h) for h in doc["hosts"]]
         report.seconds = time.perf_counter() - t0
