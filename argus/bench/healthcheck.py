@@ -141,8 +141,10 @@ def links(runs: int = 5, fraction: float = 0.8, hosts: int = 4, throttled: int =
         tallies = {"healthy": [0, 0], "throttled": [0, 0]}  # [runs failing any host, runs failing another host]
         detected = 0
         for phase in ("healthy", "throttled"):
-            if phase == "throttled":  # a bucket of 4 ms at the rate: tbf shapes to it, not below it
-                cluster.throttle(throttled, rate=f"{mbit}mbit", burst=f"{max(mbit * 4, 64)}kbit", latency="400ms")
+            if phase == "throttled":  # a bucket of 1 ms at the rate, well below one 1 MiB message: each
+                # message is shaped to the rate (a bucket of 4 ms held a whole message, and the
+                # "throttle" read 0–28% below the baseline)
+                cluster.throttle(throttled, rate=f"{mbit}mbit", burst=f"{max(mbit, 64)}kbit", latency="400ms")
             for i in range(runs):
                 wall, doc = check(cluster, base)
                 hv = _host_verdicts(doc)

@@ -98,8 +98,16 @@ def run(args: argparse.Namespace) -> int:
                          "ranks; run the other levels once per node, without a launcher")
     # launched across ranks, every rank runs the baseline's runs in one process group
     runs = BASELINE_RUNS if args.save_baseline and launched() is not None else 1
+
+    def fails(rep) -> bool:  # type: ignore[no-untyped-def]  # launched: rank 0 decides for every rank
+        try:
+            base = load_baseline(directory, rep.host)
+        except ValueError:
+            return False
+        return any(v.status == Status.FAIL for v in judge(rep, base, threshold))
+
     config = CheckConfig(levels=levels, full=args.full, nproc=args.nproc, seconds=args.seconds, sizes=sizes,
-                         runs=runs)
+                         runs=runs, recheck=fails if launched() is not None and not args.save_baseline else None)
     say = None if args.json else (lambda msg: err.print(f"[dim]{term(msg)}[/dim]"))
     with LoadMeter() as meter:
         report = run_checks(config, progress=say)
@@ -115,11 +123,13 @@ def run(args: argparse.Namespace) -> int:
         verdicts = judge(report, baseline, threshold)
         failed = [v for v in verdicts if v.status == Status.FAIL]
         remeasured: list = []
-        if failed and launched() is None:
+        if failed:
             # a failing figure is measured again (its level: its peers too) before it fails, and
-            # fails only if it fails again: a moment's slowdown of a shared machine fails once
-            again = run_checks(replace(config, levels=tuple(dict.fromkeys(v.measurement.level for v in failed))),
-                               progress=say)
+            # fails only if it fails again: a moment's slowdown of a shared machine fails once.
+            # Launched across ranks, every rank measured again already (rank 0 asked them)
+            again = report.again if launched() is not None else \
+                run_checks(replace(config, levels=tuple(dict.fromkeys(v.measurement.level for v in failed))),
+                           progress=say)
             if again is not None:
                 first = {v.measurement.key: v for v in failed}
                 second = {v.measurement.key: v for v in judge(again, baseline, threshold)}

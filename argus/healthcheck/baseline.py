@@ -26,7 +26,7 @@ from argus import env as argus_env
 from argus.healthcheck.model import HealthReport, Measurement, Status, Verdict
 
 __all__ = ["DEFAULT_THRESHOLD", "LATENCY_BYTES", "default_dir", "baseline_path", "save_baseline", "load_baseline",
-           "judge", "changed_versions"]
+           "judge", "changed_versions", "paired_bound"]
 
 DEFAULT_THRESHOLD = 0.10
 LATENCY_BYTES = 1 << 20  # messages below this are latency-bound: judged at 3 × the threshold
@@ -113,6 +113,16 @@ def deficit_bound(now: np.ndarray, ref: np.ndarray, confidence: float = CONFIDEN
     return 1.0 - float(np.quantile(a / b, confidence))
 
 
+def paired_bound(ratios: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """(deficit, its bound with ``confidence``) from round-by-round ratios to a reference measured
+    beside it (higher is better): one minus their geometric mean, and one minus the upper quantile
+    of that mean over bootstrap resamples of the rounds. Deterministic (a fixed seed)."""
+    logs = np.log(np.maximum(np.asarray(ratios, dtype=np.float64), 1e-12))
+    rng = np.random.default_rng(0)
+    means = rng.choice(logs, (BOOTSTRAP, logs.size)).mean(axis=1)
+    return 1.0 - float(np.exp(logs.mean())), 1.0 - float(np.exp(np.quantile(means, confidence)))
+
+
 def _oriented(m: Measurement, xs) -> np.ndarray:  # type: ignore[no-untyped-def]
     x = np.asarray(xs, dtype=np.float64)
     return x if m.higher_is_better else 1.0 / np.maximum(x, 1e-12)
@@ -170,13 +180,27 @@ def _verdict(m: Measurement, b: float | None, rest: list[Measurement], threshold
             limit_peer = max(line, min(NOISE_K * (1.0 - min(values) / max(values)), NOISE_CAP))
         # else one peer: no spread among peers to read, the rounds' spread stands
         fails_peer = deficit_bound(mine, _oriented(m, pooled)) >= limit_peer
+    paired_with = ""
+    if len(m.paired) >= MIN_SAMPLES and m.higher_is_better:
+        # measured round by round beside its peers: the paired ratios decide (a round the whole
+        # machine ran slow in cancels out; no spread among subjects to allow for). Judged against
+        # its peers only: against the baseline, a healthy host that shares one link with a
+        # throttled one reads low too (its victim), and a whole cluster's slowdown is its links'
+        # and the job's figures to tell, each against the baseline
+        d_peer, bound = paired_bound(np.asarray(m.paired))
+        peers = m.value / max(1.0 - d_peer, 1e-12)
+        fails_peer = bound >= line
+        fails_base = False
+        d_base = 0.0
+        paired_with = f" (round by round, {len(m.paired)} rounds, against the links between its peers)"
+        deficit = max(d_base, d_peer, d_expected, 0.0)
     reasons = []
     if m.expected is not None and m.value < m.expected:  # a reported maximum: any shortfall, no noise
         reasons.append(f"below the hardware's maximum ({m.value:.4g} of {m.expected:.4g} {m.unit})")
     if fails_base and b is not None:
         reasons.append(_shortfall(m, d_base, "this node's baseline", b))
     if fails_peer and peers is not None:
-        reasons.append(_shortfall(m, d_peer, "its peers' median", peers))
+        reasons.append(_shortfall(m, d_peer, "its peers' median", peers) + paired_with)
     if reasons and changed:
         reasons.append("the baseline was taken with other " + ", ".join(changed))
     status = Status.FAIL if reasons else Status.PASS

@@ -21,14 +21,14 @@ import os
 import socket
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from argus import env as argus_env
 from argus.healthcheck.model import Level, Measurement
 
-__all__ = ["BUS_FACTOR", "busbw", "net_measurements", "default_sizes"]
+__all__ = ["BUS_FACTOR", "busbw", "net_measurements", "default_sizes", "host_contrast"]
 
 #: share of the data each rank moves, per operation (nccl-tests' bus-bandwidth factors)
 BUS_FACTOR = {"all_reduce": lambda n: 2.0 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
@@ -38,7 +38,7 @@ GLOO_OPS = ("all_reduce", "all_gather", "broadcast")
 #: each link measured in this many rounds (even: each end on each of two shared cores as often),
 #: for ``PAIR_SECONDS`` × the per-size budget in all — a host's figure pools its links' rounds,
 #: and a link throttled by a fifth must show beyond the rounds' noise
-PAIR_ROUNDS = 6
+PAIR_ROUNDS = 10
 PAIR_SECONDS = 3.0
 #: each collective and size measured in this many rounds, round-robin over them, in the same
 #: time as one: a verdict compares the rounds' distributions (``baseline.deficit_bound``)
@@ -171,10 +171,13 @@ def _collective(op: str, n: int, world: int, cuda: bool, device):  # type: ignor
 
 
 def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: float, gemm_n: int,
-            pair_bytes: int = 1 << 20, local_rank: int | None = None, runs: int = 1) -> list[dict] | None:
+            pair_bytes: int = 1 << 20, local_rank: int | None = None, runs: int = 1,
+            again: Callable[[list[dict]], bool] | None = None) -> list[dict] | None:
     """One rank's part of the net level, ``runs`` times in one process group (a baseline is
     several runs: their spread is the node's run-to-run noise); rank 0 returns the job's
-    documents, one a run, the others None.
+    documents, one a run, the others None. ``again`` (given on every rank, called on rank 0):
+    whether the documents fail; if so every rank measures once more, and the last document,
+    marked ``"again": true``, is that measurement — a figure fails only if it fails twice.
 
     Where the ranks sit on several hosts (``ARGUS_HOST``, else the host name), each pair of
     hosts is also measured alone — an all-reduce of ``pair_bytes`` between their first ranks,
@@ -194,6 +197,12 @@ def measure(rank: int, world: int, init_method: str, sizes: list[int], seconds: 
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     docs = [_measure_once(rank, world, sizes, seconds, gemm_n, pair_bytes, cuda, device, first_run=i == 0)
             for i in range(max(1, runs))]
+    if again is not None:
+        decided = [bool(again(docs)) if rank == 0 else False]
+        dist.broadcast_object_list(decided, src=0)
+        if decided[0]:
+            docs.append({**_measure_once(rank, world, sizes, seconds, gemm_n, pair_bytes, cuda, device,
+                                         first_run=False), "again": True})
     dist.barrier()
     dist.destroy_process_group()
     return docs if rank == 0 else None
@@ -275,6 +284,26 @@ def _rank_main(rank: int, world: int, port: int, sizes: list[int], seconds: floa
         Path(out).write_text(json.dumps(docs[0]))
 
 
+def host_contrast(links: list[tuple[str, str, list[float]]]) -> dict[str, tuple[float, ...]]:
+    """Per host, round by round: the geometric mean of its links' figures over that of the links
+    between the other hosts in the same round (1.0: like its peers). Where the machine ran slow in
+    a round, every link did, and the ratio does not move; a host whose every link is throttled by a
+    fifth reads ~0.8 in every round, a healthy host that shares one link with it slightly above 1.
+    Needs three hosts (a link that does not touch the host) and rounds measured by every link."""
+    hosts = sorted({h for a, b, _ in links for h in (a, b)})
+    rounds = min((len(r) for _, _, r in links), default=0)
+    if len(hosts) < 3 or rounds == 0:
+        return {}
+    logs = {(a, b): np.log(np.maximum(np.asarray(r[:rounds], dtype=np.float64), 1e-12)) for a, b, r in links}
+    out = {}
+    for h in hosts:
+        mine = [v for k, v in logs.items() if h in k]
+        rest = [v for k, v in logs.items() if h not in k]
+        if mine and rest:
+            out[h] = tuple(float(x) for x in np.exp(np.mean(mine, axis=0) - np.mean(rest, axis=0)))
+    return out
+
+
 def to_measurements(doc: dict) -> list[Measurement]:
     """The net level's figures: bus bandwidth per operation and size (the whole job), per link
     and per host (the median of its links, their rounds pooled: a slow host's links are all slow,
@@ -309,10 +338,13 @@ def to_measurements(doc: dict) -> list[Measurement]:
             per_host.setdefault(h, []).append(value)
             host_rounds.setdefault(h, []).extend(samples)
             host_noise.setdefault(h, []).append(float(spread))
-    # a host's rounds pooled over its links: a throttled host's are all low, a healthy host's low
-    # in the share of its links that reach the throttled one — judged on many rounds, not one value
+    # a host's rounds pooled over its links (against its baseline), and round by round over the
+    # links between the other hosts (against its peers): a throttled host's links are all low, a
+    # healthy host's only the one that reaches the throttled host
+    paired = host_contrast([(a, b, [busbw("all_reduce", size, x, 2) for x in rounds]) for a, b, _, _, rounds in pairs])
     ms += [Measurement(Level.NET, "host_links_busbw_gbs", f"host:{h}", float(np.median(v)), "GB/s", size,
-                       float(np.median(host_noise[h])), samples=tuple(host_rounds[h])) for h, v in per_host.items()]
+                       float(np.median(host_noise[h])), samples=tuple(host_rounds[h]), paired=paired.get(h, ()))
+           for h, v in per_host.items()]
     spread = doc.get("gemm_noise") or [0.0] * len(doc["gemm"])
     rounds_of = doc.get("gemm_samples") or [[] for _ in doc["gemm"]]
     ms += [Measurement(Level.NET, "gemm_fp32_gflops", f"rank:{r}", g, "GFLOP/s", 0, float(n), samples=tuple(k))

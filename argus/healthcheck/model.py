@@ -75,6 +75,11 @@ class Measurement:
     samples: tuple[float, ...] = ()
     #: False for a latency (µs): lower is better
     higher_is_better: bool = True
+    #: round by round, this figure over what its peers measured in the same round beside it (a
+    #: host's links over the links between the other hosts): where there is one, the figure is
+    #: judged against its peers from these ratios — paired, so a round the whole machine ran
+    #: slow in cancels out — rather than from the other subjects' values
+    paired: tuple[float, ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str, int]:
@@ -90,6 +95,10 @@ class Measurement:
             del d["samples"]
         if self.higher_is_better:
             del d["higher_is_better"]
+        if self.paired:
+            d["paired"] = [float(f"{x:.6g}") for x in self.paired]
+        else:
+            del d["paired"]
         return d
 
     @classmethod
@@ -98,7 +107,7 @@ class Measurement:
         return cls(Level(d["level"]), str(d["metric"]), str(d["subject"]), float(d["value"]), str(d["unit"]),
                    int(d.get("size_bytes", 0)), float(d.get("noise", 0.0)),
                    None if expected is None else float(expected), tuple(float(x) for x in d.get("samples", ())),
-                   bool(d.get("higher_is_better", True)))
+                   bool(d.get("higher_is_better", True)), tuple(float(x) for x in d.get("paired", ())))
 
 
 @dataclass(frozen=True)
@@ -128,6 +137,9 @@ class HealthReport:
     rank_hosts: list[str] = field(default_factory=list)
     #: the node's GPUs as measured (CUDA index → UUID), the key of every per-GPU figure
     gpus: list[LocalGpu] = field(default_factory=list)
+    #: launched across ranks: the second measurement where the first failed (not in the document:
+    #: the figures it replaced are, ``remeasured``)
+    again: "HealthReport | None" = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict:
         return {"schema_version": SCHEMA_VERSION, "host": self.host, "device": self.device,

@@ -206,3 +206,51 @@ def test_a_baseline_of_several_runs_keeps_their_spread():
     assert judge(later, base)[0].status == Status.PASS
     halved = _with(_rounds("gemm_fp32_gflops", "device", 0, [40.0, 41, 39, 40.5, 39.5], level=Level.GPU))
     assert judge(halved, base)[0].status == Status.FAIL
+
+
+def _links_doc(slow_host: int | None, factor: float, rounds: int = 10, seed: int = 0) -> dict:
+    """The net level's document of four hosts: each round the whole machine runs at its own speed
+    (±25%, shared by every link of the round), each link ±4% on its own; ``slow_host``'s links
+    at ``factor`` of the rest."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    machine = rng.uniform(0.75, 1.25, rounds)
+    size, pairs = 1 << 20, []
+    for a in range(4):
+        for b in range(a + 1, 4):
+            gbs = 0.4 * machine * rng.uniform(0.96, 1.04, rounds) * (factor if slow_host in (a, b) else 1.0)
+            t = [size / (g * 1e9) for g in gbs]
+            pairs.append([f"h{a}", f"h{b}", float(np.median(t)), 1 - min(t) / max(t), t])
+    return {"world": 4, "rows": [], "pairs": pairs, "pair_bytes": size, "gemm": [], "gemm_noise": [],
+            "gemm_samples": []}
+
+
+def _hosts_judged(doc: dict, base: HealthReport | None = None) -> dict[str, object]:
+    from argus.healthcheck.collectives import to_measurements
+
+    r = HealthReport("h0", "4 ranks", {}, 1.0, measurements=to_measurements(doc))
+    return {v.measurement.subject: v for v in judge(r, base) if v.measurement.metric == "host_links_busbw_gbs"}
+
+
+def test_a_host_whose_every_link_is_a_fifth_slower_is_named_round_by_round_and_its_victims_are_not():
+    """Rounds the whole machine ran up to 25% slower or faster cancel out: the throttled host's
+    links against the links between its peers, round by round, fail it alone — the healthy hosts
+    that share one slow link with it read low against the baseline, and are not named."""
+    from argus.healthcheck.collectives import host_contrast, to_measurements
+
+    base = HealthReport("h0", "4 ranks", {}, 1.0, measurements=to_measurements(_links_doc(None, 1.0, seed=1)))
+    for seed in range(5):
+        v = _hosts_judged(_links_doc(2, 0.8, seed=seed), base)
+        assert {s for s, x in v.items() if x.status == Status.FAIL} == {"host:h2"}, {s: x.why for s, x in v.items()}
+        assert "round by round, 10 rounds" in v["host:h2"].why and abs(v["host:h2"].deficit - 0.2) < 0.05
+        healthy = _hosts_judged(_links_doc(None, 1.0, seed=seed), base)
+        assert all(x.status == Status.PASS for x in healthy.values()), {s: x.why for s, x in healthy.items()}
+    # a peer sharing one throttled link reads above 1: the links between the others hold two of them
+    ratios = host_contrast([(p[0], p[1], [1.0 / x for x in p[4]]) for p in _links_doc(2, 0.8)["pairs"]])
+    assert all(abs(r - 0.8) < 0.05 for r in ratios["h2"]) and all(r > 1.0 for r in ratios["h0"])
+
+
+def test_a_slight_slowdown_inside_the_line_passes_however_many_rounds_say_it():
+    v = _hosts_judged(_links_doc(1, 0.95))
+    assert all(x.status == Status.PASS for x in v.values()), {s: x.why for s, x in v.items()}

@@ -1,6 +1,7 @@
 """``argus healthcheck --level net`` across four network-namespace hosts, one link throttled
-(``tc tbf``): the throttled host is named from its links against its peers and against the
-baseline saved before the throttle; with the throttle removed every host passes again."""
+(``tc tbf``): the throttled host is named from its links against its peers, round by round, and
+its links against the baseline saved before the throttle; with the throttle removed every host
+passes again."""
 
 from __future__ import annotations
 
@@ -38,21 +39,20 @@ def test_a_throttled_host_is_named_from_its_links_and_passes_once_the_throttle_i
         assert all(v["status"] == "pass" for v in _hosts(before).values()), _hosts(before)
         assert before["saved_baseline"]
 
-        cluster.throttle(2, rate="20mbit", burst="32kbit", latency="400ms")
+        cluster.throttle(2, rate="100mbit", burst="512kbit", latency="400ms")
         slow = _check(cluster, base)
         hosts = _hosts(slow)
-        assert hosts[names[2]]["status"] == "fail" and not slow["passed"]
-        assert "below this node's baseline" in hosts[names[2]]["why"]
-        assert "below its peers' median" in hosts[names[2]]["why"]
-        # the throttled host is the one named first: its deficit is the largest by far (a healthy
-        # host sharing one slow link with it, and one more slow by this VM's noise, may fail too)
-        worst = max(hosts.values(), key=lambda v: v["deficit"])
-        assert worst["subject"] == names[2] and worst["deficit"] > 0.9
-        assert sum(v["deficit"] > 0.9 for v in hosts.values()) == 1  # only the throttled one is 10× down
+        # the throttled host alone, against its peers round by round: a healthy host that shares
+        # one slow link with it is its victim, not named (its links to it are)
+        assert {s for s, v in hosts.items() if v["status"] == "fail"} == {names[2]} and not slow["passed"]
+        assert "below its peers' median" in hosts[names[2]]["why"] and "round by round" in hosts[names[2]]["why"]
+        assert hosts[names[2]]["deficit"] > 0.9
         links = {v["subject"]: v["status"] for v in slow["verdicts"] if v["metric"] == "link_busbw_gbs"}
         throttled = cluster.host_name(2)
         assert {s for s, st in links.items() if st == "fail"} == {s for s in links if throttled in s.split("~")[0]
                                                                   or throttled == s.split("~")[1]}
+        assert all("below this node's baseline" in v["why"] for v in slow["verdicts"]
+                   if v["metric"] == "link_busbw_gbs" and v["status"] == "fail")
 
         cluster.unthrottle(2)
         after = _check(cluster, base)
