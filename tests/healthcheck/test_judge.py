@@ -254,3 +254,15 @@ def test_a_host_whose_every_link_is_a_fifth_slower_is_named_round_by_round_and_i
 def test_a_slight_slowdown_inside_the_line_passes_however_many_rounds_say_it():
     v = _hosts_judged(_links_doc(1, 0.95))
     assert all(x.status == Status.PASS for x in v.values()), {s: x.why for s, x in v.items()}
+
+
+def test_a_crawling_hosts_links_measured_three_rounds_still_fail_it_round_by_round():
+    """A link so slow that each call outlasts its whole budget is measured in three rounds, not
+    ten: the host's ratios come from the rounds its links were measured in."""
+    doc = _links_doc(2, 0.01)
+    for p in doc["pairs"]:
+        if "h2" in p[:2]:
+            p[4] = p[4][:3]
+    v = _hosts_judged(doc)
+    assert {s for s, x in v.items() if x.status == Status.FAIL} == {"host:h2"}, {s: x.why for s, x in v.items()}
+    assert "3 rounds" in v["host:h2"].why and len(v["host:h0"].measurement.paired) == 10
