@@ -19,6 +19,8 @@ never makes a spike.
 
 from __future__ import annotations
 
+import math
+
 import warnings
 
 from dataclasses import dataclass, field
@@ -83,7 +85,7 @@ class KernelOutlier:
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "kernel": self.kernel, "stream": self.stream, "category": self.category,
-                "w1_ns": round(self.w1_ns, 1), "rel": round(self.rel, 4), "slower": self.slower,
+                "w1_ns": round(self.w1_ns, 1), "rel": round(self.rel, 4) if math.isfinite(self.rel) else None, "slower": self.slower,
                 "launches_ratio": round(self.launches_ratio, 3), "extra_ms": round(self.extra_ns / 1e6, 4),
                 "peers": self.peer_kind}
 
@@ -250,7 +252,9 @@ def _outliers(cdf, ranks, mean, counts, grid, layout: Layout, kernel, stream, ca
                 flag |= far
         for m in members[flag & (d >= config.min_w1_ns) & (d >= config.min_effect * peer_mean[members])]:
             out.append(KernelOutlier(int(ranks[m]), kernel, stream, category, float(dist[m]),
-                                     float(dist[m] / peer_mean[m]), bool(mean[m] > peer_mean[m]), kind,
+                                     # peers that spent no time in it: no ratio to state
+                                     float(dist[m] / peer_mean[m]) if peer_mean[m] > 0 else math.inf,
+                                     bool(mean[m] > peer_mean[m]), kind,
                                      extra_ns=float(max(mean[m] - peer_mean[m], 0.0) * counts[m])))
     return out
 
