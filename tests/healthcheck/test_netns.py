@@ -47,6 +47,8 @@ def test_a_throttled_host_is_named_from_its_links_and_passes_once_the_throttle_i
         assert {s for s, v in hosts.items() if v["status"] == "fail"} == {names[2]} and not slow["passed"]
         assert "below its peers' median" in hosts[names[2]]["why"] and "round by round" in hosts[names[2]]["why"]
         assert hosts[names[2]]["deficit"] > 0.9
+        # every rank measured again before it failed (rank 0 asked them): it failed twice
+        assert "measured twice" in hosts[names[2]]["why"] and slow["remeasured"]
         links = {v["subject"]: v["status"] for v in slow["verdicts"] if v["metric"] == "link_busbw_gbs"}
         throttled = cluster.host_name(2)
         assert {s for s, st in links.items() if st == "fail"} == {s for s in links if throttled in s.split("~")[0]
