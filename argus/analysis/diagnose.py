@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 from argus.analysis.coverage import coverage_of
 from argus.analysis.deepen import DeepenConfig, deepen
 from argus.analysis.diagnosis import Diagnosis
-from argus.analysis.frames import WindowFrames, load_host_totals, load_phase_totals, load_steps
+from argus.analysis.frames import WindowFrames, load_steps
 from argus.analysis.decision import JobFacts, decide, job_facts
 from argus.analysis.incident import Incident, incidents_table
 from argus.analysis.verification import apply as apply_verifications, load as load_verifications
@@ -32,6 +32,7 @@ from argus.analysis.collectives import p2p_transfers
 from argus.analysis.links import detect_link_shifts
 from argus.analysis.l3_kernels import L3Config, collective_calls, detect_kernels, kernel_time_per_rank
 from argus.analysis.observations import observe
+from argus.analysis.rollup import load_rollup
 from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents, reinstate_victims
 from argus.analysis.arbiter import SLOW_CLASSES, arbitrate, candidate_label, fold_into_failures
 from argus.analysis.attribution import AttributionConfig, StepBounds, WindowOutcome, attribute_window
@@ -97,11 +98,6 @@ def _restart_gap_s(attempt: Attempt) -> float | None:
         return None
 
 
-def _checkpoint_steps(attempt: Attempt, world: int) -> set[int]:
-    """Steps in which every rank ran a checkpoint/save host phase."""
-    rows = attempt.sql("SELECT step, count(DISTINCT rank) AS n FROM phases WHERE category = 'host' AND "
-                       "(lower(name) LIKE '%checkpoint%' OR lower(name) LIKE '%save%') GROUP BY step").to_pylist()
-    return {int(r["step"]) for r in rows if r["n"] >= 0.9 * world}
 
 
 def _windows(attempt: Attempt, steps: np.ndarray, window_steps: int | None) -> list[tuple[int, int]]:
@@ -155,13 +151,11 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     sf = load_steps(attempt)
     job = sf.job_step_time
     step_time = {int(s): float(t) for s, t in zip(sf.steps, job)}
-    l1 = detect_windows(sf.steps, job, _checkpoint_steps(attempt, layout.world_size), config.l1)
+    rollup = load_rollup(attempt)  # every whole-run and per-window aggregate below, from one scan
+    # steps in which every rank ran a checkpoint/save host phase
+    l1 = detect_windows(sf.steps, job, rollup.steps_all_ran(layout.world_size, ("checkpoint", "save")), config.l1)
     timings = {"l1": time.perf_counter() - t0}
-    calls_rows = attempt.sql(
-        "SELECT name, group_kind, count(*) * 1.0 / (SELECT count(*) FROM steps) AS rate FROM phases "
-        "WHERE category = 'comm' GROUP BY name, group_kind").to_pylist()
-    calls = collective_calls([r["name"] for r in calls_rows], [r["group_kind"] for r in calls_rows],
-                             [r["rate"] for r in calls_rows])
+    calls = collective_calls(*rollup.calls_per_rank_step(int((~np.isnan(sf.dur_s)).sum())))
     windows: list[WindowAnalysis] = []
     # L2 judges steady steps only: a warm-up step (first compilation, cache fills) differs
     # between ranks by nature, and its excess would dominate a window's few steps
@@ -172,21 +166,21 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     if config.steps is not None:
         spans = [(lo, hi) for lo, hi in spans if lo >= config.steps[0] and hi <= config.steps[1]]
     t_l2 = t_l3 = 0.0
-    host_totals = load_host_totals(attempt, layout.world_size)
+    host_totals = rollup.host_totals(layout.world_size, np.flatnonzero((~np.isnan(sf.dur_s)).any(axis=0)))
     special_steps = np.array([s_ for s_ in sf.steps.tolist() if not l1.is_normal_step(s_)], np.int64)
     skipped: list[tuple[int, int]] = []
     # each window's phases are read once, here, and shared by L2 and L4 (replay, pipeline, GPU idle)
     frames = WindowFrames(attempt, spans)
     for i, (lo, hi) in enumerate(spans):
         t = time.perf_counter()  # L3 first: its slower-kernel ranks are wait-free candidates for L2
-        totals = load_phase_totals(attempt, lo, hi)
+        totals = rollup.totals(lo, hi)
         if len(totals.rank) == 0:  # steps without phases (a table lost, a window cut short): nothing to compare
             skipped.append((lo, hi))
             if on_window is not None:
                 on_window(i + 1, len(spans))
             continue
-        summ = attempt.read("kernel_summaries", filter=(pc.field("start_step") >= lo) & (pc.field("start_step") <= hi)
-                            & (pc.field("end_step") <= hi))
+        summ = attempt.read("kernel_summaries", steps=(lo, hi),  # steps: only the files that may hold the window
+                            filter=(pc.field("end_step") <= hi))
         special = int(((special_steps >= lo) & (special_steps <= hi)).sum())
         usable = summ.num_rows and special <= 0.25 * (hi - lo + 1)  # warm-up mixes regimes into every kernel
         l3 = detect_kernels(summ, layout, topology.hosts, i, lo, hi, calls, config.l3) if usable else None
@@ -258,7 +252,7 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     t = time.perf_counter()
     coverage = coverage_of(attempt)
     steady = [int(s_) for s_, v in step_time.items() if np.isfinite(v) and l1.is_normal_step(s_)]
-    depth, observations = observe(attempt, steady, coverage.comparable)
+    depth, observations = observe(attempt, steady, coverage.comparable, rollup)
     observations += measured
     timings["observations"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t0

@@ -20,7 +20,7 @@ from argus.store import Attempt
 from argus.vocab import PhaseCategory
 
 __all__ = ["StepFrame", "PhaseFrame", "PhaseTotals", "WindowFrames", "load_steps", "load_phases", "load_phase_totals",
-           "load_host_totals", "step_phases", "step_phases_sql", "encode"]
+           "load_host_totals", "step_phases", "step_phases_sql", "startup_rule", "encode"]
 
 
 def encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
@@ -45,11 +45,17 @@ def step_phases(attempt: Attempt, steps: tuple[int, int] | None = None) -> Any:
     files that may hold those steps only (:meth:`Attempt.duckdb`), for a window's query."""
     con = attempt.duckdb(tables=["phases", "steps"], steps=steps)
     con.execute('ALTER VIEW phases RENAME TO _argus_phases_recorded')
+    startup_rule(con)
+    return con
+
+
+def startup_rule(con: Any) -> None:
+    """A ``phases`` view of ``_argus_phases_recorded`` without what ended before its rank's
+    step 0 began (``steps``: the view of the steps table)."""
     con.execute("CREATE VIEW phases AS SELECT p.* FROM _argus_phases_recorded p LEFT JOIN "
                 "(SELECT rank, min(start_ns) AS t0 FROM steps WHERE step = 0 GROUP BY rank) z "
                 "ON p.step = 0 AND p.rank = z.rank "
                 "WHERE z.t0 IS NULL OR p.dur_ns < 0 OR p.start_ns + p.dur_ns > z.t0")
-    return con
 
 
 def step_phases_sql(attempt: Attempt, query: str) -> pa.Table:

@@ -26,7 +26,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from argus.analysis.frames import encode, step_phases_sql
+from argus.analysis.frames import encode
+from argus.analysis.rollup import PhaseRollup, load_rollup
 from argus.analysis.host_phases import HOST_PHASE_CAUSES
 from argus.compress.names import categorize_kernel
 from argus.store import Attempt
@@ -112,8 +113,10 @@ def _cause(name: str) -> str:
     return next((cause for word, cause in HOST_PHASE_CAUSES if word in low), "")
 
 
-def observe(attempt: Attempt, steady: list[int], comparable: int) -> tuple[Depth, list[Observation]]:
-    """Depth and observations over the ``steady`` steps (all finished steps if none are steady)."""
+def observe(attempt: Attempt, steady: list[int], comparable: int,
+            rollup: PhaseRollup | None = None) -> tuple[Depth, list[Observation]]:
+    """Depth and observations over the ``steady`` steps (all finished steps if none are steady);
+    ``rollup``: the run's phase aggregates, when the diagnosis has them (else they are read)."""
     st = attempt.read("steps", columns=["rank", "step", "start_ns", "end_ns"])
     rank, step = st.column("rank").to_numpy(), st.column("step").to_numpy()
     start, end = st.column("start_ns").to_numpy(), st.column("end_ns").to_numpy()
@@ -127,13 +130,14 @@ def observe(attempt: Attempt, steady: list[int], comparable: int) -> tuple[Depth
     rank, step, start, end = rank[use], step[use], start[use], end[use]
     dur = (end - start).astype(np.float64)
     out: list[Observation] = []
-    out += _host_time(attempt, rank, step, dur)
+    rollup = rollup if rollup is not None else load_rollup(attempt)
+    out += _host_time(rollup, rank, step, dur)
     kernels = _kernels(attempt, set(step.tolist()))
     if kernels is not None:
         out += _device_idle(kernels, rank, step, start, end)
     if not depth.thin:  # enough to compare: L2 judges waiting and arrival against the peers
         return depth, out
-    out += _waiting(attempt, kernels, rank, step, dur)
+    out += _waiting(rollup, kernels, rank, step, dur)
     layout = attempt.layout
     if kernels is not None and layout.dp == layout.world_size and kernels["comm"].any():
         # one communicator (pure data parallel): the n-th communication kernel of a step is the
@@ -152,12 +156,11 @@ def _per_rank_share(values: dict[tuple[int, int], float], rank: np.ndarray, step
     return _grouped_median(rank[ok].astype(np.int64), v / dur[ok]) if v.size else {}
 
 
-def _host_time(attempt: Attempt, rank: np.ndarray, step: np.ndarray, dur: np.ndarray) -> list[Observation]:
-    rows = step_phases_sql(attempt, "SELECT rank, step, name, sum(greatest(dur_ns, 0))::DOUBLE AS ns FROM phases "
-                                    "WHERE category = 'host' AND microbatch < 0 GROUP BY ALL").to_pylist()
+def _host_time(rollup: PhaseRollup, rank: np.ndarray, step: np.ndarray, dur: np.ndarray) -> list[Observation]:
     by_name: dict[str, dict[tuple[int, int], float]] = {}
-    for r in rows:
-        by_name.setdefault(str(r["name"]), {})[(int(r["rank"]), int(r["step"]))] = float(r["ns"])
+    r_, s_, n_, ns = rollup.outside_microbatches(PhaseCategory.HOST)
+    for r, st, n, v in zip(r_.tolist(), s_.tolist(), n_.tolist(), ns.tolist()):
+        by_name.setdefault(rollup.names[n], {})[(r, st)] = v
     out = []
     for name, values in sorted(by_name.items()):
         share = _per_rank_share(values, rank, step, dur)
@@ -234,7 +237,7 @@ def _device_idle(k: dict[str, np.ndarray], rank: np.ndarray, step: np.ndarray, s
                         "the host does not keep it fed", per_rank={x: share[x] for x in hit})]
 
 
-def _waiting(attempt: Attempt, k: dict[str, np.ndarray] | None, rank: np.ndarray, step: np.ndarray,
+def _waiting(rollup: PhaseRollup, k: dict[str, np.ndarray] | None, rank: np.ndarray, step: np.ndarray,
              dur: np.ndarray) -> list[Observation]:
     """Each rank's collective time per step; the spread says who waits and who is waited for."""
     values: dict[tuple[int, int], float] = {}
@@ -242,9 +245,9 @@ def _waiting(attempt: Attempt, k: dict[str, np.ndarray] | None, rank: np.ndarray
         values = _covered(k, k["comm"])
         source = "communication kernels"
     else:
-        rows = step_phases_sql(attempt, "SELECT rank, step, sum(greatest(dur_ns, 0))::DOUBLE AS ns FROM phases "
-                                        "WHERE category = 'comm' AND microbatch < 0 GROUP BY ALL").to_pylist()
-        values = {(int(x["rank"]), int(x["step"])): float(x["ns"]) for x in rows}
+        r_, s_, _, ns = rollup.outside_microbatches(PhaseCategory.COMM)
+        for r, st, v in zip(r_.tolist(), s_.tolist(), ns.tolist()):
+            values[(r, st)] = values.get((r, st), 0.0) + v
         source = "collectives"
     if not values:
         return []

@@ -38,6 +38,7 @@ from argus.errors import ArgusError, StoreError
 from argus.store.commit import WindowUnit, clean_leftovers, committed_units, is_unit_file
 from argus.store.files import (TMP_PREFIX, check_table_file, read_regular_bytes, write_bytes_atomic,
                                write_parquet_atomic)
+from argus.store.phase_totals import TWIN_OF, TotalsWriter
 from argus.store.schema import TABLES, conform
 from argus.topology import Layout, RunIdentity, Topology, parse_layout
 
@@ -54,7 +55,7 @@ log = logging.getLogger("argus.store")
 #: Tables whose rows belong to one rank of the layout: a row with a rank outside it (an old
 #: import's -1, a foreign file) is left out by :meth:`Attempt.read`, since analysis indexes
 #: per-rank arrays with it. ``drops`` keeps -1 (data from before a rank's handshake).
-RANKED_TABLES = frozenset({"steps", "phases", "kernels", "kernel_summaries", "kernel_sketches", "stacks"})
+RANKED_TABLES = frozenset({"steps", "phases", "phase_totals", "kernels", "kernel_summaries", "kernel_sketches", "stacks"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,12 +380,13 @@ class AttemptWriter:
         self.writer_id = writer_id
         self.durable = durable
         self.bytes_written = 0
+        self._totals = TotalsWriter()  # phases files' twins, on one connection
         # the partition is ours: what a killed predecessor left in it goes (old enough only)
         clean_leftovers(attempt.path, writer_id, list(TABLES))
 
     def unit(self, window: int) -> WindowUnit:
         """A multi-file window whose files become visible together on ``commit()``."""
-        return WindowUnit(self.attempt.path, self.writer_id, window, self.durable)
+        return WindowUnit(self.attempt.path, self.writer_id, window, self.durable, totals=self._totals)
 
     def write(self, table: str, data: pa.Table | Mapping[str, object], window: int) -> Path | None:
         """Write ``data`` as one new file of ``table`` for ``window``; empty data writes nothing."""
@@ -394,6 +396,9 @@ class AttemptWriter:
         path = (self.attempt.path / table / self.writer_id /
                 f"{int(window):09d}-{uuid.uuid4().hex[:8]}.parquet")
         self.bytes_written += write_parquet_atomic(path, t, table, self.writer_id, self.durable)
+        if table == TWIN_OF:  # its aggregates, after it: a crash between leaves a phases file without, read raw
+            self.bytes_written += write_parquet_atomic(self.attempt.path / "phase_totals" / self.writer_id / path.name,
+                                                       self._totals(t), "phase_totals", self.writer_id, self.durable)
         return path
 
 

@@ -29,11 +29,12 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import pyarrow as pa
 
 from argus.errors import StoreError
+from argus.store.phase_totals import TWIN_OF, phase_totals_of
 from argus.store.files import TMP_PREFIX, is_regular_file, write_bytes_atomic, write_parquet_atomic
 from argus.store.schema import conform
 
@@ -82,6 +83,7 @@ class WindowUnit:
     rows: dict[str, int] = field(default_factory=dict)
     bytes_written: int = 0
     committed: bool = False
+    totals: Callable[[pa.Table], pa.Table] = phase_totals_of  # derives a phases file's twin (its writer's connection)
 
     @property
     def stem(self) -> str:
@@ -99,6 +101,11 @@ class WindowUnit:
         path = self.attempt_path / table / self.writer / f"{self.stem}.parquet"
         self.bytes_written += write_parquet_atomic(path, t, table, self.writer, self.durable)
         self.rows[table] = t.num_rows
+        if table == TWIN_OF:  # its aggregates, committed with it
+            totals = self.totals(t)
+            self.bytes_written += write_parquet_atomic(self.attempt_path / "phase_totals" / self.writer / path.name,
+                                                       totals, "phase_totals", self.writer, self.durable)
+            self.rows["phase_totals"] = totals.num_rows
         return path
 
     def commit(self) -> None:

@@ -90,6 +90,28 @@ TABLES: dict[str, TableSpec] = {
             ),
         ),
         TableSpec(
+            "phase_totals",
+            "Derived from `phases` as each of its files is written (one file beside each, same name): per "
+            "(rank, step, phase name) aggregates, plus per microbatch for a phase that ran once in it. A "
+            "diagnosis reads these instead of scanning every phase row for its totals; a phases file without "
+            "its twin is aggregated when read.",
+            (
+                ("rank", _I32, "global rank"),
+                ("step", _I64, "training step"),
+                ("microbatch", _I32, "-1: every row of the phase in the step; ≥ 0: that microbatch's one row of a "
+                 "non-`comm` phase"),
+                ("name", _STR, "phase name"),
+                ("category", _STR, "as in `phases`"),
+                ("group_kind", _STR, "as in `phases`"),
+                ("count", _I64, "rows, finished or not"),
+                ("work_ns", _F64, "Σ finished `dur_ns` less `wait_ns` where measured"),
+                ("min_ns", _F64, "shortest finished `dur_ns` (null if none finished)"),
+                ("pos_ns", _F64, "Σ finished `dur_ns`"),
+                ("pos_nomb_ns", _F64, "Σ finished `dur_ns` of the rows outside any microbatch (null if none)"),
+                ("mb_most", _I64, "most rows of the phase in one microbatch (non-`comm` phases; 0 if none)"),
+            ),
+        ),
+        TableSpec(
             "kernels",
             "Raw device activity records (optional: small runs, tests, evidence). Large jobs keep "
             "only `kernel_summaries`.",

@@ -204,7 +204,11 @@ class Layout:
         return self.group_of(GroupKind.DP, rank)
 
     def stage_of(self, ranks: np.ndarray | int) -> np.ndarray:
-        return self.coords(ranks)["pp"]
+        """Pipeline stage of ``ranks`` (the one axis computed: this runs over millions of events)."""
+        r = np.asarray(ranks, dtype=np.int64)
+        if r.size and (r.min() < 0 or r.max() >= self.world_size):
+            raise LayoutError(f"rank out of range for a world of {self.world_size}")
+        return (r // self.strides["pp"]) % self.pp
 
     def _axes(self, kind: str) -> tuple[str, ...]:
         try:

@@ -42,11 +42,14 @@ def test_a_window_is_invisible_until_its_commit_record_exists(attempt):
     unit.write("steps", _steps(8, 3))
     unit.write("phases", _phases(8, 3))
     assert attempt.read("steps").num_rows == 0 and attempt.read("phases").num_rows == 0
+    assert attempt.read("phase_totals").num_rows == 0  # the phases' aggregates, committed with them
     assert attempt.uncommitted["steps"] == 1
     unit.commit()
     assert attempt.read("steps").num_rows == 8 and attempt.read("phases").num_rows == 8
+    totals = attempt.read("phase_totals").num_rows
+    assert totals > 0
     record = json.loads((attempt.path / COMMITS_DIR / "host-a" / f"{unit.stem}.json").read_text())
-    assert record["tables"] == {"steps": 8, "phases": 8}
+    assert record["tables"] == {"steps": 8, "phases": 8, "phase_totals": totals}
 
 
 def test_window_writer_commits_every_table_of_the_window_together(attempt):

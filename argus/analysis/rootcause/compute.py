@@ -286,7 +286,7 @@ def _w1_matrix_evidence(ctx: _Ctx, ranks: list[int], evs: list[dict]) -> dict | 
 
     lo = min(s for ev in evs for w in ev["windows"] for s in w)
     hi = max(s for ev in evs for w in ev["windows"] for s in w)
-    summ = ctx.attempt.read("kernel_summaries", filter=(pc.field("start_step") >= lo) & (pc.field("start_step") <= hi))
+    summ = ctx.attempt.read("kernel_summaries", steps=(lo, hi), filter=pc.field("rank").isin(shown))
     try:
         m = w1_matrix_for(summ, top.kernel, top.stream, shown)
     except (ValueError, IndexError):

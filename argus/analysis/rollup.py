@@ -1,0 +1,280 @@
+"""Every rank's per (step, phase) aggregates over the whole run, from one scan of its phases.
+
+A diagnosis asks the phases the same few aggregate questions many times: each window's
+per-(rank, step, phase) totals (L2's screen, the link rule), each host phase's whole-run
+seconds per rank (L2), the per-step host time and collective time of the observations, the
+collectives' call rates (L3), the checkpoint steps (L1). Each was a scan of every phase row —
+at 10,240 ranks × 20 steps, 89 M rows and about a second a scan, 12 s in all. Here one
+grouped scan (and one of the forward/backward blocks) answers them all; the windows, ranks
+and names are then numpy selections of a table a twentieth of the size.
+
+The start-up rule of :func:`~argus.analysis.frames.step_phases` holds: what a rank did before
+its step 0 began is not step 0's work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from argus.analysis.frames import PhaseTotals, startup_rule
+from argus.store import TABLES, Attempt, conform
+from argus.store.phase_totals import totals_query
+from argus.vocab import PhaseCategory
+
+__all__ = ["PhaseRollup", "load_rollup"]
+
+#: The blocks (phases run once per microbatch) are told on the phases of ranks below this.
+BLOCK_SAMPLE_RANKS = 64
+
+
+@dataclass
+class _Blocks:
+    """Per (rank, step, microbatch, name) aggregates of the block phases."""
+
+    rank: np.ndarray
+    step: np.ndarray
+    microbatch: np.ndarray
+    name: np.ndarray  # ids into the rollup's names
+    work_ns: np.ndarray
+    min_ns: np.ndarray
+    count: np.ndarray
+
+
+@dataclass
+class PhaseRollup:
+    """Per (rank, step, name) over every step of the run. ``work_ns``: finished durations less
+    the waiting the producer measured inside them; ``pos_ns``: finished durations;
+    ``pos_nomb_ns``: the same over the rows outside any microbatch (nan where there were none)."""
+
+    rank: np.ndarray
+    step: np.ndarray
+    name: np.ndarray  # ids into names
+    count: np.ndarray
+    work_ns: np.ndarray
+    min_ns: np.ndarray  # shortest finished duration (nan if none)
+    pos_ns: np.ndarray
+    pos_nomb_ns: np.ndarray
+    names: list[str]
+    category: list[str]  # per name
+    group_kind: list[str]  # per name
+    block_max: dict[int, dict[str, int]]  # step → name → most rows of one (rank, microbatch) on the sampled ranks
+    blocks: _Blocks
+
+    def _names_of(self, category: str) -> np.ndarray:
+        return np.array([i for i, c in enumerate(self.category) if c == category], np.int64)
+
+    def totals(self, lo: int, hi: int) -> PhaseTotals:
+        """Steps ``lo..hi`` as :class:`PhaseTotals`: per (rank, step, name), plus per microbatch
+        for the phases that occur once per microbatch in those steps (on the sampled ranks)."""
+        sel = (self.step >= lo) & (self.step <= hi)
+        most: dict[str, int] = {}
+        for s, per_name in self.block_max.items():
+            if lo <= s <= hi:
+                for n, v in per_name.items():
+                    most[n] = max(most.get(n, 0), v)
+        block_ids = [self.names.index(n) for n, v in most.items() if v == 1]
+        b = self.blocks
+        bsel = (b.step >= lo) & (b.step <= hi) & np.isin(b.name, block_ids)
+        cats = sorted(set(self.category))
+        groups = sorted(set(self.group_kind))
+        cat_of = np.array([cats.index(c) for c in self.category], np.int32)
+        group_of = np.array([groups.index(g) for g in self.group_kind], np.int32)
+        name = np.concatenate([self.name[sel], b.name[bsel]]).astype(np.int32)
+        return PhaseTotals(lo, hi, np.concatenate([self.rank[sel], b.rank[bsel]]),
+                           np.concatenate([self.step[sel], b.step[bsel]]),
+                           np.concatenate([np.full(int(sel.sum()), -1, np.int64), b.microbatch[bsel]]),
+                           name, cat_of[name] if name.size else name, group_of[name] if name.size else name,
+                           np.concatenate([self.work_ns[sel], b.work_ns[bsel]]),
+                           np.concatenate([self.min_ns[sel], b.min_ns[bsel]]),
+                           np.concatenate([self.count[sel], b.count[bsel]]), list(self.names), cats, groups)
+
+    def host_totals(self, world: int, seen: np.ndarray) -> dict[str, np.ndarray]:
+        """Each host phase's whole-run seconds per rank (``(world,)``; 0 for a rank in ``seen``
+        that never ran it, nan for one never seen)."""
+        empty = np.where(np.isin(np.arange(world), seen), 0.0, np.nan)
+        ok = (self.rank >= 0) & (self.rank < world)
+        out: dict[str, np.ndarray] = {}
+        for k in self._names_of(PhaseCategory.HOST):
+            sel = ok & (self.name == k)
+            if not sel.any():
+                continue
+            v = empty.copy()
+            v[self.rank[sel]] = 0.0
+            np.add.at(v, self.rank[sel], self.pos_ns[sel] / 1e9)
+            out[self.names[k]] = v
+        return out
+
+    def outside_microbatches(self, category: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(rank, step, name id, ns) of ``category``'s phases outside any microbatch, per (rank, step, name)."""
+        sel = np.isin(self.name, self._names_of(category)) & ~np.isnan(self.pos_nomb_ns)
+        return self.rank[sel], self.step[sel], self.name[sel], self.pos_nomb_ns[sel]
+
+    def calls_per_rank_step(self, rank_steps: int) -> tuple[list[str], list[str], list[float]]:
+        """Each collective's (name, group kind, calls per rank and step)."""
+        names, groups, rates = [], [], []
+        for k in self._names_of(PhaseCategory.COMM):
+            n = int(self.count[self.name == k].sum())
+            if n:
+                names.append(self.names[k])
+                groups.append(self.group_kind[k])
+                rates.append(n / rank_steps if rank_steps else float("nan"))
+        return names, groups, rates
+
+    def steps_all_ran(self, world: int, words: tuple[str, ...]) -> set[int]:
+        """Steps in which at least 90% of the ranks ran a host phase whose name holds one of ``words``."""
+        ids = [i for i in self._names_of(PhaseCategory.HOST) if any(w in self.names[i].lower() for w in words)]
+        sel = np.isin(self.name, ids)
+        if not sel.any():
+            return set()
+        pairs = np.unique(np.stack([self.step[sel], self.rank[sel]]), axis=1)
+        steps, n = np.unique(pairs[0], return_counts=True)
+        return {int(s) for s, c in zip(steps, n) if c >= 0.9 * world}
+
+
+def load_rollup(attempt: Attempt) -> PhaseRollup:
+    """The run's rollup: the ``phase_totals`` twins of its phases files, and what has no twin
+    (a phases file written without one; step 0, whose start-up rule needs the steps) aggregated
+    from its phase rows by the same query."""
+    twins = {(f.parent.name, f.name): f for f in attempt.files("phase_totals")}
+    files = attempt.files("phases")
+    # files that may share a (rank, step) (a step's late rows written with the next window) are
+    # aggregated together from their rows: their twins cannot say how many rows one microbatch had
+    shared = _overlapping([_span(f) for f in files])
+    parts: list[pa.Table] = []
+    raw = []
+    for i, f in enumerate(files):
+        twin = twins.get((f.parent.name, f.name))
+        t = _read_twin(twin) if twin is not None and i not in shared else None
+        if t is None:
+            raw.append(f)
+        else:
+            parts.append(t)
+    covered_step0 = [f for f in attempt.files("phases", steps=(0, 0))
+                     if (f.parent.name, f.name) in twins and f not in raw]
+    recorded = []
+    if raw:
+        recorded.append(f"SELECT * FROM read_parquet({_paths(raw)}, union_by_name = true)")
+    if covered_step0:  # the twins' step 0 is read again from its phases, under the start-up rule
+        recorded.append(f"SELECT * FROM read_parquet({_paths(covered_step0)}, union_by_name = true) WHERE step = 0")
+    if recorded:
+        con = attempt.duckdb(tables=["steps"])
+        try:
+            con.execute("CREATE VIEW _argus_phases_recorded AS " + " UNION ALL BY NAME ".join(recorded))
+            startup_rule(con)
+            has_wait = "wait_ns" in con.sql("SELECT * FROM phases LIMIT 0").columns
+            parts.append(_dictionaries(conform("phase_totals", con.sql(totals_query("phases", has_wait)).to_arrow_table())))
+        finally:
+            con.close()
+    if not parts:
+        return _rollup(_dictionaries(TABLES["phase_totals"].schema.empty_table()), attempt.layout.world_size)
+    t = pa.concat_tables(parts).unify_dictionaries()
+    return _rollup(t, attempt.layout.world_size)
+
+
+_STRINGS = ("name", "category", "group_kind")
+
+
+def _read_twin(path: Path) -> pa.Table | None:
+    """A twin's rows but step 0's, its strings as dictionaries (never materialised as millions of
+    Python-visible strings); None where it cannot be read (its phases are then aggregated)."""
+    import pyarrow.parquet as pq
+
+    try:
+        t = pq.read_table(path, schema=TABLES["phase_totals"].schema, read_dictionary=list(_STRINGS))
+    except (pa.ArrowException, OSError, ValueError):
+        return None
+    step = t.column("step").to_numpy(zero_copy_only=False)
+    return _dictionaries(t.filter(pa.array(step != 0)) if (step == 0).any() else t)
+
+
+def _dictionaries(t: pa.Table) -> pa.Table:
+    """``t`` with its string columns dictionary-encoded (int32 indices), as the twins are read."""
+    for c in _STRINGS:
+        col = t.column(c)
+        if not pa.types.is_dictionary(col.type):
+            col = pc.dictionary_encode(col)
+        t = t.set_column(t.column_names.index(c), c, col.cast(pa.dictionary(pa.int32(), pa.string())))
+    return t
+
+
+def _span(path: Path) -> tuple[int, int, int, int]:
+    """(first step, last step, least rank, greatest rank) from ``path``'s footer (the widest span
+    where a row group lacks statistics)."""
+    import pyarrow.parquet as pq
+
+    wide = (-(1 << 62), 1 << 62, -(1 << 62), 1 << 62)
+    try:
+        meta = pq.read_metadata(path)
+    except (pa.ArrowException, OSError):
+        return wide
+    names = meta.schema.names
+    out = [1 << 62, -(1 << 62), 1 << 62, -(1 << 62)]
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        for col, (lo_i, hi_i) in (("step", (0, 1)), ("rank", (2, 3))):
+            stats = rg.column(names.index(col)).statistics if col in names else None
+            if stats is None or not stats.has_min_max:
+                return wide
+            out[lo_i] = min(out[lo_i], int(stats.min))
+            out[hi_i] = max(out[hi_i], int(stats.max))
+    return (out[0], out[1], out[2], out[3])
+
+
+def _overlapping(spans: list[tuple[int, int, int, int]]) -> set[int]:
+    """Indices of the files that may hold rows of the same (rank, step) as another file."""
+    order = sorted(range(len(spans)), key=lambda i: spans[i])
+    out: set[int] = set()
+    for k, i in enumerate(order):
+        a = spans[i]
+        for j in order[k + 1:]:
+            b = spans[j]
+            if b[0] > a[1]:
+                break
+            if b[2] <= a[3] and a[2] <= b[3]:
+                out.update((i, j))
+    return out
+
+
+def _paths(files: list[Path]) -> str:
+    return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
+
+
+def _rollup(t: pa.Table, world: int) -> PhaseRollup:
+    rank = t.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    ok = (rank >= 0) & (rank < world)
+
+    def ids(c: str) -> tuple[np.ndarray, list[str]]:
+        col = t.column(c).combine_chunks()
+        return np.asarray(col.indices.to_numpy(zero_copy_only=False), np.int32), [str(v) for v in col.dictionary.to_pylist()]
+
+    name, names = ids("name")
+    cat, cats = ids("category")
+    grp, groups = ids("group_kind")
+    first = np.full(len(names), -1, np.int64)  # a name has one category and group kind: its first row's
+    idx = np.flatnonzero(ok)[::-1]
+    first[name[idx]] = idx  # written last to first: the first row of each name stays
+    category = [cats[cat[i]] if i >= 0 else "" for i in first.tolist()]
+    group_kind = [groups[grp[i]] if i >= 0 else "" for i in first.tolist()]
+    step = t.column("step").to_numpy(zero_copy_only=False)
+    mb = t.column("microbatch").to_numpy(zero_copy_only=False).astype(np.int64)
+
+    def col(c: str, dtype: type = np.float64) -> np.ndarray:
+        return np.asarray(t.column(c).to_numpy(zero_copy_only=False), dtype)  # a copy only where the type differs
+
+    count, most = col("count", np.int64), col("mb_most", np.int64)
+    work, mn, pos, nomb = col("work_ns"), col("min_ns"), col("pos_ns"), col("pos_nomb_ns")
+    whole = ok & (mb < 0)
+    sampled = whole & (rank < BLOCK_SAMPLE_RANKS) & (most > 0)
+    block_max: dict[int, dict[str, int]] = {}
+    for s_, n_, m_ in zip(step[sampled].tolist(), name[sampled].tolist(), most[sampled].tolist()):
+        per = block_max.setdefault(int(s_), {})
+        per[names[n_]] = max(per.get(names[n_], 0), int(m_))
+    b = ok & (mb >= 0)
+    blocks = _Blocks(rank[b], step[b], mb[b], name[b], work[b], mn[b], count[b])
+    return PhaseRollup(rank[whole], step[whole], name[whole], count[whole], work[whole], mn[whole], pos[whole],
+                       nomb[whole], names, category, group_kind, block_max, blocks)
