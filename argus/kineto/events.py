@@ -107,6 +107,9 @@ class Collected:
         # a kernel's process-group args (``RPC_GROUP_KEYS`` and the description), interned: -1 none
         self.k_group = array("i")
         self.k_groups: dict[tuple, int] = {}
+        # External id → the group of a collective kernel launched under it: names the group of a
+        # collective's annotation that no ``record_param_comms`` op encloses (Megatron-style traces)
+        self.k_ext_group: dict[int, int] = {}
         self.rt_corr, self.rt_ts = array("q"), array("d")
         self.steps: list[tuple[int, float, float, bool]] = []
         # (name, ts, dur, external id, tid, on_gpu, argus metadata or None)
@@ -410,7 +413,8 @@ def build_phases(c: Collected, base_ns: int, index: StepIndex, pgs: dict[str, tu
         if cat != "comm" or kinds[-1] or "group_kind" in meta:
             continue
         anchor = ann[anchor_idx[i]]
-        ranks = _collective_ranks(anchor, rpc_sorted, rpc_starts, cache) or single_pg
+        ranks = (_collective_ranks(anchor, rpc_sorted, rpc_starts, cache) or _kernel_ranks(anchor, c, cache)
+                 or single_pg)
         if ranks:
             group_ref[out_i] = cache.ref(ranks)
     return PhaseArrays(
@@ -423,6 +427,15 @@ def build_phases(c: Collected, base_ns: int, index: StepIndex, pgs: dict[str, tu
 def _text(value: Any, default: str) -> str:
     """A string field of Argus' own metadata; anything else (or an absurdly long one) → ``default``."""
     return value if type(value) is str and len(value) <= MAX_NAME_CHARS else default
+
+
+def _kernel_ranks(ann: tuple, c: Collected, cache: _GroupCache) -> tuple[int, ...] | None:
+    """The group of the collective kernel launched under the annotation's ``External id``."""
+    gid = c.k_ext_group.get(ann[3]) if ann[3] >= 0 else None
+    if gid is None:
+        return None
+    key = next((k for k, i in c.k_groups.items() if i == gid), None)
+    return cache.ranks(dict(zip(KERNEL_GROUP_KEYS, key))) if key is not None else None
 
 
 def _collective_ranks(ann: tuple, rpc: list[tuple], rpc_starts: list[float],

@@ -337,6 +337,9 @@ def _scan(events: Iterable[Any], c: Collected) -> None:
                 if gid is None:
                     gid = c.k_groups[gkey] = len(c.k_groups)
                 c.k_group.append(gid)
+                ext = _external_id(args.get("External id"))
+                if ext >= 0:
+                    c.k_ext_group.setdefault(ext, gid)
             c.k_kind.append(code - Cat.KERNEL)
             c.k_name.append(nid)
             c.k_stream.append(stream)

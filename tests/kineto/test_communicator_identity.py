@@ -108,3 +108,25 @@ def test_the_shared_repro_shape_names_the_communicator_not_its_hosts(job):
     links = [i for i in doc["incidents"] if i["class"] == "link_degradation"]
     assert [i["culprit_ranks"] for i in links] == [sorted(slow)] == [[1, 3, 5, 7]]
     assert not [i for i in doc["incidents"] if i is not links[0] and i["severity"] in ("warning", "critical")]
+
+
+def test_collective_annotations_carry_their_communicators_kind(tmp_path):
+    """A collective's annotation (``nccl:all_reduce``) with no ``record_param_comms`` op around it
+    (as in the shared repro traces) takes its communicator from the NCCL kernel launched under
+    its External id: the phases a replay joins by communicator name tp, dp, pp and
+    model-parallel groups, none left blank."""
+    import gzip
+    import json
+
+    write_job(tmp_path / "traces", 4, 2, 2)
+    for f in (tmp_path / "traces").glob("*.json.gz"):
+        doc = json.loads(gzip.decompress(f.read_bytes()))
+        doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("name") != "record_param_comms"]
+        f.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    import_kineto([tmp_path / "traces"], tmp_path / "store", "tp=4,pp=2,dp=2")
+    attempt = Store.open(tmp_path / "store").attempt()
+    rows = attempt.sql("SELECT group_kind, count(*) AS n FROM phases WHERE category = 'comm' GROUP BY group_kind"
+                       ).to_pylist()
+    kinds = {r["group_kind"]: r["n"] for r in rows}
+    assert "" not in kinds, kinds
+    assert {"tp", "dp", "pp", "model_parallel"} <= set(kinds), kinds
