@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from argus.analysis.frames import PhaseFrame
-from argus.topology import Layout
+from argus.topology import GROUP_KINDS, Layout
 from argus.vocab import GroupKind
 
 __all__ = ["Instances", "match_instances", "host_clock_offsets", "aligned_starts", "pair_p2p", "P2PTransfers",
@@ -49,6 +49,20 @@ class Instances:
         return _KINDS[code]
 
 
+def group_keys(layout: Layout, kind: str, ranks: np.ndarray) -> np.ndarray | None:
+    """Each rank's communicator of ``kind`` (a key equal for the members of one group), or None
+    for a kind whose groups the layout cannot name."""
+    if kind in GROUP_KINDS:
+        return layout.group_index(kind)[ranks]
+    co = layout.coords(ranks)
+    st = layout.strides
+    if kind == "model_parallel":  # tp × pp: same cp, ep, dp
+        return ranks - co["tp"] * st["tp"] - co["pp"] * st["pp"]
+    if kind == "embedding" and layout.pp > 1:  # first and last stage of one pipeline line
+        return layout.group_index(GroupKind.PP)[ranks]
+    return None
+
+
 def _prev_comm_end(f: PhaseFrame) -> np.ndarray:
     """For each comm row: the end of the same rank's previous finished comm phase (nan if none)."""
     out = np.full(f.n, np.nan)
@@ -68,9 +82,15 @@ def _prev_comm_end(f: PhaseFrame) -> np.ndarray:
     return out
 
 
-def match_instances(f: PhaseFrame, layout: Layout, step_i: np.ndarray, with_pp: bool = False) -> Instances | None:
-    """Group finished collective phases into instances (pipeline p2p only if ``with_pp``)."""
-    kinds_ok = _KINDS if with_pp else _KINDS[:-1]
+def match_instances(f: PhaseFrame, layout: Layout, step_i: np.ndarray, with_pp: bool = False,
+                    named: bool = False) -> Instances | None:
+    """Group finished collective phases into instances (pipeline p2p only if ``with_pp``; with
+    ``named``, also communicators of kinds the layout does not list but can name, as Megatron's
+    model-parallel group: their kind codes then lie past ``_KINDS``)."""
+    kinds_ok: list[str] = list(_KINDS if with_pp else _KINDS[:-1])
+    if named:
+        kinds_ok += [g for g in f.groups if g not in _KINDS and g not in kinds_ok
+                     and group_keys(layout, g, np.zeros(1, np.int64)) is not None]
     code = np.array([kinds_ok.index(g) if g in kinds_ok else -1 for g in f.groups], np.int64)
     if code.size == 0:
         return None
@@ -85,7 +105,9 @@ def match_instances(f: PhaseFrame, layout: Layout, step_i: np.ndarray, with_pp: 
     gidx = np.zeros(rows.size, np.int64)
     for k in np.unique(kind):
         m = kind == k
-        gidx[m] = layout.group_index(_KINDS[k])[rank[m]]
+        keys = group_keys(layout, kinds_ok[k], rank[m])
+        assert keys is not None  # only kinds it names were kept
+        gidx[m] = keys
     n_mb, n_names, S = int(mb.max()) + 1, len(f.names), int(si.max()) + 1
     occ_key = ((rank * S + si) * n_mb + mb) * n_names + name
     order = np.argsort(occ_key, kind="stable")  # rows are already in (rank, start) order
@@ -94,7 +116,7 @@ def match_instances(f: PhaseFrame, layout: Layout, step_i: np.ndarray, with_pp: 
     pos = np.arange(rows.size) - np.maximum.accumulate(np.where(run_start, np.arange(rows.size), 0))
     seq = np.empty(rows.size, np.int64)
     seq[order] = pos
-    key = ((((name * S + si) * n_mb + mb) * len(_KINDS) + kind) * (layout.world_size + 1) + gidx) \
+    key = ((((name * S + si) * n_mb + mb) * len(kinds_ok) + kind) * (layout.world_size + 1) + gidx) \
         * (int(seq.max()) + 1) + seq
     uniq, inv = np.unique(key, return_inverse=True)
     size = np.bincount(inv, minlength=len(uniq))
@@ -115,7 +137,12 @@ def host_clock_offsets(f: PhaseFrame, inst: Instances, hosts: np.ndarray) -> dic
     if len(host_ids) < 2:
         return {str(h): 0.0 for h in host_ids}
     end = (f.start[rows] + f.dur[rows]).astype(np.float64)
-    multi = inst.size[inst.inv] > 1
+    # instances whose members span hosts: one inside a host says nothing of its clock, and
+    # thousands of them (tensor-parallel all-reduces) would make every host's median residual 0
+    member_host = host_of_rank[f.rank[rows]]
+    pairs = np.unique(inst.inv.astype(np.int64) * len(host_ids) + member_host)
+    spans = np.bincount(pairs // len(host_ids), minlength=len(inst.size)) > 1
+    multi = spans[inst.inv]
     mean_end = np.bincount(inst.inv, weights=end, minlength=len(inst.size)) / np.maximum(inst.size, 1)
     h = host_of_rank[f.rank[rows]][multi]
     resid = (end - mean_end[inst.inv])[multi]

@@ -479,7 +479,7 @@ def _comm_label(key: tuple) -> str:
 
 
 def _comm_ranks(layout: Layout, key: tuple, ranks: np.ndarray) -> list[int]:
-    from argus.analysis.attribution.graph import _group_keys
+    from argus.analysis.collectives import group_keys
     from argus.vocab import GroupKind as GK
 
     if not key:
@@ -490,7 +490,7 @@ def _comm_ranks(layout: Layout, key: tuple, ranks: np.ndarray) -> list[int]:
         return [int(r) for r in ranks[(line == key[1]) & (stage >= key[2]) & (stage <= key[3])]]
     if len(key) >= 3 and key[1] == "alone":
         return [int(key[2])]
-    keys = _group_keys(layout, str(key[0]), ranks)
+    keys = group_keys(layout, str(key[0]), ranks)
     if keys is None or len(key) < 2:
         return []
     return [int(r) for r in ranks[keys == key[1]]]

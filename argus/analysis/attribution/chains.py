@@ -297,7 +297,7 @@ def build_chains(f: PhaseFrame, layout: Layout, hosts: np.ndarray, bounds: StepB
         if unknown.any():
             peer[unknown] = _peer_from_blocks(f, work, key, rank, c[unknown], send[unknown])
     # -- one clock for what crosses ranks: origins and ends ----------------------------------
-    inst = match_instances(f, layout, np.zeros(f.n, np.int64))
+    inst = match_instances(f, layout, np.zeros(f.n, np.int64), named=True)  # Megatron's model-parallel group crosses the stages' hosts
     offsets = host_clock_offsets(f, inst, hosts) if inst is not None else {}
     off_rank = np.array([offsets.get(str(h), 0.0) for h in np.asarray(hosts).astype(str)])
     final = np.maximum(run_end, origin)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from argus.analysis.attribution.chains import Chains
+from argus.analysis.collectives import group_keys
 from argus.analysis.attribution.grouped import Grouping
 from argus.topology import GROUP_KINDS, Layout
 from argus.vocab import GroupKind
@@ -51,6 +52,16 @@ class StageRows:
     send: np.ndarray  # (n,) a pipeline send (never waited for by its rank)
     labels: list[str]  # node names
     comp: np.ndarray  # (n, C, K, J) float32: each gap by component, the cursor moved as ``blocking`` says
+    #: (n,) for a node its rank does not wait for (and not a send): the blocking node at which it
+    #: is waited for — the first one its rank was still inside when it ended (a receive posted early
+    #: is awaited where its data is needed, not at the next collective); n: at the step's end
+    join: np.ndarray | None = None
+
+    def join_of(self, i: int) -> int:
+        if self.join is not None:
+            return int(self.join[i])
+        nxt = np.flatnonzero(self.blocking[i + 1:])  # (a graph made without: the next blocking node)
+        return i + 1 + int(nxt[0]) if nxt.size else self.n
 
     @property
     def n(self) -> int:
@@ -180,20 +191,6 @@ def _align(ch: Chains, tok: np.ndarray, run: int, template: int) -> bool:
     return True
 
 
-def _group_keys(layout: Layout, kind: str, ranks: np.ndarray) -> np.ndarray | None:
-    """Each rank's communicator of ``kind`` (a key equal for the members of one group), or None
-    for a kind whose groups the layout cannot name."""
-    if kind in GROUP_KINDS:
-        return layout.group_index(kind)[ranks]
-    co = layout.coords(ranks)
-    st = layout.strides
-    if kind == "model_parallel":  # tp × pp: same cp, ep, dp
-        return ranks - co["tp"] * st["tp"] - co["pp"] * st["pp"]
-    if kind == "embedding" and layout.pp > 1:  # first and last stage of one pipeline line
-        return layout.group_index(GroupKind.PP)[ranks]
-    return None
-
-
 def build_graphs(ch: Chains, layout: Layout, ranks: np.ndarray | None = None) -> list[StepGraph]:
     """One graph per set of steps that share their templates (usually one), over ``ranks``
     (default: every rank with events; a subset must hold whole pipeline lines)."""
@@ -215,6 +212,7 @@ def build_graphs(ch: Chains, layout: Layout, ranks: np.ndarray | None = None) ->
     irregular: list[int] = []
     relaxed: np.ndarray | None = None
     tok = np.zeros(0, np.int64)
+    first_template: dict[int, int] = {}  # stage → a run of its first regular step
     for step in steps.tolist():
         sig: list[int] = []
         ok = True
@@ -225,20 +223,27 @@ def build_graphs(ch: Chains, layout: Layout, ranks: np.ndarray | None = None) ->
                 break
             hs = hashes[runs]
             vals, counts = np.unique(hs, return_counts=True)
-            mode = vals[np.argmax(counts)]
-            if (hs != mode).any():
-                # runs that differ from the stage's template only in where a pipeline send or
-                # receive (posted early or late, asynchronously) lies between the collectives
+            templates = [runs[int(np.flatnonzero(hs == vals[np.argmax(counts)])[0])]]
+            if s in first_template:
+                templates.insert(0, first_template[s])
+            for template in templates:
+                # runs that differ from the stage's template (its first step's, else this step's
+                # most common) only in where a pipeline send or receive — posted early or late,
+                # asynchronously — lies between the collectives: put in its order
+                if not (hs != hashes[template]).any():
+                    break
                 if relaxed is None:
                     relaxed, tok = _relaxed_hashes(ch), _tokens(ch)
-                template = runs[int(np.flatnonzero(hs == mode)[0])]
-                for r in np.asarray(runs)[hs != mode].tolist():
+                for r in np.asarray(runs)[hs != hashes[template]].tolist():
                     if relaxed[r] == relaxed[template] and _align(ch, tok, r, template):
-                        hashes[r] = mode
+                        hashes[r] = hashes[template]
                 hs = hashes[runs]
+            vals, counts = np.unique(hs, return_counts=True)
+            mode = vals[np.argmax(counts)]
             if (hs != mode).any():
                 ok = False
                 break
+            first_template.setdefault(s, runs[0])
             sig.append(int(mode))
         if ok:
             signature[step] = tuple(sig)
@@ -268,7 +273,8 @@ def _graph(ch: Chains, layout: Layout, stages: list[int], cols: dict[int, np.nda
         first = ev[:, 0, 0]
         labels = [ch.names[int(ch.name[e])] for e in first]
         _, comp = ch.gaps(ev, runs, blocking)
-        rows.append(StageRows(s, cols[s], ev, blocking, ch.send[first].copy(), labels, comp))
+        send = ch.send[first].copy()
+        rows.append(StageRows(s, cols[s], ev, blocking, send, labels, comp, _joins(ch, ev, blocking, send)))
         origin.append(ch.origin[runs])
         final.append(ch.final[runs])
     ref = np.min(np.stack([o.min(axis=0) for o in origin]), axis=0)  # (K,)
@@ -292,6 +298,25 @@ def _graph(ch: Chains, layout: Layout, stages: list[int], cols: dict[int, np.nda
     if ops is None:
         return None
     return StepGraph(steps, rows, families, family_of, ops, origin, recorded, comms)
+
+
+def _joins(ch: Chains, ev: np.ndarray, blocking: np.ndarray, send: np.ndarray) -> np.ndarray:
+    """Where each node its rank does not wait for is awaited: the first later blocking node that
+    most of the recordings show ending after it (the rank was still there when it ended), else
+    the step's end. DDP's buckets under backward are awaited at the step's end as before; a
+    pipeline receive posted before the compute it overlaps, where that compute is done."""
+    n = ev.shape[0]
+    join = np.full(n, n, np.int64)
+    if n == 0:
+        return join
+    ends = ch.start[ev] + ch.dur[ev]  # (n, C, K) own clock
+    waited = np.flatnonzero(blocking)
+    for i in np.flatnonzero(~blocking & ~send).tolist():
+        for j in waited[waited > i].tolist():
+            if float(np.mean(ends[j] >= ends[i])) >= 0.5:
+                join[i] = j
+                break
+    return join
 
 
 def _families(ch: Chains, layout: Layout, rows: list[StageRows]) -> tuple[list[Family], dict, list[tuple]]:
@@ -342,7 +367,7 @@ def _families(ch: Chains, layout: Layout, rows: list[StageRows]) -> tuple[list[F
 
     for (name_id, kind, _occ, _stage), members in by_key.items():
         stacked = np.concatenate([rows[si].ranks for si, _ in members])
-        keys = _group_keys(layout, kind, stacked)
+        keys = group_keys(layout, kind, stacked)
         name = ch.names[name_id]
         if keys is None:
             add(name, kind, members, None, lambda j, st=stacked, k=kind: (k, "alone", int(st[j])))
@@ -421,13 +446,13 @@ def _hidden_joins(ch: Chains, rows: list[StageRows], families: list[Family], com
 def _schedule(rows: list[StageRows], families: list[Family],
               family_of: dict[tuple[int, int], int]) -> list[tuple[int, int, int]] | None:
     """Template-level walk: ARRIVE each node in its stage's order, COMPLETE a family when all its
-    members arrived, PASS a blocking node once its family and the stage's pending events are
+    members arrived, PASS a blocking node once its family and the events awaited there are
     complete. None when the walk cannot finish (a cycle)."""
     size = [len(f.members) for f in families]
     arrived = [0] * len(families)
     complete = [False] * len(families)
     ptr = [0] * len(rows)
-    pending: list[list[int]] = [[] for _ in rows]
+    pending: list[dict[int, list[int]]] = [{} for _ in rows]  # per stage: join node → families awaited there
     ops: list[tuple[int, int, int]] = []
     done = 0
     total = sum(st.n for st in rows)
@@ -447,12 +472,12 @@ def _schedule(rows: list[StageRows], families: list[Family],
                         complete[fi] = True
                     progressed = True
                 if st.blocking[i]:
-                    if not complete[fi] or not all(complete[p] for p in pending[si]):
+                    if not complete[fi] or not all(complete[p] for p in pending[si].get(i, ())):
                         break
                     ops.append((PASS, si, i))
-                    pending[si] = []
+                    pending[si].pop(i, None)
                 elif not st.send[i]:
-                    pending[si].append(fi)
+                    pending[si].setdefault(st.join_of(i), []).append(fi)
                 ptr[si] += 1
                 done += 1
                 progressed = True

@@ -101,7 +101,7 @@ def replay(g: StepGraph, d: Durations, scenarios: list[Scenario]) -> np.ndarray:
     n_comp = d.gaps["rec"][0].shape[-1]
     gap_pairs, tr_pairs = _masks(scenarios, int(offsets[-1]), n_comp, len(g.communicators))
     cursor = [np.broadcast_to(o[:, :, None], (o.shape[0], K, Z)).astype(np.float64) for o in g.origin]
-    pending = [np.full((st.columns, K, Z), -np.inf) for st in g.stages]
+    pending: dict[tuple[int, int], np.ndarray] = {}  # (stage, join node) → ends awaited there
     arrivals: dict[tuple[int, int], np.ndarray] = {}
     ends: dict[tuple[int, int], np.ndarray] = {}
 
@@ -197,12 +197,12 @@ def replay(g: StepGraph, d: Durations, scenarios: list[Scenario]) -> np.ndarray:
                 if st.blocking[i]:
                     ends[(si, i)] = end
                 elif not st.send[i]:
-                    np.maximum(pending[si], end, out=pending[si])
+                    _await(pending, (si, st.join_of(i)), end)
         else:  # PASS
             end = ends.pop((a, b))
-            cursor[a] = np.maximum(end, pending[a])
-            pending[a] = np.full_like(pending[a], -np.inf)
-    finals = np.stack([np.maximum(c, p).max(axis=0) for c, p in zip(cursor, pending)])  # (S, K, Z)
+            held = pending.pop((a, b), None)
+            cursor[a] = end if held is None else np.maximum(end, held)
+    finals = np.stack([_last(c, pending, si, g.stages[si].n).max(axis=0) for si, c in enumerate(cursor)])  # (S, K, Z)
     return finals.max(axis=0)
 
 
@@ -213,7 +213,7 @@ def critical_path(g: StepGraph, d: Durations) -> dict[int, float]:
     K = g.steps.size
     offsets = np.r_[0, np.cumsum([st.columns for st in g.stages])]
     cursor = [o.astype(np.float64).copy() for o in g.origin]
-    pending = [np.full((st.columns, K), -np.inf) for st in g.stages]
+    pending: dict[tuple[int, int], np.ndarray] = {}
     gaps = {}
     arrivals: dict[tuple[int, int], np.ndarray] = {}
     last: dict[int, np.ndarray] = {}  # family → (U, K) row of the member that arrived last
@@ -240,10 +240,11 @@ def critical_path(g: StepGraph, d: Durations) -> dict[int, float]:
                 if st.blocking[i]:
                     ends[(si, i)] = end
                 elif not st.send[i]:
-                    np.maximum(pending[si], end, out=pending[si])
+                    _await(pending, (si, st.join_of(i)), end)
         else:
-            cursor[a] = np.maximum(ends.pop((a, b)), pending[a])
-            pending[a] = np.full_like(pending[a], -np.inf)
+            end = ends.pop((a, b))
+            held = pending.pop((a, b), None)
+            cursor[a] = end if held is None else np.maximum(end, held)
     # where each stacked family row sits: (stage row, node, column)
     where: dict[int, list[tuple[int, int, int]]] = {}
     for fi, fam in enumerate(g.families):
@@ -256,7 +257,7 @@ def critical_path(g: StepGraph, d: Durations) -> dict[int, float]:
             if st.blocking[i]:
                 p = i
         prev_blocking.append(pb + [p])  # index n: the last blocking node
-    finals = np.stack([np.maximum(c, p) for c, p in zip(cursor, pending)])  # (S, C?, K) ragged: per stage
+    finals = [_last(c, pending, si, g.stages[si].n) for si, c in enumerate(cursor)]  # per stage (C, K)
     share: dict[int, float] = {}
     ranks = g.ranks
     for k in range(K):
@@ -279,6 +280,17 @@ def critical_path(g: StepGraph, d: Durations) -> dict[int, float]:
         for rank, v in own.items():
             share[rank] = share.get(rank, 0.0) + (v / total / K if total > 0 else 0.0)
     return share
+
+
+def _await(pending: dict[tuple[int, int], np.ndarray], key: tuple[int, int], end: np.ndarray) -> None:
+    held = pending.get(key)
+    pending[key] = end.copy() if held is None else np.maximum(held, end)
+
+
+def _last(cursor: np.ndarray, pending: dict[tuple[int, int], np.ndarray], si: int, n: int) -> np.ndarray:
+    """A stage's end: its cursor and what it awaits at the step's end."""
+    held = pending.get((si, n))
+    return cursor if held is None else np.maximum(cursor, held)
 
 
 def _row_of(g: StepGraph, fi: int, si: int, node: int, col: int) -> int:
