@@ -324,7 +324,9 @@ def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topolog
             cost, notes = None, [("the culprits' phases carry no excess (only their kernels do: a GPU trace's "
                                   "annotations end when the host is done launching): a replay of the phases cannot "
                                   "remove it")]
-        elif _own_peers(inc, topology):
+        elif inc.klass != IncidentClass.LINK_DEGRADATION and _own_peers(inc, topology):
+            # (a link's transfers are set to their communicator family's typical — the other
+            # communicators of its kind and size — not to its members' peers')
             cost, notes = None, [("the culprits are most of their own peer sets (a whole stage, a whole replica): "
                                   "the what-if's typical durations come from them, so it cannot measure them")]
         else:

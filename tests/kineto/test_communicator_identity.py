@@ -108,6 +108,10 @@ def test_the_shared_repro_shape_names_the_communicator_not_its_hosts(job):
     links = [i for i in doc["incidents"] if i["class"] == "link_degradation"]
     assert [i["culprit_ranks"] for i in links] == [sorted(slow)] == [[1, 3, 5, 7]]
     assert not [i for i in doc["incidents"] if i is not links[0] and i["severity"] in ("warning", "critical")]
+    # its cost measured by the what-if (its transfers set to the other dp communicators'), though
+    # its four ranks are the whole of their peer set: a link is compared with its like communicators
+    what_if = [e for e in links[0]["evidence"] if e["kind"] == "what_if"]
+    assert what_if and what_if[0]["slowdown_pct"] > 0 and max(what_if[0]["replay_error_pct"]) <= 10
 
 
 def test_collective_annotations_carry_their_communicators_kind(tmp_path):
