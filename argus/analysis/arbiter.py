@@ -24,8 +24,9 @@ from argus.analysis.attribution import Finding, GroupKind, Part, Shape, WindowOu
 from argus.analysis.incident import (Action, Incident, IncidentClass, Severity, State, grade)
 from argus.analysis.l1_windows import L1Result
 from argus.analysis.observations import Observation, ObservationKind
-from argus.topology import Topology
+from argus.topology import GROUP_KINDS, Topology
 from argus.vocab import EvidenceKind, Level
+from argus.vocab import GroupKind as GK
 
 __all__ = ["arbitrate", "SLOW_CLASSES", "candidate_label", "fold_into_failures",
            "fold_stage_into_links"]
@@ -325,10 +326,13 @@ def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topolog
                                   "annotations end when the host is done launching): a replay of the phases cannot "
                                   "remove it")]
         elif inc.klass != IncidentClass.LINK_DEGRADATION and _own_peers(inc, topology):
-            # (a link's transfers are set to their communicator family's typical — the other
-            # communicators of its kind and size — not to its members' peers')
             cost, notes = None, [("the culprits are most of their own peer sets (a whole stage, a whole replica): "
                                   "the what-if's typical durations come from them, so it cannot measure them")]
+        elif inc.klass == IncidentClass.LINK_DEGRADATION and _most_communicators(inc, topology):
+            # a link's transfers are set to the other communicators of its kind: where most of
+            # them hold a culprit, their typical is the slow link's own
+            cost, notes = None, [("most communicators of the slow collectives' kind cross the culprits: the "
+                                  "what-if's typical transfers come from them, so it cannot measure the link")]
         else:
             cost, notes = _candidate_cost(i, inc, outcomes, step_time, normal)
         if cost is not None and inc.klass == IncidentClass.LINK_DEGRADATION and inc.slowdown_pct is not None \
@@ -440,8 +444,9 @@ def _set_impact(inc: Incident, cost: _Cost, world: int, note: str) -> None:
     if previous_severity != Severity.INFO and inc.severity == Severity.INFO:
         inc.state = State.INCONCLUSIVE
         inc.evidence.append({"level": Level.L4, "kind": EvidenceKind.DISAGREEMENT, "note": (
-            f"the comparison charged {previous:.1f}% to these ranks; replayed without their excess the job gains "
-            f"{cost.slowdown_pct:.1f}%: the slowdown is not theirs")})
+            ("the comparison charged these ranks" if previous is None else
+             f"the comparison charged {previous:.1f}% to these ranks") +
+            f"; replayed without their excess the job gains {cost.slowdown_pct:.1f}%: the slowdown is not theirs")})
 
 
 _ACTIONS = {IncidentClass.COMPUTE_STRAGGLER: Action.VERIFY, IncidentClass.LINK_DEGRADATION: Action.VERIFY,
@@ -754,6 +759,21 @@ def _own_peers(inc: Incident, topology: Topology) -> bool:
             continue
         peers = set(int(p) for p in layout.peer_set(r))
         if len(peers) > 1 and len(peers & culprits) >= 0.5 * len(peers):
+            return True
+    return False
+
+
+def _most_communicators(inc: Incident, topology: Topology) -> bool:
+    """Whether at least half of the communicators of a link incident's kinds (its evidence's
+    ``group_kind``, else data-parallel) hold one of its culprits."""
+    layout = topology.layout
+    culprits = np.array([r for r in inc.culprit_ranks if 0 <= r < layout.world_size], np.int64)
+    if culprits.size == 0:
+        return False
+    kinds = {str(e["group_kind"]) for e in inc.evidence if e.get("group_kind") in GROUP_KINDS} or {GK.DP}
+    for kind in kinds:
+        index = layout.group_index(kind)
+        if np.unique(index[culprits]).size >= 0.5 * np.unique(index).size:
             return True
     return False
 

@@ -57,3 +57,18 @@ def test_a_stage_slowed_later_holding_a_slow_link_is_the_links_victim():
     fold_stage_into_links([link, stage, ranks])
     assert stage.severity == Severity.INFO and "slow link inside it" in stage.summary
     assert ranks.severity == Severity.WARNING
+
+
+def test_a_claim_whose_cost_was_unknown_is_refuted_by_a_what_if_of_nothing_without_an_error():
+    """A warning whose comparison stated no cost (None), replayed without its culprits' excess
+    to no gain: inconclusive, the disagreement said — not a TypeError formatting None."""
+    from argus.analysis.arbiter import _Cost, _set_impact
+
+    inc = _inc(IncidentClass.LINK_DEGRADATION, 0, 9, Severity.WARNING, ranks=[0, 1])
+    inc.evidence.append({"level": "hw", "kind": "pcie_degraded"})  # its cost unknown, a warning on the hardware's word
+    inc.slowdown_pct = None
+    inc.severity = Severity.WARNING
+    assert inc.severity == Severity.WARNING and inc.slowdown_pct is None
+    _set_impact(inc, _Cost(0.0, 10.0, list(range(10)), [], 0.1), 8, "measured")
+    assert inc.severity == Severity.INFO and inc.state == State.INCONCLUSIVE
+    assert any(e.get("kind") == "disagreement" and "not theirs" in e["note"] for e in inc.evidence)
