@@ -39,30 +39,37 @@ def totals_query(source: str, has_wait: bool = True) -> str:
 
 
 class TotalsWriter:
-    """Derives ``phase_totals`` for one writer, on one DuckDB connection held for its life: a
-    connection costs ~20 ms, more than aggregating a small window (a processor closes one every
-    few seconds). Not for concurrent use: one per writer, as the writers are."""
+    """Derives ``phase_totals`` for one writer, on one single-threaded DuckDB connection held for
+    its life: a connection costs ~20 ms, more than aggregating a small window (a processor closes
+    one every few seconds). Not for concurrent use: one per writer, as the writers are."""
 
     def __init__(self) -> None:
         self._con: Any = None
 
     def __call__(self, phases: pa.Table) -> pa.Table:
         if self._con is None:
-            import duckdb
-
-            self._con = duckdb.connect()
+            self._con = _connect()
         return phase_totals_of(phases, self._con)
+
+
+def _connect() -> Any:
+    """A connection on one thread: the writer runs beside the training ranks, and a query
+    spreading over every core at each window's close takes them from the job (the observer must
+    not change the observed); a window's aggregation is small."""
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET threads TO 1")
+    return con
 
 
 def phase_totals_of(phases: pa.Table, con: Any = None) -> pa.Table:
     """The ``phase_totals`` rows of one conformed ``phases`` table (on ``con``, else a connection
     of its own)."""
-    import duckdb
-
     from argus.store.schema import conform
 
     own = con is None
-    con = duckdb.connect() if own else con
+    con = _connect() if own else con
     try:
         con.register("_argus_phases", phases)
         try:
