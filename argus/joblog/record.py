@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from argus.joblog.kernel import KernelLog
 from argus.joblog.scanner import LogEvent, LogScanner
-from argus.joblog.signatures import LogKind
+from argus.joblog.signatures import QUIET_KINDS, LogKind
 from argus.joblog.tee import Tee, job_streams
 
 __all__ = ["JobLog", "events_table"]
@@ -172,7 +172,7 @@ class JobLog:
 
     def summary(self) -> str:
         """One line for ``argus run``'s end (empty when nothing was recognised)."""
-        shown = {k: n for k, n in self.kinds.items() if k != str(LogKind.OTHER)}
+        shown = {k: n for k, n in self.kinds.items() if k not in QUIET_KINDS}
         if not shown:
             return ""
         return ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(shown.items(), key=lambda kv: -kv[1]))

@@ -66,6 +66,15 @@ _FR_LINES = 14
 _FRAME = re.compile(r'^\s+File "([^"]+)", line (\d+), in (.+)$')
 _SIGNALS = {1: "SIGHUP", 2: "SIGINT", 6: "SIGABRT", 9: "SIGKILL", 11: "SIGSEGV", 15: "SIGTERM"}
 _LAUNCHER_EXC = ("ChildFailedError", "SignalException")
+# torchrun's agent, its workers done, waits for the other nodes' agents at an exit barrier held in
+# the store that node 0's agent serves; when that agent exits first the barrier fails: the store
+# client's warning (``[W1206 … TCPStore.cpp:138] [c10d] recvValueWithTimeout failed …: Connection
+# reset by peer``), then ``E1206 … api.py:1008] Error waiting on exit barrier. Elapsed: …`` and its
+# traceback, every line under that same logger head. The job finished: one ``launcher_exit``, no peer lost.
+_EXIT_BARRIER = re.compile(r"^(?P<head>.{0,400}?)Error waiting on exit barrier\b")
+_STORE_CLIENT = re.compile(r"^\[[WE]\d{4} \S{1,32} TCPStore\.cpp:\d+\]")
+#: how long a store client's "connection reset" line waits for the exit barrier's line that explains it
+HOLD_NS = 2_000_000_000
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,8 @@ class LogScanner:
         self._ras: dict[str, RasParser] = {}  # per stream: NCCL RAS reports
         self._fr: dict[str, dict] = {}  # per stream: the torchfrtrace block being read
         self.pending: list[LogEvent] = []  # not yet taken by the caller
+        self._held: dict[str, LogEvent] = {}  # per stream: a store client's lost connection (``HOLD_NS``)
+        self._exit_head: dict[str, tuple[str, bool]] = {}  # per stream: the exit barrier's logger head, in its traceback
         self.events = 0
         self.dropped = 0  # events past max_events
         self.other: dict[tuple[int, str], int] = {}  # (rank, stream) → lines no signature matched
@@ -142,21 +153,65 @@ class LogScanner:
                 del self._tracebacks[(stream, rank)]
             for stream, ras in self._ras.items():
                 self._ras_behind(stream, ras.close())
+            for stream in list(self._held):
+                self._release(stream)
 
     def take(self) -> tuple[list[LogEvent], dict[tuple[int, str], int]]:
         """The events and unmatched-line counts since the last call."""
         with self._lock:
+            now = self.clock()
+            for stream, e in list(self._held.items()):
+                if now - e.ts_ns >= HOLD_NS:
+                    self._release(stream)
             events, self.pending = self.pending, []
             other, self.other = self.other, {}
         return events, other
 
     # -- one line (under the lock) ------------------------------------------------------------
     def _emit(self, rank: int, stream: str, kind: LogKind, severity: str, text: str, pid: int = -1) -> None:
+        self._release(stream)  # a held line first, in the order read
+        self._append(LogEvent(self.clock(), rank, stream, kind, severity, (self._note + text)[:MAX_TEXT], pid))
+
+    def _append(self, event: LogEvent) -> None:
         if self.events >= self.max_events:
             self.dropped += 1
             return
         self.events += 1
-        self.pending.append(LogEvent(self.clock(), rank, stream, kind, severity, (self._note + text)[:MAX_TEXT], pid))
+        self.pending.append(event)
+
+    def _release(self, stream: str) -> None:
+        held = self._held.pop(stream, None)
+        if held is not None:
+            self._append(held)
+
+    def _launcher_exit(self, stream: str, rank: int, line: str) -> bool:
+        """Whether ``line`` is the launcher's failed exit barrier, or a line of the traceback
+        logged with it (under the same logger head, if the logger writes one)."""
+        state = self._exit_head.get(stream)
+        if state is not None:
+            head, in_tb = state
+            if not in_tb and not line.startswith(head) and line.startswith("Traceback (most recent call last):"):
+                head = ""  # a logger that heads its message only, not the traceback's lines
+            rest = line[len(head):] if line.startswith(head) else None
+            if rest is not None and (rest.startswith("Traceback (most recent call last):") or in_tb):
+                ends = in_tb and rest.strip() and rest[:1] not in (" ", "\t") and not rest.startswith(
+                    ("During handling", "The above exception", "Traceback"))
+                if ends:  # the exception's line: the traceback is over
+                    del self._exit_head[stream]
+                else:
+                    self._exit_head[stream] = (head, True)
+                self.other[(rank, stream)] = self.other.get((rank, stream), 0) + 1
+                return True
+            del self._exit_head[stream]
+        m = _EXIT_BARRIER.match(line) if rank < 0 and "exit barrier" in line else None
+        if m is None:
+            return False
+        lost = self._held.pop(stream, None)  # the store client's side of the same failure
+        self._exit_head[stream] = (m.group("head"), False)
+        self._emit(rank, stream, LogKind.LAUNCHER_EXIT, "info",
+                   "torchrun's agent could not meet the other nodes' agents at its exit barrier after its workers "
+                   f"finished{' (its store connection closed)' if lost else ''}: {line.strip()}")
+        return True
 
     def _rank_of(self, line: str) -> tuple[int, str]:
         self._note = ""  # each line's own: a [rankN] line after a [defaultN] one says no local rank
@@ -192,7 +247,7 @@ class LogScanner:
 
     def _line(self, stream: str, raw: str) -> None:
         rank, line = self._rank_of(raw)
-        if self._traceback(stream, rank, line):
+        if self._launcher_exit(stream, rank, line) or self._traceback(stream, rank, line):
             return
         m = _AGENT_FAILED.search(line)
         if m:  # the agent names the worker by its local rank: global only where the launch says
@@ -233,6 +288,13 @@ class LogScanner:
             return
         for sig in SIGNATURES:
             if sig.pattern.search(line):
+                if sig.kind == LogKind.PEER_LOST and rank < 0 and _STORE_CLIENT.match(line):
+                    # a store client's lost connection: held a moment, in case the launcher's exit
+                    # barrier says next that it is only its teardown
+                    self._release(stream)
+                    self._held[stream] = LogEvent(self.clock(), rank, stream, sig.kind, sig.severity,
+                                                  (self._note + line.strip())[:MAX_TEXT])
+                    return
                 m = _NCCL_PID.match(line) if rank < 0 else None
                 self._emit(rank, stream, sig.kind, sig.severity, line.strip(), int(m.group(1)) if m else -1)
                 return

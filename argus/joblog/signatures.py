@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["LogKind", "Signature", "SIGNATURES", "KERNEL_SIGNATURES", "FAIL_STOP_KINDS"]
+__all__ = ["LogKind", "Signature", "SIGNATURES", "KERNEL_SIGNATURES", "FAIL_STOP_KINDS", "QUIET_KINDS"]
 
 
 class LogKind(StrEnum):
@@ -36,6 +36,9 @@ class LogKind(StrEnum):
     RAS_BEHIND = "ras_behind"
     #: PyTorch's Flight Recorder analyzer (``torchfrtrace``) lists this rank missing from a collective
     FR_MISSING = "fr_missing"
+    #: torchrun's agent could not meet the other nodes' agents at its exit barrier after its own
+    #: workers finished (the agent serving the store exited first): the launcher's teardown, not the job's
+    LAUNCHER_EXIT = "launcher_exit"
     OTHER = "other"  # lines no signature matched: kept only as counts
 
 
@@ -96,3 +99,6 @@ KERNEL_SIGNATURES: tuple[Signature, ...] = (
 #: Kinds that mean a rank stopped: the diagnosis makes a fail-stop of them
 FAIL_STOP_KINDS = frozenset({LogKind.EXCEPTION, LogKind.KILLED, LogKind.WORKER_FAILED, LogKind.CUDA_ERROR,
                              LogKind.OOM, LogKind.XID})
+
+#: Kinds kept in the store but not said at ``argus run``'s end: they tell nothing about the job
+QUIET_KINDS = frozenset({LogKind.OTHER, LogKind.LAUNCHER_EXIT})

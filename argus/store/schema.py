@@ -315,8 +315,9 @@ TABLES: dict[str, TableSpec] = {
                 ("stream", _STR, "`stdout` or `stderr`"),
                 ("kind", _STR, "`nccl_warn`, `nccl_connect`, `nccl_error`, `peer_lost`, `watchdog_timeout`, `cuda_error`, `oom`, `xid`, "
                  "`dataloader`, `exception`, `killed`, `worker_failed`, `stopped`, `checkpoint` (a save the job reports, "
-                 "with its path), `other`"),
-                ("severity", _STR, "`warning` or `error` (`info` for `other` and `checkpoint`)"),
+                 "with its path), `launcher_exit` (torchrun's agent could not meet the others at its exit barrier after its "
+                 "workers finished), `other`"),
+                ("severity", _STR, "`warning` or `error` (`info` for `other`, `checkpoint` and `launcher_exit`)"),
                 ("text", _STR, "the line (cut at 500 characters); an exception's last line and innermost frame"),
                 ("lines", _I64, "1; for `other`, the number of lines counted"),
             ),

@@ -236,3 +236,61 @@ def test_a_local_rank_note_belongs_to_its_own_line_only():
                      b"[rank5]: torch.OutOfMemoryError: CUDA out of memory.\n")
     assert _kinds(s) == [(-1, "oom", "[local rank 3] torch.OutOfMemoryError: CUDA out of memory."),
                          (5, "oom", "torch.OutOfMemoryError: CUDA out of memory.")]
+
+
+# torchrun 2.13's agent on node 1, node 0's agent (the store's server) gone first — as captured here
+_EXIT_BARRIER_LOG = (
+    b"[W1206 21:04:20.296362755 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on SocketImpl(fd=3, "
+    b"addr=[::ffff:127.0.0.1]:59512, remote=[::ffff:127.0.0.1]:53561): Connection reset by peer\n"
+    b"Exception raised from recvBytes at /__w/pytorch/pytorch/torch/csrc/distributed/c10d/Utils.hpp:787 (most recent "
+    b"call first):\nframe #0: c10::Error::Error(c10::SourceLocation) + 0x9d (0x7f49 in libc10.so)\n\n"
+    + b"".join(b"E1206 21:04:20.788000 26421 site-packages/torch/distributed/elastic/agent/server/api.py:1008] " + x
+               + b"\n" for x in (
+        b"Error waiting on exit barrier. Elapsed: 0.0055773258209228516 seconds",
+        b"Traceback (most recent call last):",
+        b'  File "/usr/lib/python3.11/site-packages/torch/distributed/elastic/agent/server/api.py", line 994, '
+        b"in _exit_barrier",
+        b"    store_util.barrier(",
+        b'  File "/usr/lib/python3.11/site-packages/torch/distributed/elastic/utils/store.py", line 159, in '
+        b"_barrier_nonblocking",
+        b"    idx = store.add(num_members_key, 1)",
+        b"          ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
+        b"torch.distributed.DistNetworkError: Connection reset by peer")))
+
+
+def test_the_launchers_failed_exit_barrier_is_its_teardown_not_a_lost_peer():
+    """A node's agent, its workers done, finds the store's agent gone: one launcher_exit, no
+    peer lost — in one piece or line by line, its logger's head or none."""
+    from argus.joblog.signatures import QUIET_KINDS
+
+    s = LogScanner()
+    s.feed("stderr", _EXIT_BARRIER_LOG)
+    got = _kinds(s)
+    assert [(r, k) for r, k, _ in got] == [(-1, "launcher_exit")]
+    assert "store connection closed" in got[0][2] and "Elapsed" in got[0][2]
+    assert LogKind.LAUNCHER_EXIT in QUIET_KINDS
+    plain = LogScanner()  # python's default logging format: no head before the message
+    for line in (b"ERROR:torch.distributed.elastic.agent.server.api:Error waiting on exit barrier. Elapsed: 0.1 seconds",
+                 b"Traceback (most recent call last):", b'  File "api.py", line 994, in _exit_barrier',
+                 b"torch.distributed.DistNetworkError: Connection reset by peer", b"[rank0]: Broken pipe"):
+        plain.feed("stderr", line + b"\n")
+    assert [(r, k) for r, k, _ in _kinds(plain)] == [(-1, "launcher_exit"), (0, "peer_lost")]
+
+
+def test_a_store_connection_lost_without_the_exit_barrier_stays_a_lost_peer():
+    """Mid-job (no exit barrier after it) the store client's line is a peer lost: told at the
+    next event, at the next take once held ``HOLD_NS``, or at the end."""
+    from argus.joblog.scanner import HOLD_NS
+
+    line = _EXIT_BARRIER_LOG.split(b"\n", 1)[0] + b"\n"
+    now = [0]
+    s = LogScanner(clock=lambda: now[0])
+    s.feed("stderr", line)
+    assert _kinds(s) == []  # held: the exit barrier may follow
+    now[0] = HOLD_NS
+    assert [k for _, k, _ in _kinds(s)] == ["peer_lost"]
+    s.feed("stderr", line + b"[rank3]:[E1203 ProcessGroupNCCL.cpp:632] Watchdog caught collective operation timeout\n")
+    assert [(r, k) for r, k, _ in _kinds(s)] == [(-1, "peer_lost"), (3, "watchdog_timeout")]
+    s.feed("stderr", line)
+    s.close()
+    assert [k for _, k, _ in _kinds(s)] == ["peer_lost"]
