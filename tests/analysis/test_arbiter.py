@@ -72,3 +72,23 @@ def test_a_claim_whose_cost_was_unknown_is_refuted_by_a_what_if_of_nothing_witho
     _set_impact(inc, _Cost(0.0, 10.0, list(range(10)), [], 0.1), 8, "measured")
     assert inc.severity == Severity.INFO and inc.state == State.INCONCLUSIVE
     assert any(e.get("kind") == "disagreement" and "not theirs" in e["note"] for e in inc.evidence)
+
+
+def test_a_windows_short_tail_neither_clears_nor_moves_a_stages_imbalance():
+    """A ×1.12 partition over steps 0–14 and the job's last step alone in its window, which read
+    ×1.05–×1.19 in four runs (CI's read ×1.04): too short to find an imbalance, so too short to
+    say it ended — a 5-step window balanced after does."""
+    from types import SimpleNamespace
+
+    from argus.analysis.arbiter import _balanced_after, _balanced_before
+    from argus.analysis.attribution import WindowOutcome
+
+    def outcome(lo: int, hi: int, s_stage: float) -> WindowOutcome:
+        return WindowOutcome(lo, hi, SimpleNamespace(s_stage=s_stage, steps=list(range(lo, hi + 1))))  # type: ignore[arg-type]
+
+    stage = SimpleNamespace(windows=[(5, 9), (10, 14)])
+    heavy = {(5, 9): outcome(5, 9, 1.127), (10, 14): outcome(10, 14, 1.105)}
+    short = {**heavy, (0, 1): outcome(0, 1, 1.01), (15, 15): outcome(15, 15, 1.04)}
+    assert not _balanced_after(stage, short) and not _balanced_before(stage, short)  # type: ignore[arg-type]
+    long = {**heavy, (0, 4): outcome(0, 4, 1.01), (15, 19): outcome(15, 19, 1.02)}
+    assert _balanced_after(stage, long) and _balanced_before(stage, long)  # type: ignore[arg-type]

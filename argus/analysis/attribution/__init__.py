@@ -15,12 +15,13 @@ import numpy as np
 from argus.analysis.attribution.attribute import GroupKind, Part, Share, WindowAttribution, attribute_graph
 from argus.analysis.attribution.chains import Chains, StepBounds, build_chains
 from argus.analysis.attribution.graph import StepGraph, build_graphs
-from argus.analysis.attribution.verdict import Finding, Shape, findings
+from argus.analysis.attribution.verdict import MIN_STAGE_SLOWDOWN, Finding, Shape, findings
 from argus.analysis.frames import PhaseFrame
 from argus.topology import Layout
 
 __all__ = ["AttributionConfig", "Chains", "Finding", "StepGraph", "GroupKind", "Part", "Shape", "Share", "StepBounds", "WindowAttribution",
-           "WindowOutcome", "attribute_window", "findings", "MAX_REPLAY_ERROR_PCT"]
+           "WindowOutcome", "attribute_window", "findings", "MAX_REPLAY_ERROR_PCT", "MIN_FINDING_STEPS",
+           "MIN_STAGE_SLOWDOWN"]
 
 #: A replay that misses the recorded steps by more than this does not model the job: nothing is
 #: attributed from it (the window says so).
