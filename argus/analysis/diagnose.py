@@ -98,8 +98,6 @@ def _restart_gap_s(attempt: Attempt) -> float | None:
         return None
 
 
-
-
 def _windows(attempt: Attempt, steps: np.ndarray, window_steps: int | None) -> list[tuple[int, int]]:
     """Aligned windows of ``window_steps`` that hold at least one of ``steps``: a gap (what a
     ``kill -9`` of a processor leaves) or a huge step number adds no empty windows."""

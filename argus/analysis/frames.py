@@ -19,8 +19,8 @@ import pyarrow.compute as pc
 from argus.store import Attempt
 from argus.vocab import PhaseCategory
 
-__all__ = ["StepFrame", "PhaseFrame", "PhaseTotals", "WindowFrames", "load_steps", "load_phases", "load_phase_totals",
-           "load_host_totals", "step_phases", "step_phases_sql", "startup_rule", "encode"]
+__all__ = ["StepFrame", "PhaseFrame", "PhaseTotals", "WindowFrames", "load_steps", "load_phases",
+           "step_phases", "step_phases_sql", "startup_rule", "encode"]
 
 
 def encode(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
@@ -212,69 +212,6 @@ class PhaseTotals:
     names: list[str]
     cats: list[str]
     groups: list[str]
-
-
-def load_phase_totals(attempt: Attempt, lo: int, hi: int) -> PhaseTotals:
-    """Per (rank, step, name) totals, plus per (rank, step, microbatch, name) for phases that
-    occur once per microbatch (forward/backward blocks, found on a sample of ranks first)."""
-    con = step_phases(attempt, steps=(int(lo), int(hi)))
-    try:
-        where = f"step BETWEEN {int(lo)} AND {int(hi)}"
-        blocks = [r[0] for r in con.sql(
-            f"SELECT name FROM (SELECT rank, step, microbatch, name, count(*) AS n FROM phases WHERE {where} "
-            f"AND microbatch >= 0 AND category != 'comm' AND rank < 64 GROUP BY ALL) GROUP BY name "
-            f"HAVING max(n) = 1").fetchall()]
-        has_wait = "wait_ns" in con.sql("SELECT * FROM phases LIMIT 0").columns
-        work = "dur_ns - greatest(coalesce(wait_ns, -1), 0)" if has_wait else "dur_ns"
-        # a phase name has one category and group kind: looked up once per name, not carried
-        # through the group-by of millions of rows (a fifth of this read's time at 10k ranks)
-        kinds = con.sql(f"SELECT name, any_value(category) AS category, any_value(group_kind) AS group_kind "
-                        f"FROM phases WHERE {where} GROUP BY name").to_arrow_table()
-        # summed as DOUBLE: exact for integers below 2⁵³ ns (104 days), where an integer sum is
-        # a HUGEINT that reaches Arrow as decimal128 (a third of a second per million rows to numpy)
-        agg = (f"sum(CAST(CASE WHEN dur_ns >= 0 THEN {work} ELSE 0 END AS DOUBLE)) AS total, "
-               "min(CASE WHEN dur_ns >= 0 THEN dur_ns END) AS mn, count(*) AS n")
-        per_step = con.sql(f"SELECT rank, step, -1 AS microbatch, name, {agg} FROM phases WHERE {where} "
-                           f"GROUP BY rank, step, name").to_arrow_table()
-        parts = [per_step]
-        if blocks:
-            con.register("_argus_blocks", pa.table({"b": pa.array(blocks, pa.string())}))
-            parts.append(con.sql(f"SELECT rank, step, microbatch, name, {agg} FROM phases WHERE {where} AND "
-                                 f"microbatch >= 0 AND name IN (SELECT b FROM _argus_blocks) "
-                                 f"GROUP BY rank, step, microbatch, name").to_arrow_table().cast(per_step.schema))
-    finally:
-        con.close()
-    t = pa.concat_tables(parts)
-    name, names = encode(t.column("name"))
-    row_of = {n: i for i, n in enumerate(kinds.column("name").to_pylist())}
-    at = np.array([row_of[n] for n in names], np.int64)
-    cat_k, cats = encode(kinds.column("category"))
-    grp_k, groups = encode(kinds.column("group_kind"))
-    cat, grp = cat_k[at][name], grp_k[at][name]
-    mn = t.column("mn").to_numpy(zero_copy_only=False).astype(np.float64)
-    return PhaseTotals(lo, hi, t.column("rank").to_numpy().astype(np.int64), t.column("step").to_numpy(),
-                       t.column("microbatch").to_numpy().astype(np.int64), name, cat, grp,
-                       t.column("total").to_numpy().astype(np.float64), mn, t.column("n").to_numpy(),
-                       names, cats, groups)
-
-
-def load_host_totals(attempt: Attempt, world: int) -> dict[str, np.ndarray]:
-    """Each host phase's whole-run seconds per rank (``(world,)``; 0 for a rank that reported
-    steps but never ran it). A pause every rank takes once, at a step of its own (a full
-    garbage collection crossing its threshold, a checkpoint), is symmetric here."""
-    t = step_phases_sql(attempt, "SELECT rank, name, sum(greatest(dur_ns, 0))::DOUBLE / 1e9 AS total FROM phases "
-                                 "WHERE category = 'host' GROUP BY rank, name")
-    seen = attempt.sql("SELECT DISTINCT rank FROM steps").column("rank").to_numpy()
-    empty = np.where(np.isin(np.arange(world), seen), 0.0, np.nan)
-    rank = t.column("rank").to_numpy().astype(np.int64)
-    total = t.column("total").to_numpy()
-    name, names = encode(t.column("name"))
-    out: dict[str, np.ndarray] = {}
-    for k, n in enumerate(names):
-        sel = (name == k) & (rank >= 0) & (rank < world)
-        out[n] = empty.copy()
-        out[n][rank[sel]] = total[sel]
-    return out
 
 
 def _remap(ids: np.ndarray, vocab: list[str], into: list[str]) -> np.ndarray:

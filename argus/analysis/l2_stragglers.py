@@ -221,7 +221,7 @@ def detect_stragglers(f: PhaseFrame, layout: Layout, hosts: np.ndarray, job_step
                       config: L2Config = L2Config(), host_totals: dict[str, np.ndarray] | None = None,
                       prior: L2Result | None = None) -> L2Result:
     """L2 over one window's phases. ``job_step_s``: job step time per step (for cost gates);
-    ``host_totals``: whole-run seconds of each host phase per rank (``load_host_totals``), so
+    ``host_totals``: whole-run seconds of each host phase per rank (``PhaseRollup.host_totals``), so
     that a pause every rank takes once, in steps of its own, blames none of them; ``prior``:
     the previous window's result, whose ``usual`` serves a window too short for its own."""
     res = L2Result(f.lo, f.hi)

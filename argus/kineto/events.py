@@ -399,6 +399,7 @@ def build_phases(c: Collected, base_ns: int, index: StepIndex, pgs: dict[str, tu
     rpc_starts = [r[0] for r in rpc_sorted]
     cache = _GroupCache(pgs, groups)
     single_pg = next(iter(pgs.values())) if len(pgs) == 1 else None
+    kernel_groups = {gid: key for key, gid in c.k_groups.items()}
     for out_i, i in enumerate(rows):
         a = ann[i]
         info = phase_name(a[0])
@@ -413,7 +414,7 @@ def build_phases(c: Collected, base_ns: int, index: StepIndex, pgs: dict[str, tu
         if cat != "comm" or kinds[-1] or "group_kind" in meta:
             continue
         anchor = ann[anchor_idx[i]]
-        ranks = (_collective_ranks(anchor, rpc_sorted, rpc_starts, cache) or _kernel_ranks(anchor, c, cache)
+        ranks = (_collective_ranks(anchor, rpc_sorted, rpc_starts, cache) or _kernel_ranks(anchor, c, kernel_groups, cache)
                  or single_pg)
         if ranks:
             group_ref[out_i] = cache.ref(ranks)
@@ -429,12 +430,14 @@ def _text(value: Any, default: str) -> str:
     return value if type(value) is str and len(value) <= MAX_NAME_CHARS else default
 
 
-def _kernel_ranks(ann: tuple, c: Collected, cache: _GroupCache) -> tuple[int, ...] | None:
-    """The group of the collective kernel launched under the annotation's ``External id``."""
+def _kernel_ranks(ann: tuple, c: Collected, kernel_groups: dict[int, tuple],
+                  cache: _GroupCache) -> tuple[int, ...] | None:
+    """The group of the collective kernel launched under the annotation's ``External id``
+    (``kernel_groups``: the interned kernel groups by id)."""
     gid = c.k_ext_group.get(ann[3]) if ann[3] >= 0 else None
     if gid is None:
         return None
-    key = next((k for k, i in c.k_groups.items() if i == gid), None)
+    key = kernel_groups.get(gid)
     return cache.ranks(dict(zip(KERNEL_GROUP_KEYS, key))) if key is not None else None
 
 
