@@ -11,7 +11,6 @@ from argus.analysis.frames import PhaseTotals, encode, step_phases, step_phases_
 from argus.analysis.rollup import load_rollup
 from argus.store import Attempt, Store
 from argus.store.phase_totals import backfill
-
 from argus.topology import RunIdentity, Topology, parse_layout
 
 RANKS, STEPS, MBS = 8, 6, 3
