@@ -28,6 +28,7 @@ from argus.analysis.observations import Observation, ObservationKind
 from argus.topology import GROUP_KINDS, Topology
 from argus.vocab import EvidenceKind, Level
 from argus.vocab import GroupKind as GK
+from argus.uniques import sorted_unique
 
 __all__ = ["arbitrate", "SLOW_CLASSES", "candidate_label", "fold_into_failures",
            "fold_stage_into_links"]
@@ -723,7 +724,7 @@ def _follows_inputs(inc: Incident, outcomes: list[WindowOutcome]) -> bool:
         wa = o.attribution
         if not o.modeled or wa is None or not wa.line.size or not (inc.start_step <= o.hi and inc.end_step >= o.lo):
             continue
-        if len(np.unique(wa.stage)) < 2 or wa.work_ratio.shape[1] < 3:
+        if len(sorted_unique(wa.stage)) < 2 or wa.work_ratio.shape[1] < 3:
             continue
         col = {int(r): c for c, r in enumerate(wa.ranks.tolist())}
         for r in inc.culprit_ranks:
@@ -776,7 +777,7 @@ def _most_communicators(inc: Incident, topology: Topology) -> bool:
     kinds = {str(e["group_kind"]) for e in inc.evidence if e.get("group_kind") in GROUP_KINDS} or {GK.DP}
     for kind in kinds:
         index = layout.group_index(kind)
-        if np.unique(index[culprits]).size >= 0.5 * np.unique(index).size:
+        if sorted_unique(index[culprits]).size >= 0.5 * sorted_unique(index).size:
             return True
     return False
 

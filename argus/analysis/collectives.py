@@ -23,6 +23,7 @@ import numpy as np
 from argus.analysis.frames import PhaseFrame
 from argus.topology import GROUP_KINDS, Layout
 from argus.vocab import GroupKind
+from argus.uniques import sorted_unique
 
 __all__ = ["Instances", "match_instances", "host_clock_offsets", "aligned_starts", "pair_p2p", "P2PTransfers",
            "p2p_transfers"]
@@ -103,7 +104,7 @@ def match_instances(f: PhaseFrame, layout: Layout, step_i: np.ndarray, with_pp: 
     si = step_i[rows].astype(np.int64)
     kind = code[f.group[rows]]
     gidx = np.zeros(rows.size, np.int64)
-    for k in np.unique(kind):
+    for k in sorted_unique(kind):
         m = kind == k
         keys = group_keys(layout, kinds_ok[k], rank[m])
         assert keys is not None  # only kinds it names were kept
@@ -140,7 +141,7 @@ def host_clock_offsets(f: PhaseFrame, inst: Instances, hosts: np.ndarray) -> dic
     # instances whose members span hosts: one inside a host says nothing of its clock, and
     # thousands of them (tensor-parallel all-reduces) would make every host's median residual 0
     member_host = host_of_rank[f.rank[rows]]
-    pairs = np.unique(inst.inv.astype(np.int64) * len(host_ids) + member_host)
+    pairs = sorted_unique(inst.inv.astype(np.int64) * len(host_ids) + member_host)
     spans = np.bincount(pairs // len(host_ids), minlength=len(inst.size)) > 1
     multi = spans[inst.inv]
     mean_end = np.bincount(inst.inv, weights=end, minlength=len(inst.size)) / np.maximum(inst.size, 1)

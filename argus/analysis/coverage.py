@@ -11,6 +11,7 @@ import numpy as np
 
 from argus.store import Attempt
 from argus.vocab import GroupKind
+from argus.uniques import sorted_unique
 
 __all__ = ["Coverage", "coverage_of"]
 
@@ -47,7 +48,7 @@ def coverage_of(attempt: Attempt) -> Coverage:
     ranks = attempt.read("steps", columns=["rank"]).column("rank").to_numpy()
     here = np.zeros(world, bool)
     ranks = ranks[(ranks >= 0) & (ranks < world)]
-    here[np.unique(ranks)] = True
+    here[sorted_unique(ranks)] = True
     group = layout.group_index(GroupKind.DP)
     per_group = np.bincount(group[here], minlength=int(group.max()) + 1)
     comparable = here & (per_group[group] >= 2)

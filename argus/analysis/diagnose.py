@@ -43,6 +43,7 @@ from argus.analysis.signals import load_hw_signals
 from argus.errors import ConfigError, StoreError
 from argus.store import WINDOW_STEPS, Attempt
 from argus.vocab import KernelKind, PhaseCategory
+from argus.uniques import sorted_unique
 
 __all__ = ["DiagnoseConfig", "Diagnosis", "diagnose"]
 
@@ -109,7 +110,7 @@ def _windows(attempt: Attempt, steps: np.ndarray, window_steps: int | None) -> l
                    if r["start_step"] is not None and r["end_step"] is not None]
         window_steps = min(max([WINDOW_STEPS, *lengths]), MAX_WINDOW_STEPS)
     hi = int(np.max(steps))
-    present = np.unique(np.asarray(steps, np.int64))
+    present = sorted_unique(np.asarray(steps, np.int64))
     if present.size > 1 and float(np.median(np.diff(present))) > 1:
         # steps sampled far apart (a profiler's few steps per hour): windows of that many steps
         # present, not of step numbers — one-step windows could judge nothing
@@ -117,7 +118,7 @@ def _windows(attempt: Attempt, steps: np.ndarray, window_steps: int | None) -> l
         if len(chunks) > 1 and chunks[-1].size < window_steps // 2 + 1:  # a short tail joins the last window
             chunks[-2:] = [np.concatenate(chunks[-2:])]
         return [(int(c[0]), int(c[-1])) for c in chunks]
-    firsts = np.unique(present // window_steps) * window_steps
+    firsts = sorted_unique(present // window_steps) * window_steps
     return [(int(a), min(int(a) + window_steps - 1, hi)) for a in firsts]
 
 

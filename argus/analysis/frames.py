@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from argus.store import Attempt
 from argus.vocab import PhaseCategory
+from argus.uniques import sorted_unique
 
 __all__ = ["StepFrame", "PhaseFrame", "PhaseTotals", "WindowFrames", "load_steps", "load_phases",
            "step_phases", "step_phases_sql", "startup_rule", "encode"]
@@ -292,7 +293,7 @@ class WindowFrames:
     def phases(self, lo: int, hi: int, ranks: np.ndarray | list[int] | None = None) -> PhaseFrame:
         """Phases of steps ``lo..hi`` (of ``ranks`` only, if given), as :func:`load_phases` returns them."""
         key = self._span(lo, hi)
-        want = None if ranks is None else np.unique(np.asarray(ranks, np.int64))
+        want = None if ranks is None else sorted_unique(np.asarray(ranks, np.int64))
         held = self._held.pop(key, None)  # re-inserted below: most recently used last
         if held is None:
             held = _Held([self._read(*key, want)], want)

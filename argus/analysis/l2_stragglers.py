@@ -27,6 +27,7 @@ from argus.analysis.frames import PhaseFrame, PhaseTotals
 from argus.analysis.links import LinkFinding
 from argus.topology import Layout
 from argus.vocab import GroupKind, PhaseCategory
+from argus.uniques import sorted_unique
 
 __all__ = ["L2Config", "Finding", "L2Result", "detect_stragglers", "peer_kind", "screen_candidates"]
 
@@ -174,7 +175,7 @@ def screen_candidates(t: PhaseTotals, layout: Layout, job_step_s: dict[int, floa
     ``max_candidates`` brings its TP and EP groups (whole collective instances, for the
     arrival comparison) and a sample of its peer set (a baseline for the busy comparison)."""
     world = layout.world_size
-    steps = np.unique(t.step)
+    steps = sorted_unique(t.step)
     step_time = np.array([job_step_s.get(int(x), np.nan) for x in steps])
     is_comm = np.array([c == PhaseCategory.COMM for c in t.cats])
     low_comm = np.zeros(world)
@@ -183,7 +184,7 @@ def screen_candidates(t: PhaseTotals, layout: Layout, job_step_s: dict[int, floa
     key_mb = t.microbatch + 1
     n_mb = int(key_mb.max()) + 1 if key_mb.size else 1
     series = (t.name.astype(np.int64) * n_mb + key_mb)
-    for sid in np.unique(series):
+    for sid in sorted_unique(series):
         m = series == sid
         comm = bool(is_comm[t.cat[m][0]])
         vals = np.full((S, world), np.nan)
@@ -229,7 +230,7 @@ def detect_stragglers(f: PhaseFrame, layout: Layout, hosts: np.ndarray, job_step
     if f.n == 0:
         return res
     world = layout.world_size
-    steps = np.unique(f.step)
+    steps = sorted_unique(f.step)
     step_i = np.searchsorted(steps, f.step)
     S, N, K = len(steps), world, len(f.names)
     comm = f.is_comm

@@ -33,6 +33,7 @@ from argus.analysis.strata import center_within, group_strata
 from argus.compress import log_grid, mixture_cdf, w1, w1_matrix
 from argus.topology import Layout
 from argus.vocab import GroupKind, KernelKind, PhaseCategory, kernel_group
+from argus.uniques import sorted_unique
 
 __all__ = ["CollectiveCalls", "GroupShift", "KernelOutlier", "L3Config", "L3Result", "collective_calls",
            "detect_kernels", "kernel_time_per_rank", "kinds_for", "w1_matrix_for"]
@@ -175,7 +176,7 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
         rows = {c: v[sel] for c, v in cols.items()}
         kernel, stream = str(names[b]), int(rows["stream"][0])
         category, op = (str(text[c][1][text[c][0][sel[0]]]) for c in ("category", "op"))
-        ranks = np.unique(rows["rank"])
+        ranks = sorted_unique(rows["rank"])
         res.events_per_step[(kernel, stream)] = float(rows["count"].sum()) / len(ranks) / n_steps
         if len(ranks) < 3:
             continue
@@ -231,7 +232,7 @@ def _outliers(cdf, ranks, mean, counts, grid, layout: Layout, kernel, stream, ca
     dist = w1(cdf, med_cdf[inv], grid)
     peer_mean = np.array([np.median(mean[inv == g]) for g in range(med_cdf.shape[0])])[inv]
     out = []
-    for g in np.unique(inv):
+    for g in sorted_unique(inv):
         members = np.flatnonzero(inv == g)
         if members.size < 3:
             continue
@@ -310,7 +311,7 @@ def _more_launches(rows, ranks, mean, layout: Layout, kernel, stream, category, 
     counts = np.bincount(np.searchsorted(ranks, rows["rank"]), weights=rows["count"], minlength=len(ranks))
     gid = layout.group_index(GroupKind.DP)[ranks]
     out = []
-    for g in np.unique(gid):
+    for g in sorted_unique(gid):
         members = np.flatnonzero(gid == g)
         if members.size < 3:
             continue

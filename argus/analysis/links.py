@@ -21,6 +21,7 @@ from argus.analysis.frames import PhaseTotals
 from argus.analysis.strata import center_within, group_strata
 from argus.topology import Layout
 from argus.vocab import GroupKind, PhaseCategory
+from argus.uniques import sorted_unique
 
 __all__ = ["LinkFinding", "detect_link_shifts"]
 
@@ -89,14 +90,14 @@ def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray,
         return out
     names = [*t.names, "pp-send/recv"]
     group = np.zeros(rank.size, np.int64)
-    for k in np.unique(kind):
+    for k in sorted_unique(kind):
         m = kind == k
         if layout.group_size(_KINDS[k]) > 1:
             group[m] = layout.group_index(_KINDS[k])[rank[m]]
         else:
             group[m] = -1
     ok = group >= 0
-    steps = np.unique(step)
+    steps = sorted_unique(step)
     W = layout.world_size + 1
     series = (name * len(_KINDS) + kind) * (len(steps) + 1) + np.searchsorted(steps, step)
     key = (series * W + group)[ok]
@@ -110,15 +111,15 @@ def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray,
     # the schedule — each stage waits for its predecessor's activations and its successor's
     # gradients — so all of a pipeline group's receives count (per group).
     events = np.bincount(inv, weights=count[ok], minlength=len(uniq))
-    members = np.bincount(np.unique(inv * W + rank[ok]) // W, minlength=len(uniq))  # pooled names: per rank
+    members = np.bincount(sorted_unique(inv * W + rank[ok]) // W, minlength=len(uniq))  # pooled names: per rank
     per_step = np.where(np.isin(uniq // W // (len(steps) + 1) % len(_KINDS), [_KINDS.index(GroupKind.PP)]),
                         events, events / np.maximum(members, 1))
     logt = np.log(floor)
     grp, ser = uniq % W, uniq // W
     hosts = np.asarray(hosts).astype(str)
-    strata = {k: group_strata(layout, _KINDS[k]) for k in np.unique(kind)}
+    strata = {k: group_strata(layout, _KINDS[k]) for k in sorted_unique(kind)}
     null = _null_spreads(ser, grp, logt, strata, len(steps))
-    for s in np.unique(ser):
+    for s in sorted_unique(ser):
         m = ser == s
         k = int(s) // (len(steps) + 1) % len(_KINDS)
         g = grp[m]
@@ -141,7 +142,7 @@ def detect_link_shifts(t: PhaseTotals, layout: Layout, hosts: np.ndarray,
         found = _compare(out, int(s), logt[m], per_step[m], g, strata[k][g], steps, names, layout, hosts, spread0)
         if not found:  # stages holding two groups each (two TP shards): each pair on its own
             tot = np.log(np.maximum(total[m], 1.0))
-            for st in np.unique(strata[k][g]):
+            for st in sorted_unique(strata[k][g]):
                 two = np.flatnonzero(strata[k][g] == st)
                 if len(two) == 2:
                     found |= _pair(out, int(s), tot[two], g[two], steps, names, layout, hosts, narrow_only=False)
@@ -163,7 +164,7 @@ def _null_spreads(ser: np.ndarray, grp: np.ndarray, logt: np.ndarray, strata: di
     jobs' receives and all-reduces wander with CPU scheduling, and this is the null a finding
     is measured against. Keyed by series (collective, kind)."""
     low: dict[int, list[np.ndarray]] = {}
-    for s in np.unique(ser):
+    for s in sorted_unique(ser):
         m = ser == s
         if m.sum() < 3:
             continue

@@ -32,6 +32,7 @@ from argus.analysis.host_phases import HOST_PHASE_CAUSES
 from argus.compress.names import categorize_kernel
 from argus.store import Attempt
 from argus.vocab import KernelKind, PhaseCategory
+from argus.uniques import sorted_unique
 
 __all__ = ["Depth", "Observation", "ObservationKind", "observe", "MIN_STEADY_STEPS", "HOST_SHARE"]
 
@@ -122,7 +123,7 @@ def observe(attempt: Attempt, steady: list[int], comparable: int,
     start, end = st.column("start_ns").to_numpy(), st.column("end_ns").to_numpy()
     world = attempt.layout.world_size
     ok = (rank >= 0) & (rank < world) & (end >= start)
-    depth = Depth(len(np.unique(step)), len(steady), len(np.unique(rank[(rank >= 0) & (rank < world)])), comparable)
+    depth = Depth(len(sorted_unique(step)), len(steady), len(sorted_unique(rank[(rank >= 0) & (rank < world)])), comparable)
     use = np.isin(step, steady) if steady else ok
     use &= ok
     if not use.any():
@@ -291,7 +292,7 @@ def _starts_of_kernels(k: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray
     occ = np.arange(len(r)) - np.maximum.accumulate(np.where(grp, np.arange(len(r)), 0))
     key = (s.astype(np.int64) * (int(name.max()) + 1) + name) * (int(occ.max()) + 1) + occ
     # an instance needs every rank (a kernel some ranks launch more often is not one collective)
-    present = len(np.unique(r))
+    present = len(sorted_unique(r))
     uniq, inv = np.unique(key, return_inverse=True)
     whole = (np.bincount(inv, minlength=len(uniq)) == present)[inv]
     return r[whole], inv[whole], a[whole]
@@ -314,7 +315,7 @@ def _starts_of_phases(attempt: Attempt, steps: list[int]) -> tuple[np.ndarray, n
     if f.n == 0:
         return None
     f = f.take(np.flatnonzero(np.isin(f.step, steps)))
-    inst = match_instances(f, attempt.layout, np.searchsorted(np.unique(f.step), f.step))
+    inst = match_instances(f, attempt.layout, np.searchsorted(sorted_unique(f.step), f.step))
     if inst is None:
         return None
     start = aligned_starts(f, attempt.layout, attempt.topology().hosts)
@@ -325,7 +326,7 @@ def _starts_of_phases(attempt: Attempt, steps: list[int]) -> tuple[np.ndarray, n
 def _arrival(starts: tuple[np.ndarray, np.ndarray, np.ndarray] | None, dur: np.ndarray) -> list[Observation]:
     """Members of one collective start it at different times: the latest are waited for."""
     step_ns = float(np.median(dur)) if dur.size else 0.0
-    if starts is None or step_ns <= 0 or len(np.unique(starts[0])) < 2:
+    if starts is None or step_ns <= 0 or len(sorted_unique(starts[0])) < 2:
         return []
     r, inst, a = starts
     uniq, inv = np.unique(inst, return_inverse=True)

@@ -11,6 +11,7 @@ import numpy as np
 
 from argus.analysis.l5_stacks import CAUSE_WORDS, StackCause, stack_cause
 from argus.store import Attempt
+from argus.uniques import sorted_unique
 
 __all__ = ["HwSignals", "load_hw_signals", "StackCause", "stack_cause", "CAUSE_WORDS", "LINK_ERROR_METRICS",
            "PRESSURE_PCT"]
@@ -55,7 +56,7 @@ def load_hw_signals(attempt: Attempt, step_of_ts=None) -> HwSignals:
         r, v = rank[m].astype(np.int64), value[m]
         out_v = np.full(int(r.max()) + 1, np.inf if reducer is np.min else -np.inf)
         (np.minimum if reducer is np.min else np.maximum).at(out_v, r, v)
-        present = np.unique(r)
+        present = sorted_unique(r)
         return dict(zip(present.tolist(), out_v[present].tolist()))
 
     gen, gen_max = per_rank("pcie_gen", np.min), per_rank("pcie_gen_max", np.max)
@@ -73,7 +74,7 @@ def load_hw_signals(attempt: Attempt, step_of_ts=None) -> HwSignals:
         tss = ts[low & (rank == r)]
         out.pcie_steps[r] = sorted({int(step_of_ts(r, int(x))) if step_of_ts else int(x) for x in tss})
     m = (metric == "nic_port_up") & (value < 0.5)
-    for r in np.unique(rank[m]):
+    for r in sorted_unique(rank[m]):
         tss = ts[m & (rank == r)]
         out.nic_down[int(r)] = [int(step_of_ts(int(r), int(x))) if step_of_ts else int(x) for x in tss]
     def per_step(names: tuple[str, ...], keep) -> dict[int, dict[int, float]]:

@@ -14,6 +14,7 @@ import numpy as np
 
 from argus.topology import Layout
 from argus.vocab import GroupKind
+from argus.uniques import sorted_unique
 
 __all__ = ["group_strata", "center_within"]
 
@@ -32,7 +33,7 @@ def center_within(v: np.ndarray, strata: np.ndarray) -> tuple[np.ndarray, np.nda
     becomes 0 (no evidence either way)."""
     out = np.zeros(len(v))
     size = np.zeros(len(v), np.int64)
-    for s in np.unique(strata):
+    for s in sorted_unique(strata):
         m = strata == s
         out[m] = v[m] - np.median(v[m])
         size[m] = int(m.sum())

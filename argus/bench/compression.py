@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 from argus.compress import (REFINED_W1_BOUND, CompressConfig, RefineConfig, empirical_cdf, log_grid, mixture_cdf, normalize_kernel_name,
                             sketch_from_row, summarize_kernel_arrays, w1)
 from argus.compress.names import categorize_kernel
+from argus.uniques import sorted_unique
 
 __all__ = ["RAW_RECORD_BYTES", "WORKLOADS", "kernel_mix", "real_trace_mix", "run"]
 
@@ -104,7 +105,7 @@ def _standard_windows(ranks: int, window_steps: int, seed: int, hosts: int) -> l
         rank = k.column("rank").to_numpy()
         out.append(_Window(rank, k.column("stream").to_numpy(), names.indices.to_numpy(), kinds.indices.to_numpy(),
                            k.column("dur_ns").to_numpy(), names.dictionary.to_pylist(), kinds.dictionary.to_pylist(),
-                           len(np.unique(rank)), window_steps,
+                           len(sorted_unique(rank)), window_steps,
                            {"host": host, "layout": str(engine.layout), "layers_per_stage": config.layers,
                             "microbatches": config.microbatches}))
     return out
@@ -128,7 +129,7 @@ def _production_windows(window_steps: int, seed: int, hosts: int) -> list[_Windo
 def kernel_mix(names: list[str], name_id: np.ndarray, dur_ns: np.ndarray, rank_steps: int) -> dict:
     """Launches per rank-step, distinct kernels (raw and normalised), the spread of log10
     durations and the share of kernel time in collectives: what a real trace is compared on."""
-    used = np.unique(name_id)
+    used = sorted_unique(name_id)
     comm = np.array([categorize_kernel(n)[0] == "comm" for n in names])[name_id]
     d = np.asarray(dur_ns, np.float64)
     q = np.quantile(np.log10(np.maximum(d, 1.0)), [0.05, 0.25, 0.5, 0.75, 0.95])

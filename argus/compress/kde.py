@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from argus.errors import ConfigError
+from argus.uniques import sorted_unique
 
 __all__ = ["KdeConfig", "cluster_bounds", "silverman_bandwidth"]
 
@@ -70,7 +71,7 @@ def cluster_bounds(logd: np.ndarray, starts: np.ndarray, sizes: np.ndarray,
     span = (hi - lo) + 6 * h
     need = np.clip(np.ceil(span / (h / 2)), 64, config.max_grid)
     grid = (2 ** np.ceil(np.log2(need))).astype(np.int64)
-    for g_size in np.unique(grid[candidates]):
+    for g_size in sorted_unique(grid[candidates]):
         rows = np.flatnonzero(candidates & (grid == g_size))
         _cut_rows(logd, starts, sizes, rows, lo, span, h, min_side, int(g_size), config, cuts)
     return cuts

@@ -45,6 +45,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from argus.errors import StoreError
 from argus.store.dictionary import first_seen_codes
 from argus.store.files import write_bytes_atomic
+from argus.uniques import sorted_unique
 
 __all__ = ["write_perfetto_trace", "build_perfetto_trace", "SEQUENCE_ID", "UNFINISHED"]
 
@@ -342,7 +343,7 @@ def _nesting_failures(group: np.ndarray, order: np.ndarray, n: int, within: np.n
     bad = op != (k % 2 == 0)
     pair_bad = np.zeros(rows.size, bool)
     pair_bad[1:] = (k[1:] % 2 == 1) & (sl[1:] != sl[:-1])
-    return np.unique(g2[bad | pair_bad])
+    return sorted_unique(g2[bad | pair_bad])
 
 
 def _lanes(start: np.ndarray, end: np.ndarray, side: np.ndarray, blocked: np.ndarray) -> list[tuple[bool, int]]:
@@ -521,7 +522,7 @@ def _two_lane_groups(group: np.ndarray, order: np.ndarray, n: int, to_side: np.n
     ``order`` may be restricted to the rows of the failing groups."""
     if not to_side.any():
         return set()
-    candidates = np.unique(group[to_side])
+    candidates = sorted_unique(group[to_side])
     is_candidate = np.zeros(int(group.max()) + 1, bool)
     is_candidate[candidates] = True
     still = set((_nesting_failures(group * 2 + to_side, order, n, within=is_candidate[group]) // 2).tolist())
@@ -581,9 +582,9 @@ def _assign_tracks(ev: _Events, order: np.ndarray, hosts: Mapping[int, str]) -> 
         g = group[split]
         lanes = int(lane[split].max()) + 1
         code = g * (2 * lanes) + side[split] * lanes + lane[split]  # (group, side, lane), sorted
-        pairs = np.unique(code)
+        pairs = sorted_unique(code)
         per_group = np.ones(n_groups, np.int64)
-        per_group[np.unique(g)] = 0
+        per_group[sorted_unique(g)] = 0
         per_group += np.bincount(pairs // (2 * lanes), minlength=n_groups)
         offset = np.cumsum(per_group) - per_group
         track = offset[group]

@@ -33,6 +33,7 @@ from argus.errors import IngestError
 from argus.optrace.reader import OpTrace
 from argus.store import Store, WindowData, WindowWriter, conform
 from argus.topology import GroupKind, Layout, RunIdentity, Topology, new_run_id
+from argus.uniques import sorted_unique
 
 __all__ = ["OpsImport", "import_ops", "classify_op", "WRITER_ID"]
 
@@ -89,7 +90,7 @@ def import_ops(trace: OpTrace, out: str | Path, *, sizes: dict[str, int] | None 
                          f"{pp * dp} traced ones")
     layout = Layout(pp=pp, dp=dp)
     rank = np.asarray(layout.rank_of(dp=trace.dp_rank, pp=trace.stage), np.int64)
-    present = np.unique(rank)
+    present = sorted_unique(rank)
     if present.size < layout.world_size:
         notes.append(f"{layout.world_size - present.size} of {layout.world_size} (stage, dp_rank) places have no ops")
     topology = _topology(layout, trace, rank, gpus_per_host)
@@ -98,7 +99,7 @@ def import_ops(trace: OpTrace, out: str | Path, *, sizes: dict[str, int] | None 
     group = np.array([k[1] for k in kinds], object)[trace.optype]
     names = np.array(trace.optypes, object)[trace.optype]
     # steps end to end on one clock, in step order
-    steps = np.unique(trace.step)
+    steps = sorted_unique(trace.step)
     idx = np.searchsorted(steps, trace.step)
     end = trace.start_s + trace.dur_s
     span = np.zeros(len(steps))

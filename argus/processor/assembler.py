@@ -21,6 +21,7 @@ from argus.wire.protocol import CATEGORIES, GPU_STEP_PHASE, GROUP_KINDS, KINDS, 
 from argus.store import WINDOW_STEPS, WindowData
 from argus.store import conform
 from argus.store.dictionary import first_seen_dictionary
+from argus.uniques import sorted_unique
 
 __all__ = ["WindowAssembler", "RankInfo", "WINDOW_TIMEOUT_S"]
 
@@ -295,7 +296,7 @@ def _name_dictionary(parts: list, field_name: str) -> pa.DictionaryArray:
 def _distinct(values: np.ndarray) -> np.ndarray:
     """``np.unique`` of a batch's windows; one window (the usual batch) without a sort."""
     lo, hi = int(values.min()), int(values.max())
-    return np.array([lo], np.int64) if lo == hi else np.unique(values)
+    return np.array([lo], np.int64) if lo == hi else sorted_unique(values)
 
 
 def _concat(arrays: list[np.ndarray]) -> np.ndarray:

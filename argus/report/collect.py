@@ -28,6 +28,7 @@ from argus.report.model import (EvidenceFile, IncidentView, JobLogView, KernelCd
                                 StepSeries)
 from argus.report.sources import evidence_files, fingerprint, stored_incidents, window_steps
 from argus.store import Attempt
+from argus.uniques import sorted_unique
 
 __all__ = ["Gatherer", "gather", "incidents_of", "MAX_POINTS", "SAMPLED_PEERS", "QUANTILE_PEERS", "CDF_PEERS",
            "MAX_LOG_PER_KIND", "MAX_LOG_KINDS"]
@@ -76,7 +77,7 @@ def _sample(ranks: np.ndarray, k: int) -> np.ndarray:
     """``k`` evenly spaced members of sorted ``ranks`` (deterministic, spans the set)."""
     if len(ranks) <= k:
         return ranks
-    return ranks[np.unique(np.linspace(0, len(ranks) - 1, k).round().astype(np.int64))]
+    return ranks[sorted_unique(np.linspace(0, len(ranks) - 1, k).round().astype(np.int64))]
 
 
 class Gatherer:
@@ -204,7 +205,7 @@ class Gatherer:
         peers = self.peers_of(culprits)
         quant = _sample(peers, QUANTILE_PEERS)
         shown_peers = _sample(quant, SAMPLED_PEERS)
-        ranks = np.unique(np.concatenate([np.asarray(shown_culprits, np.int64), quant]))
+        ranks = sorted_unique(np.concatenate([np.asarray(shown_culprits, np.int64), quant]))
         t = self.sql("SELECT p.rank, p.name, avg(p.dur_ns) / 1e6 AS ms FROM phases p "
                      f"SEMI JOIN sel ON p.rank = sel.rank WHERE p.step BETWEEN {int(lo)} AND {int(hi)} "
                      "AND p.dur_ns >= 0 GROUP BY p.rank, p.name",
@@ -278,7 +279,7 @@ class Gatherer:
         if t.num_rows == 0:
             return None
         rank = t.column("rank").to_numpy().astype(np.int64)
-        present = np.unique(rank)
+        present = sorted_unique(rank)
         shown = [r for r in culprits if r in set(present.tolist())][:6]
         if not shown:
             return None

@@ -22,6 +22,7 @@ from argus.sim.scenarios import ScenarioContext, get_scenario, parse_params, sce
 from argus.store import KernelSummaries, Store, WindowData, WindowWriter
 from argus.store.files import write_bytes_atomic
 from argus.topology import RunIdentity, Topology
+from argus.uniques import sorted_unique
 
 __all__ = ["SimulationResult", "prepare", "simulate_to_store", "job_step_times", "TRUTH_FILE"]
 
@@ -183,7 +184,7 @@ def _truth_document(config: SimConfig, name: str, summary: str, klass: str, ctx:
         "layout": str(layout),
         "order": layout.order_str,
         "gpus_per_host": config.hosts_gpus,
-        "hosts": len(np.unique(ctx.topology.hosts)),
+        "hosts": len(sorted_unique(ctx.topology.hosts)),
         "params": {k: v for k, v in ctx.params.items()},
         "faults": faults,
         "natural": {

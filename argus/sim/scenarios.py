@@ -23,6 +23,7 @@ from argus.sim.stacks import FRAMES
 from argus.sim.workload import CommOp, ComputeOp, Workload
 from argus.topology import Layout, Topology
 from argus.vocab import GroupKind
+from argus.uniques import sorted_unique
 
 __all__ = ["Scenario", "ScenarioContext", "SCENARIOS", "get_scenario", "parse_params"]
 
@@ -45,7 +46,7 @@ class ScenarioContext:
 
     @property
     def n_hosts(self) -> int:
-        return len(np.unique(self.topology.hosts))
+        return len(sorted_unique(self.topology.hosts))
 
     def p(self, key: str) -> Any:
         return self.params[key]
@@ -62,7 +63,7 @@ class ScenarioContext:
 
     def hosts_param(self, default: Callable[[], list[int]]) -> list[int]:
         value = self.params.get("hosts")
-        names = sorted(np.unique(self.topology.hosts).tolist())
+        names = sorted(sorted_unique(self.topology.hosts).tolist())
         if value in (None, "", "auto"):
             return sorted(int(h) for h in default())
         out = []
@@ -106,7 +107,7 @@ def _truth(ctx: ScenarioContext, klass: str, ranks: list[int], steps: list[int],
            kernels: list[str], microbatch: int | None = None, hosts: list[int] | None = None,
            **params: Any) -> dict[str, Any]:
     topo = ctx.topology
-    host_names = sorted(np.unique(topo.hosts).tolist())
+    host_names = sorted(sorted_unique(topo.hosts).tolist())
     culprit_hosts = ([host_names[h] for h in hosts] if hosts is not None
                      else sorted({str(topo.hosts[r]) for r in ranks}))
     return {
@@ -278,7 +279,7 @@ def _two_hosts_in_one_group(ctx: ScenarioContext) -> list[int]:
     hi = ctx.host_index
     for kind in _LINK_FAULT_KINDS:
         members = ctx.layout.group_of(kind, _random_rank(ctx))
-        hosts = np.unique(hi[members])
+        hosts = sorted_unique(hi[members])
         if len(hosts) >= 2:
             return sorted(int(h) for h in ctx.rng.choice(hosts, size=2, replace=False))
     raise ScenarioError("no group spans two hosts")

@@ -30,6 +30,7 @@ import numpy as np
 
 from argus.errors import LayoutError
 from argus.vocab import GroupKind  # re-exported: the kinds live in the shared vocabulary
+from argus.uniques import sorted_unique
 
 __all__ = ["AXES", "DEFAULT_ORDER", "GROUP_KINDS", "GroupKind", "Layout", "parse_layout", "parse_order"]
 
@@ -259,7 +260,7 @@ def megatron_group(layout: Layout, kind: str, rank: int) -> np.ndarray | None:
         return layout.group_of(kind, rank)
     if kind == "model_parallel":
         line = layout.group_of(GroupKind.PP, rank)
-        return np.unique(np.concatenate([layout.group_of(GroupKind.TP, int(q)) for q in line]))
+        return sorted_unique(np.concatenate([layout.group_of(GroupKind.TP, int(q)) for q in line]))
     if kind == "embedding" and layout.pp > 1:
         line = layout.group_of(GroupKind.PP, rank)
         by_stage = line[np.argsort(layout.stage_of(line))]

@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from argus.topology import Layout
+from argus.uniques import sorted_unique
 
 
 __all__ = ["WindowJob", "AttemptClock", "SeriesBatch", "build_window_series", "rank_label_names", "METRICS",
@@ -230,7 +231,7 @@ def build_window_series(job: WindowJob, clock: AttemptClock, job_label: str,
                           *((a, str(int(coords[a][i]))) for a in coords_names))
 
     def labels_of(ranks: np.ndarray) -> dict[int, tuple[tuple[str, str], ...]]:
-        for r in np.unique(ranks).tolist():
+        for r in sorted_unique(ranks).tolist():
             if r not in rank_labels:  # a rank seen in data but not in HELLO (should not happen)
                 rank_labels[r] = (("host", job.host), ("rank", str(r)))
         return rank_labels
@@ -274,7 +275,7 @@ def build_window_series(job: WindowJob, clock: AttemptClock, job_label: str,
             raw[pos] = s_end[fin]
         rs_rank, rs_step = uniq >> 40, uniq & ((1 << 40) - 1)
         rs_ms = (raw + off) // _NS_PER_MS
-        for rank in np.unique(rs_rank).tolist():  # ranks per host: a handful
+        for rank in sorted_unique(rs_rank).tolist():  # ranks per host: a handful
             m = rs_rank == rank
             rs_ms[m] = _monotonic(rs_ms[m], clock.last_rank_ms.get(rank, -1))
             clock.last_rank_ms[rank] = int(rs_ms[m][-1])
@@ -298,7 +299,7 @@ def build_window_series(job: WindowJob, clock: AttemptClock, job_label: str,
         window_ms = max(window_ms, (int(_np(hw, "ts_ns").max()) + off) // _NS_PER_MS)
     window_ms = max(window_ms, clock.last_window_ms + 1)
     clock.last_window_ms = window_ms
-    win_ranks = np.unique(np.concatenate([rs_rank, np.array(sorted(job.ranks), np.int64)]))
+    win_ranks = sorted_unique(np.concatenate([rs_rank, np.array(sorted(job.ranks), np.int64)]))
     labels_of(win_ranks)
     wts = np.full(len(win_ranks), window_ms, np.int64)
     batch.add("argus_window_start_step", base, {}, wts, np.full(len(win_ranks), job.start_step), rank=win_ranks,

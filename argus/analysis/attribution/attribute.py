@@ -34,6 +34,7 @@ from argus.analysis.attribution.graph import StepGraph
 from argus.analysis.attribution.replay import Scenario, critical_path, replay
 from argus.topology import Layout
 from argus.vocab import GroupKind as GK
+from argus.uniques import sorted_unique
 
 __all__ = ["GroupKind", "Share", "WindowAttribution", "attribute_graph", "MAX_CANDIDATES"]
 
@@ -408,7 +409,7 @@ def _stage_correlation(blocks: np.ndarray, stage_of: np.ndarray, layout: Layout)
     """How strongly a pipeline line's block time in a step moves together across its stages
     (Pearson over (line, step) pairs of adjacent stages, each rank's own mean removed): uneven
     inputs lengthen every stage a microbatch passes through; a busy host lengthens one rank."""
-    stages = np.unique(stage_of)
+    stages = sorted_unique(stage_of)
     if stages.size < 2 or blocks.shape[1] < 3:
         return None
     rows = [blocks[stage_of == s] for s in stages]

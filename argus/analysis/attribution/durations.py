@@ -27,6 +27,7 @@ import numpy as np
 from argus.analysis.attribution.chains import Chains
 from argus.analysis.attribution.graph import StepGraph
 from argus.topology import Layout
+from argus.uniques import sorted_unique
 
 __all__ = ["Durations", "durations", "GAP_SETS", "TRANSFER_SETS"]
 
@@ -62,7 +63,7 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
         tp = layout.coords(st.ranks)["tp"]
         p = np.empty_like(o)
         low = np.empty(r.shape[:-1], np.float32)  # (n, C, K)
-        for t in np.unique(tp):
+        for t in sorted_unique(tp):
             sel = tp == t
             if sel.sum() == 2:  # two peers: faults only add time, the faster one is the reference
                 p[:, sel] = np.min(o[:, sel], axis=1, keepdims=True)

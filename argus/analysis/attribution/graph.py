@@ -35,6 +35,7 @@ from argus.analysis.collectives import group_keys
 from argus.analysis.attribution.grouped import Grouping
 from argus.topology import GROUP_KINDS, Layout
 from argus.vocab import GroupKind
+from argus.uniques import sorted_unique
 
 __all__ = ["StageRows", "Family", "StepGraph", "build_graphs", "ARRIVE", "COMPLETE", "PASS"]
 
@@ -194,11 +195,11 @@ def _align(ch: Chains, tok: np.ndarray, run: int, template: int) -> bool:
 def build_graphs(ch: Chains, layout: Layout, ranks: np.ndarray | None = None) -> list[StepGraph]:
     """One graph per set of steps that share their templates (usually one), over ``ranks``
     (default: every rank with events; a subset must hold whole pipeline lines)."""
-    present = np.unique(ch.run_rank)
+    present = sorted_unique(ch.run_rank)
     use = present if ranks is None else np.intersect1d(present, np.asarray(ranks, np.int64))
     keep_run = np.isin(ch.run_rank, use)
     hashes = _run_hashes(ch)
-    steps = np.unique(ch.run_step[keep_run])
+    steps = sorted_unique(ch.run_step[keep_run])
     stage_of = layout.stage_of(use)
     stages = sorted(set(stage_of.tolist()))
     line = layout.group_index(GroupKind.PP)

@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from argus.topology import Layout
+from argus.uniques import sorted_unique
 
 __all__ = ["replay_ranks", "FULL_REPLAY_RANKS", "REPLAY_PEERS", "MIN_HEALTHY_REPLICAS"]
 
@@ -29,8 +30,8 @@ def replay_ranks(layout: Layout, suspects: list[int], full: int | None = None) -
     if layout.world_size <= (FULL_REPLAY_RANKS if full is None else full):
         return None
     dp = layout.coords()["dp"]
-    bad = np.unique(dp[np.asarray(suspects, np.int64)]) if suspects else np.empty(0, np.int64)
+    bad = sorted_unique(dp[np.asarray(suspects, np.int64)]) if suspects else np.empty(0, np.int64)
     healthy = np.setdiff1d(np.arange(layout.dp), bad)
     n = min(max(MIN_HEALTHY_REPLICAS, math.ceil(REPLAY_PEERS / (layout.cp * layout.ep))), healthy.size)
-    pick = healthy[np.unique(np.linspace(0, healthy.size - 1, n).round().astype(np.int64))] if n else healthy
+    pick = healthy[sorted_unique(np.linspace(0, healthy.size - 1, n).round().astype(np.int64))] if n else healthy
     return np.flatnonzero(np.isin(dp, np.union1d(bad, pick)))

@@ -13,6 +13,7 @@ from argus.analysis.incident import Action, Incident, IncidentClass, Severity, S
 from argus.analysis.signals import stack_cause
 from argus.analysis.evidence import blocked_in_collectives, never_joined, stacks, steps_never_finished
 from argus.analysis.rootcause.context import _Ctx
+from argus.uniques import sorted_unique
 
 
 def _hang(ctx: _Ctx) -> Incident | None:
@@ -22,8 +23,8 @@ def _hang(ctx: _Ctx) -> Incident | None:
         return None
     unfinished = f.dur < 0
     comm = f.is_comm
-    blocked = np.unique(f.rank[unfinished & comm])
-    present = np.unique(f.rank)
+    blocked = sorted_unique(f.rank[unfinished & comm])
+    present = sorted_unique(f.rank)
     culprits = [int(r) for r in present if r not in set(blocked.tolist())]
     missing = sorted(set(range(ctx.world)) - set(present.tolist()))
     culprits = culprits or missing
