@@ -631,8 +631,6 @@ def _unexplained(incidents: list[Incident], l1: L1Result, outcomes: list[WindowO
     return None
 
 
-
-
 #: … and its shift at least this many times the healthy steps' own robust spread (CV).
 NOISE_MULTIPLE = 3.0
 
