@@ -92,3 +92,33 @@ def test_a_windows_short_tail_neither_clears_nor_moves_a_stages_imbalance():
     assert not _balanced_after(stage, short) and not _balanced_before(stage, short)  # type: ignore[arg-type]
     long = {**heavy, (0, 4): outcome(0, 4, 1.01), (15, 19): outcome(15, 19, 1.02)}
     assert _balanced_after(stage, long) and _balanced_before(stage, long)  # type: ignore[arg-type]
+
+
+def test_one_ranks_spike_in_one_window_is_weather_unless_it_dwarfs_the_other_ranks_spikes():
+    """Every rank's work spikes now and then on a shared host: rank 1's worst step (68 ms over its
+    peers, the CI job's) is under three times the others' worst (36 ms) — weather; a 400 ms
+    compile beside the same weather is the rank's own. Persistent findings are not weather."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from argus.analysis.arbiter import _Merged, _weather
+    from argus.analysis.attribution import Finding, Part, Shape, WindowOutcome
+
+    def outcome(lo: int, hi: int, excess_ms: list[list[float]]) -> WindowOutcome:
+        wa = SimpleNamespace(ranks=np.arange(4), work_excess_steps_s=np.array(excess_ms) / 1e3)
+        return WindowOutcome(lo, hi, wa)  # type: ignore[arg-type]
+
+    def merged(persistent: bool) -> _Merged:
+        f = Finding(Part.WORKER, Shape.RANKS, "host_stall", [1], "backward-compute", 0.4, 1.09, 0.025, [5, 8], 5, 9,
+                    "rank 1", {"persistent": persistent, "ratio": 2.91})
+        return _Merged("host_stall", Part.WORKER, Shape.RANKS, [1], "backward-compute", "rank 1", [f])
+
+    calm = outcome(10, 14, [[0.2, 4.2, 29.4], [2.3, 24.5, 15.6], [-2.2, 5.7, 29.6], [-3.5, 5.1, 25.5]])
+    spiky = {(5, 9): outcome(5, 9, [[-7.7, 16.5, 5.3], [24.1, 68.0, 10.2], [-16.0, 13.6, 22.5], [35.3, 26.3, 12.1]]),
+             (10, 14): calm}
+    assert _weather(merged(False), spiky) == (0.068, 0.0353)
+    assert _weather(merged(True), spiky) is None
+    stall = {(5, 9): outcome(5, 9, [[-7.7, 16.5, 5.3], [24.1, 400.0, 10.2], [-16.0, 13.6, 22.5],
+                                    [35.3, 26.3, 12.1]]), (10, 14): calm}
+    assert _weather(merged(False), stall) is None

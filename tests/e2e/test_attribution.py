@@ -85,9 +85,10 @@ def test_a_pipeline_stage_holding_more_layers_is_named_as_the_stage(tmp_path):
     assert "move layers" in inc["remedy"]
 
 
-@pytest.mark.skip(reason="flaky in the full suite, cause open (issue 40): 5 of 5 runs alone name no rank, but the "
-                         "2026-12-06 14:20 clean-clone CI run named rank 2 a host stall in optimizer at +14.7% (an "
-                         "intermittent attribution finding past the 24 ms scheduling-period rule); the deterministic "
+@pytest.mark.skip(reason="flaky, cause open (issue 40): 2026-12-06 night, 5 runs alone before the one-window weather "
+                         "rule: 2 named one rank a host stall in backward-compute at +10-12% (a deschedule 2.3-2.9x its "
+                         "peers in one step, now shown as weather); 6 runs after: 5 clean, 1 named both dp peers of stage 0 "
+                         "a compute straggler (L2's pair comparison, each slower in 3 alternate steps); the deterministic "
                          "check is tests/analysis/test_attribution.py test_variance_on_every_worker_names_no_culprit")
 def test_uneven_inputs_on_every_worker_blame_no_rank(tmp_path):
     """Alone on the machine, as every serial test: 10 of 10 runs here name no rank. With a busy
