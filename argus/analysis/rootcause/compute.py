@@ -109,11 +109,25 @@ def _compute(ctx: _Ctx, windows: list[WindowAnalysis]) -> list[Incident]:
         if not ev["busy"] and ev["stalled"]:
             continue  # long host phases (or intermittent long work) and no steady compute excess: a host stall
         groups[(*_classify(ctx, ev), _constant_excess(ctx, windows, r))].append(r)
+    flagged = {r for members in groups.values() for r in members}
     out = []
     for (klass, phase, constant), members in groups.items():
+        # a rank and its only peer both "slower": each was the other's reference in turn (uneven
+        # inputs, a shared CPU) — a pair's comparison names neither (CI's uneven-inputs job named
+        # both data-parallel ranks of a stage, each slower in three alternate steps)
+        members = [r for r in members if not _pair_in_turns(ctx, r, flagged)]
+        if not members:
+            continue
         out.append(_compute_incident(ctx, klass, phase, sorted(members), [per_rank[r] for r in sorted(members)],
                                      constant))
     return out
+
+
+def _pair_in_turns(ctx: _Ctx, rank: int, flagged: set[int]) -> bool:
+    """Whether ``rank`` is compared with one peer only, and that peer was flagged too."""
+    if not ctx.pair(rank):
+        return False
+    return any(p != rank and p in flagged for p in ctx.topology.layout.peer_set(rank))
 
 
 def _constant_excess(ctx: _Ctx, windows: list[WindowAnalysis], rank: int) -> bool:
