@@ -73,8 +73,21 @@ _LAUNCHER_EXC = ("ChildFailedError", "SignalException")
 # traceback, every line under that same logger head. The job finished: one ``launcher_exit``, no peer lost.
 _EXIT_BARRIER = re.compile(r"^(?P<head>.{0,400}?)Error waiting on exit barrier\b")
 _STORE_CLIENT = re.compile(r"^\[[WE]\d{4} \S{1,32} TCPStore\.cpp:\d+\]")
+# a traceback's body, also where a log shipper's time stamp took its indentation off (pytorch#69520's
+# "2023-03-09T10:53:23.670-05:00\tFile …"), and the exception's line that ends it
+_TB_BODY = re.compile(r'^(?:\s|$|File "|During handling|The above exception|Traceback|\^+$)')
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Timeout)\b")
+#: at most this many lines of the exit barrier's traceback are read as its own
+_EXIT_TB_LINES = 200
 #: how long a store client's "connection reset" line waits for the exit barrier's line that explains it
 HOLD_NS = 2_000_000_000
+
+
+def _notable(line: str) -> bool:
+    """Whether a line says something of its own (a signature, torchrun's report, a desync or
+    Flight Recorder report): never absorbed into a traceback whose indentation a shipper took."""
+    return any(sig.pattern.search(line) for sig in SIGNATURES) or any(
+        p.search(line) for p in (_AGENT_FAILED, _REPORT_RANK, _REPORT_EXIT, _DESYNC, _FR_HEAD))
 
 
 @dataclass(frozen=True)
@@ -118,7 +131,7 @@ class LogScanner:
         self._fr: dict[str, dict] = {}  # per stream: the torchfrtrace block being read
         self.pending: list[LogEvent] = []  # not yet taken by the caller
         self._held: dict[str, LogEvent] = {}  # per stream: a store client's lost connection (``HOLD_NS``)
-        self._exit_head: dict[str, tuple[str, bool]] = {}  # per stream: the exit barrier's logger head, in its traceback
+        self._exit_head: dict[str, tuple[str, bool, int]] = {}  # per stream: the exit barrier's head, in its traceback, lines
         self.events = 0
         self.dropped = 0  # events past max_events
         self.other: dict[tuple[int, str], int] = {}  # (rank, stream) → lines no signature matched
@@ -189,17 +202,20 @@ class LogScanner:
         logged with it (under the same logger head, if the logger writes one)."""
         state = self._exit_head.get(stream)
         if state is not None:
-            head, in_tb = state
+            head, in_tb, lines = state
             if not in_tb and not line.startswith(head) and line.startswith("Traceback (most recent call last):"):
                 head = ""  # a logger that heads its message only, not the traceback's lines
             rest = line[len(head):] if line.startswith(head) else None
             if rest is not None and (rest.startswith("Traceback (most recent call last):") or in_tb):
-                ends = in_tb and rest.strip() and rest[:1] not in (" ", "\t") and not rest.startswith(
-                    ("During handling", "The above exception", "Traceback"))
+                ends = in_tb and _EXCEPTION_LINE.match(rest) is not None
+                if not ends and in_tb and not _TB_BODY.match(rest) and (
+                        lines >= _EXIT_TB_LINES or _notable(rest)):
+                    del self._exit_head[stream]  # not the traceback's: a line of its own, read as such
+                    return False
                 if ends:  # the exception's line: the traceback is over
                     del self._exit_head[stream]
                 else:
-                    self._exit_head[stream] = (head, True)
+                    self._exit_head[stream] = (head, True, lines + 1)
                 self.other[(rank, stream)] = self.other.get((rank, stream), 0) + 1
                 return True
             del self._exit_head[stream]
@@ -207,7 +223,7 @@ class LogScanner:
         if m is None:
             return False
         lost = self._held.pop(stream, None)  # the store client's side of the same failure
-        self._exit_head[stream] = (m.group("head"), False)
+        self._exit_head[stream] = (m.group("head"), False, 0)
         self._emit(rank, stream, LogKind.LAUNCHER_EXIT, "info",
                    "torchrun's agent could not meet the other nodes' agents at its exit barrier after its workers "
                    f"finished{' (its store connection closed)' if lost else ''}: {line.strip()}")

@@ -294,3 +294,24 @@ def test_a_store_connection_lost_without_the_exit_barrier_stays_a_lost_peer():
     s.feed("stderr", line)
     s.close()
     assert [k for _, k, _ in _kinds(s)] == ["peer_lost"]
+
+
+def test_the_exit_barrier_through_a_log_shipper_that_took_the_indentation_off():
+    """pytorch/pytorch#69520's shape (torchrun's known exit-barrier race, as a log shipper wrote
+    it): a time stamp and a tab before every line, Python's default logging format, frames with
+    no indentation left — still one launcher_exit; a line of its own after it is still read."""
+    stamp = b"2025-01-07T10:53:23.670-05:00\t"
+    body = (b"ERROR:torch.distributed.elastic.agent.server.api:Error waiting on exit barrier. Elapsed: 315.7 seconds",
+            b"Traceback (most recent call last):",
+            b'File "/opt/torch/distributed/elastic/agent/server/api.py", line 906, in _exit_barrier',
+            b"store_util.barrier(",
+            b'File "/opt/torch/distributed/elastic/utils/store.py", line 64, in synchronize',
+            b"agent_data = get_all(store, rank, key_prefix, world_size)",
+            b"RuntimeError: Connection reset by peer",
+            b"[rank3]:[E107 ProcessGroupNCCL.cpp:632] Watchdog caught collective operation timeout")
+    s = LogScanner()
+    s.feed("stderr", b"".join(stamp + line + b"\n" for line in body))
+    assert [(r, k) for r, k, _ in _kinds(s)] == [(-1, "launcher_exit"), (3, "watchdog_timeout")]
+    cut = LogScanner()  # a traceback whose end was never recognised: a lost peer after it is still one
+    cut.feed("stderr", b"".join(stamp + line + b"\n" for line in body[:4]) + stamp + b"[rank1]: Broken pipe\n")
+    assert [(r, k) for r, k, _ in _kinds(cut)] == [(-1, "launcher_exit"), (1, "peer_lost")]
