@@ -36,7 +36,7 @@ class StackCause:
     cause: str  # one of CAUSES
     top_frames: list[tuple[str, int]]  # (leaf-most frames, samples) elevated in the affected steps
     samples: int
-    by_cause: dict[str, int] = field(default_factory=dict)  # elevated samples per cause
+    by_cause: dict[str, int] = field(default_factory=dict)  # elevated samples per cause (≥ MIN_CAUSE_SAMPLES, the rest unknown)
 
     def to_json(self) -> dict:
         return {"cause": self.cause, "samples": self.samples, "by_cause": self.by_cause,
@@ -87,6 +87,10 @@ def stack_cause(attempt: Attempt, rank: int, steps: list[int]) -> StackCause | N
         c = classify_frames(f)
         by_cause[c] = by_cause.get(c, 0.0) + n
     extra = sum(by_cause.values())
+    for c in [c for c, n in by_cause.items() if c != "unknown" and n < MIN_CAUSE_SAMPLES]:
+        # fewer extra samples than a cause is named from: a frame every step shows, caught a
+        # little more often by chance (one `synchronisation` sample beside a save's four) — not told
+        by_cause["unknown"] = by_cause.get("unknown", 0.0) + by_cause.pop(c)
     named = [(n, c) for c, n in by_cause.items() if c != "unknown"]
     best_n, best = max(named) if named else (0.0, "unknown")
     cause = best if best_n >= MIN_CAUSE_SAMPLES and best_n >= extra / 3 else "unknown"

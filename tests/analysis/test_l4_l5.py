@@ -127,6 +127,21 @@ def test_stack_causes_are_summed_over_distinct_stacks(diagnosed):
     assert stack_cause(attempt, 3, [2]).cause == "unknown"  # a normal step shows nothing extra
 
 
+def test_a_cause_below_the_naming_bar_is_not_told_beside_the_real_one(diagnosed):
+    """CI's checkpoint job: four save samples and one all-reduce wait caught a little more often
+    by chance in the saving steps — the wait is not a cause of its own, its sample is unknown."""
+    attempt, _, _ = diagnosed("healthy", ranks=16, steps=12)
+    base = "main (train.py:1);step (train.py:9)"
+    wait = f"{base};all_reduce (torch/distributed/distributed_c10d.py:2)"
+    rows = [(5, s, base, 5) for s in range(10)] + [(5, s, wait, 1) for s in range(10)]
+    rows += [(5, s, f"{base};save (torch/serialization.py:{i})", 1) for s in (3, 6) for i in range(2)]
+    rows += [(5, 3, wait, 1)]  # one more wait sample in a saving step
+    attempt.writer("test").write("stacks", _stacks(rows), window=901)
+    cause = stack_cause(attempt, 5, [3, 6])
+    assert cause.cause == "checkpoint_io" and cause.by_cause["checkpoint_io"] == 4
+    assert "synchronisation" not in cause.by_cause and cause.by_cause.get("unknown", 0) >= 1
+
+
 @pytest.mark.parametrize("frames,cause", [
     ("a;collect (gc)", "garbage_collection"),
     ("a;_next_data (torch/utils/data/dataloader.py:1)", "data_loading"),
