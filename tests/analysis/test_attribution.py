@@ -160,3 +160,30 @@ def test_the_replay_answers_each_scenario_as_if_it_ran_alone(jobs):
     alone = np.stack([replay(g, d, [s])[:, 0] for s in mixed], axis=1)
     assert np.array_equal(together, alone)
     assert not np.array_equal(together[:, 1], together[:, 3])  # the scenarios differ: the order matters
+
+
+def test_a_stage_stretched_by_run_queue_delay_holds_no_more_work(jobs):
+    """The long-stage timeline once more, its stage 3's extra compute time declared as run-queue
+    delay inside the phases (``wait_ns``: the CPU its ranks share ran something else): the stages
+    hold the same work, so balancing them gains nothing and no partition is blamed; the same
+    frame without the delay measured names stage 3."""
+    from argus.analysis.attribution import StepBounds, attribute_window
+    from argus.analysis.frames import _busy, load_phases
+
+    attempt, _, _ = jobs("long_stage")
+    layout, hosts = attempt.layout, attempt.topology().hosts
+    st = attempt.read("steps", columns=["rank", "step", "start_ns", "end_ns"])
+    bounds = StepBounds.of(*(st.column(c).to_numpy() for c in ("rank", "step", "start_ns", "end_ns")))
+    frame = load_phases(attempt, 2, 6)
+    stretched = (layout.stage_of(frame.rank) == 3) & ~frame.is_comm
+    frame.wait = np.where(stretched, (frame.dur * (1 - 1 / 2.1)).astype(np.int64), 0)
+    frame.wait[frame.is_comm] = -1
+    frame.busy = _busy(frame, frame.wait)
+    out = attribute_window(frame, layout, hosts, bounds, 2, 6)
+    assert out.modeled and not [f for f in out.findings if f.klass == "pipeline_imbalance"], out.findings
+    factors = [f for s in out.attribution.balance.values() for b, f in s.items() if b in ("fwd", "bwd")]
+    assert max(abs(f - 1.0) for f in factors) < 0.05, out.attribution.balance
+    frame.wait[:] = -1
+    frame.busy = _busy(frame, frame.wait)
+    out = attribute_window(frame, layout, hosts, bounds, 2, 6)
+    assert [f.label for f in out.findings if f.klass == "pipeline_imbalance"] == ["stage 3"]

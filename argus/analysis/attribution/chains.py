@@ -69,6 +69,23 @@ class WorkTime:
     end: np.ndarray
     comp: np.ndarray  # int64 component of each phase
     cum: np.ndarray  # (components - 1, phases + 1) cumulative durations per named component
+    #: per rank (``own_ranks``, sorted) and named component: the share of its phases' time that
+    #: was the rank's own work — the rest the run-queue delay the producer measured inside them
+    #: (a CPU job's process preempted by others); 1 where nothing was measured (GPU timelines)
+    own_ranks: np.ndarray | None = None
+    own: np.ndarray | None = None
+
+    def own_share(self, ranks: np.ndarray) -> np.ndarray:
+        """(len(ranks), components - 1): each rank's own-work share per named component."""
+        n_named = self.cum.shape[0]
+        out = np.ones((len(ranks), n_named))
+        if self.own is None or self.own_ranks is None or not self.own_ranks.size:
+            return out
+        ranks = np.asarray(ranks, np.int64)
+        i = np.minimum(np.searchsorted(self.own_ranks, ranks), self.own_ranks.size - 1)
+        hit = self.own_ranks[i] == ranks
+        out[hit] = self.own[i[hit]]
+        return out
 
     def split(self, rank: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Each interval [a, b) of ``rank`` (flat arrays) split into the named components, then
@@ -355,7 +372,28 @@ def _work_time(f: PhaseFrame, work: np.ndarray, rel: np.ndarray, dur: np.ndarray
     cum = np.zeros((n_named, t.size + 1))
     for j in range(n_named):
         cum[j, 1:] = np.cumsum(np.where(t_comp == j, t_dur, 0.0))
-    return comps, WorkTime(t_rank, t_start, t_end, t_comp, cum)
+    own_ranks, own = _own_shares(f, t, t_rank, t_comp, n_named)
+    return comps, WorkTime(t_rank, t_start, t_end, t_comp, cum, own_ranks, own)
+
+
+def _own_shares(f: PhaseFrame, t: np.ndarray, t_rank: np.ndarray, t_comp: np.ndarray,
+                n_named: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Per rank and named component, Σ busy / Σ dur over the top-level phases ``t`` whose
+    producer measured the waiting inside them (``wait_ns`` ≥ 0: a CPU job's run-queue delay);
+    the others count whole (a GPU timeline has no such delay inside its spans)."""
+    if f.wait is None or t.size == 0 or not (f.wait[t] > 0).any():
+        return None, None
+    new = np.r_[True, t_rank[1:] != t_rank[:-1]]  # t is in (rank, start) order
+    ranks, r_idx = t_rank[new], np.cumsum(new) - 1
+    named = t_comp >= 0
+    d = np.maximum(f.dur[t].astype(np.float64), 0.0)
+    measured = (f.wait[t] >= 0) & np.isfinite(f.busy[t])
+    b = np.where(measured, np.clip(np.nan_to_num(f.busy[t]), 0.0, d), d)
+    key = r_idx[named] * n_named + t_comp[named]
+    dur = np.bincount(key, weights=d[named], minlength=ranks.size * n_named).reshape(ranks.size, n_named)
+    own = np.bincount(key, weights=b[named], minlength=ranks.size * n_named).reshape(ranks.size, n_named)
+    share = np.where(dur > 0, own / np.maximum(dur, 1e-9), 1.0)
+    return ranks.astype(np.int64), share
 
 
 def _peer_from_blocks(f: PhaseFrame, work: np.ndarray, key: np.ndarray, rank: np.ndarray, ev: np.ndarray,

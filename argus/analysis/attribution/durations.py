@@ -53,6 +53,7 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
     untracked[-1] = True
     block_j = {b: np.array([c.block == b for c in comps]) for b in ("fwd", "bwd")}
     rec, rec0, upeer, own, peer = [], [], [], [], []
+    work = []  # per stage: ``peer`` of the ranks' own work (the run-queue delay inside their phases removed)
     for st in g.stages:
         r = st.comp  # (n, C, K, J)
         rec.append(r)
@@ -61,14 +62,14 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
         rec0.append(r0)
         o = r.mean(axis=2, keepdims=True, dtype=np.float64).astype(np.float32)
         tp = layout.coords(st.ranks)["tp"]
-        p = np.empty_like(o)
+        p = _peer(o, tp)
+        if len(g.stages) > 1:
+            share = np.ones(J, np.float32)[None, :].repeat(st.ranks.size, axis=0)  # (C, J)
+            share[:, :-1] = ch.work.own_share(st.ranks)
+            work.append(_peer(o * share[None, :, None, :], tp))
         low = np.empty(r.shape[:-1], np.float32)  # (n, C, K)
         for t in sorted_unique(tp):
             sel = tp == t
-            if sel.sum() == 2:  # two peers: faults only add time, the faster one is the reference
-                p[:, sel] = np.min(o[:, sel], axis=1, keepdims=True)
-            else:
-                p[:, sel] = np.median(o[:, sel], axis=1, keepdims=True)
             low[:, sel] = r[..., -1][:, sel].min(axis=1, keepdims=True)
         u = r.copy()
         u[..., -1] = low  # the least any peer needed in that step: unrecorded waits land in untracked time
@@ -84,10 +85,13 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
         for b, mask in block_j.items():
             if not mask.any():
                 continue
-            # per stage, its block time per column (each own-time interval once: the gaps before
-            # the events the ranks waited for, as the template says)
+            # per stage, its block work per column (each own-time interval once: the gaps before
+            # the events the ranks waited for, as the template says), less the run-queue delay
+            # measured inside it: on a CPU shared by several ranks a stage's blocks stretch with
+            # what else runs beside them (6 ranks on one vCPU: one stage's backward 9.3 ms of
+            # wall for 6.0 ms of its own, the other's 5.4 for 5.3), which no partition changes
             totals = np.array([float(np.einsum("n,nc->c", _once(st), p[..., mask].sum(axis=(2, 3))).mean())
-                               for st, p in zip(g.stages, peer)])
+                               for st, p in zip(g.stages, work)])
             if not (totals > 0).all():
                 continue
             target = float(totals.mean())
@@ -137,6 +141,19 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
                     t_ideal[fi] = t_ideal[fi] * factor
     return Durations({"rec": rec, "rec0": rec0, "upeer": upeer, "own": own, "peer": peer, "ideal": ideal},
                      {"rec": t_rec, "own": t_own, "peer": t_peer, "ideal": t_ideal}, balance, block_share)
+
+
+def _peer(o: np.ndarray, tp: np.ndarray) -> np.ndarray:
+    """Per node, the typical own mean of each column's like-with-like peers (same tensor-parallel
+    position): the median; of two, the faster (faults only add time)."""
+    p = np.empty_like(o)
+    for t in sorted_unique(tp):
+        sel = tp == t
+        if sel.sum() == 2:
+            p[:, sel] = np.min(o[:, sel], axis=1, keepdims=True)
+        else:
+            p[:, sel] = np.median(o[:, sel], axis=1, keepdims=True)
+    return p
 
 
 #: Group kinds whose collectives scale with the layers a stage holds.
