@@ -122,3 +122,33 @@ def test_one_ranks_spike_in_one_window_is_weather_unless_it_dwarfs_the_other_ran
     stall = {(5, 9): outcome(5, 9, [[-7.7, 16.5, 5.3], [24.1, 400.0, 10.2], [-16.0, 13.6, 22.5],
                                     [35.3, 26.3, 12.1]]), (10, 14): calm}
     assert _weather(merged(False), stall) is None
+
+
+def test_a_links_transfers_slow_in_one_window_only_are_shown_not_claimed():
+    """CI's unthrottled netns pipeline: one pipeline line's sends 1.5× the others' in steps 1–4,
+    +3% — loopback transfers are CPU work on a shared host, like a rank's. One window is shown;
+    the same finding in two windows claims."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from argus.analysis.arbiter import _from_finding, _merge
+    from argus.analysis.attribution import Finding, Part, Shape, WindowOutcome
+
+    topology = SimpleNamespace(world_size=6, hosts=np.array([f"h{r}" for r in range(6)]),
+                               gpu_uuids=np.array([f"g{r}" for r in range(6)]))
+
+    def window(lo: int) -> WindowOutcome:
+        steps = list(range(lo, lo + 5))
+        wa = SimpleNamespace(error_pct=0.0, steps=np.array(steps), recorded_s=np.full(5, 0.3e9), of=lambda *_: [],
+                             to_json=dict)
+        f = Finding(Part.WORKER, Shape.COMMUNICATOR, "link_degradation", [1, 4], "transfers", 0.91, 1.034, 0.01,
+                    steps, lo, lo + 4, "pipeline line 1, stages 0–1", {"persistent": True})
+        return WindowOutcome(lo, lo + 4, wa, findings=[f])  # type: ignore[arg-type]
+
+    step_time = {s: 0.3 for s in range(25)}
+    for outcomes, claimed in (([window(0)], False), ([window(0), window(5)], True)):
+        (m,) = _merge(outcomes)
+        inc = _from_finding(m, {(o.lo, o.hi): o for o in outcomes}, topology, step_time, lambda s: True)  # type: ignore[arg-type]
+        assert inc is not None and inc.klass == "link_degradation" and inc.slowdown_pct > 3.0
+        assert (inc.severity != "info") == claimed, inc.summary

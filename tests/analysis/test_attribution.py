@@ -187,3 +187,29 @@ def test_a_stage_stretched_by_run_queue_delay_holds_no_more_work(jobs):
     frame.busy = _busy(frame, frame.wait)
     out = attribute_window(frame, layout, hosts, bounds, 2, 6)
     assert [f.label for f in out.findings if f.klass == "pipeline_imbalance"] == ["stage 3"]
+
+
+def test_a_rank_stretched_by_run_queue_delay_is_no_straggler(jobs):
+    """The straggler timeline, its slow rank's extra compute time declared as run-queue delay:
+    its own work is its peers', so no rank stands out; undeclared, it is named."""
+    from argus.analysis.attribution import StepBounds, attribute_window
+    from argus.analysis.frames import _busy, load_phases
+
+    attempt, _, _ = jobs("straggler")
+    layout, hosts = attempt.layout, attempt.topology().hosts
+    culprit = int(layout.rank_of(dp=1, pp=2))
+    st = attempt.read("steps", columns=["rank", "step", "start_ns", "end_ns"])
+    bounds = StepBounds.of(*(st.column(c).to_numpy() for c in ("rank", "step", "start_ns", "end_ns")))
+    frame = load_phases(attempt, 2, 6)
+    names = np.array(frame.names)[frame.name]
+    slow = (frame.rank == culprit) & ~frame.is_comm
+    factor = np.where(np.char.find(names.astype(str), "backward") >= 0, 2.2, 2.5)
+    frame.wait = np.where(slow, (frame.dur * (1 - 1 / factor)).astype(np.int64), 0)
+    frame.wait[frame.is_comm] = -1
+    frame.busy = _busy(frame, frame.wait)
+    out = attribute_window(frame, layout, hosts, bounds, 2, 6)
+    assert out.modeled and not [f for f in out.findings if culprit in f.culprits], out.findings
+    frame.wait[:] = -1
+    frame.busy = _busy(frame, frame.wait)
+    out = attribute_window(frame, layout, hosts, bounds, 2, 6)
+    assert [f.culprits for f in out.findings if f.klass == "compute_straggler"] == [[culprit]], out.findings

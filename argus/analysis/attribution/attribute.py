@@ -254,8 +254,16 @@ def attribute_graph(ch: Chains, g: StepGraph, layout: Layout, hosts: np.ndarray,
         sl = slice(off, off + st.columns)
         excess_w[sl] = np.einsum("n,nc->c", wgt, np.maximum(rec0c.sum(-1) - peerc.sum(-1), 0.0))
         excess_c[sl] = np.einsum("n,ncj->cj", wgt, np.maximum(rec0c - peerc, 0.0))
-        work_rec[sl] = np.einsum("n,nck->ck", wgt, rec0k.sum(-1))
-        work_peer[sl] = np.einsum("n,nc->c", wgt, peerc.sum(-1))
+        # the work a rank is compared on is its own: the run-queue delay (another process had its
+        # CPU) and the waits the producer measured inside its phases are not (CI's netns pipeline,
+        # 6 ranks on one vCPU: one rank's backward 252 ms of wall in 5 steps for 34 ms of its own)
+        if ch.work.own_busy is not None:
+            share = np.ones((st.columns, K, J))
+            share[..., :-1] = ch.work.own_share(st.ranks, g.steps)
+            work_rec[sl] = np.einsum("n,nckj,ckj->ck", wgt, rec0k, share)
+        else:
+            work_rec[sl] = np.einsum("n,nck->ck", wgt, rec0k.sum(-1))
+        work_peer[sl] = np.einsum("n,nc->c", wgt, d.work[si][:, :, 0, :].astype(np.float64).sum(-1))
         blocks_rec[sl] = np.einsum("n,nck->ck", wgt, rec0k[..., block_j].sum(-1))
         rec_u = d.gaps["rec"][si][..., -1].astype(np.float64)  # (n, C, K)
         low_u = d.gaps["upeer"][si][..., -1].astype(np.float64)

@@ -32,6 +32,7 @@ import numpy as np
 from argus.analysis.collectives import host_clock_offsets, match_instances
 from argus.analysis.frames import PhaseFrame
 from argus.topology import Layout
+from argus.uniques import sorted_unique
 from argus.vocab import GroupKind, PhaseCategory
 
 __all__ = ["Chains", "Component", "StepBounds", "build_chains", "UNTRACKED", "MAX_COMPONENTS"]
@@ -69,22 +70,37 @@ class WorkTime:
     end: np.ndarray
     comp: np.ndarray  # int64 component of each phase
     cum: np.ndarray  # (components - 1, phases + 1) cumulative durations per named component
-    #: per rank (``own_ranks``, sorted) and named component: the share of its phases' time that
-    #: was the rank's own work — the rest the run-queue delay the producer measured inside them
-    #: (a CPU job's process preempted by others); 1 where nothing was measured (GPU timelines)
+    #: per rank (``own_ranks``, sorted), step (``own_steps``, sorted) and named component: the
+    #: time of its phases (``own_dur``) and the part of it that was the rank's own work
+    #: (``own_busy``) — the rest the run-queue delay and the waits the producer measured inside
+    #: them (a CPU job's process preempted by others); None where nothing was measured (GPU
+    #: timelines), the phases then counting whole
     own_ranks: np.ndarray | None = None
-    own: np.ndarray | None = None
+    own_steps: np.ndarray | None = None
+    own_dur: np.ndarray | None = None
+    own_busy: np.ndarray | None = None
 
-    def own_share(self, ranks: np.ndarray) -> np.ndarray:
-        """(len(ranks), components - 1): each rank's own-work share per named component."""
+    def own_share(self, ranks: np.ndarray, steps: np.ndarray | None = None) -> np.ndarray:
+        """Each rank's own-work share per named component: (len(ranks), components - 1) over all
+        the steps, or per step of ``steps``, (len(ranks), len(steps), components - 1)."""
         n_named = self.cum.shape[0]
-        out = np.ones((len(ranks), n_named))
-        if self.own is None or self.own_ranks is None or not self.own_ranks.size:
+        shape = (len(ranks), n_named) if steps is None else (len(ranks), len(steps), n_named)
+        out = np.ones(shape)
+        if self.own_busy is None or self.own_dur is None or self.own_ranks is None or self.own_steps is None:
             return out
-        ranks = np.asarray(ranks, np.int64)
-        i = np.minimum(np.searchsorted(self.own_ranks, ranks), self.own_ranks.size - 1)
-        hit = self.own_ranks[i] == ranks
-        out[hit] = self.own[i[hit]]
+        ri = _lookup(self.own_ranks, ranks)
+        hit = ri >= 0
+        if steps is None:
+            dur, busy = self.own_dur[ri[hit]].sum(axis=1), self.own_busy[ri[hit]].sum(axis=1)
+            out[hit] = np.where(dur > 0, busy / np.maximum(dur, 1e-9), 1.0)
+            return out
+        si = _lookup(self.own_steps, steps)
+        sk = si >= 0
+        dur = self.own_dur[ri[hit]][:, si[sk]]
+        busy = self.own_busy[ri[hit]][:, si[sk]]
+        sub = out[hit]
+        sub[:, sk] = np.where(dur > 0, busy / np.maximum(dur, 1e-9), 1.0)
+        out[hit] = sub
         return out
 
     def split(self, rank: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -372,28 +388,38 @@ def _work_time(f: PhaseFrame, work: np.ndarray, rel: np.ndarray, dur: np.ndarray
     cum = np.zeros((n_named, t.size + 1))
     for j in range(n_named):
         cum[j, 1:] = np.cumsum(np.where(t_comp == j, t_dur, 0.0))
-    own_ranks, own = _own_shares(f, t, t_rank, t_comp, n_named)
-    return comps, WorkTime(t_rank, t_start, t_end, t_comp, cum, own_ranks, own)
+    return comps, WorkTime(t_rank, t_start, t_end, t_comp, cum, *_own_shares(f, t, t_rank, t_comp, n_named))
 
 
-def _own_shares(f: PhaseFrame, t: np.ndarray, t_rank: np.ndarray, t_comp: np.ndarray,
-                n_named: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """Per rank and named component, Σ busy / Σ dur over the top-level phases ``t`` whose
-    producer measured the waiting inside them (``wait_ns`` ≥ 0: a CPU job's run-queue delay);
-    the others count whole (a GPU timeline has no such delay inside its spans)."""
+def _own_shares(f: PhaseFrame, t: np.ndarray, t_rank: np.ndarray, t_comp: np.ndarray, n_named: int) -> tuple:
+    """Per rank, step and named component, Σ dur and Σ busy over the top-level phases ``t``
+    (busy: dur less the waiting the producer measured inside, ``wait_ns`` ≥ 0 — a CPU job's
+    run-queue delay; the others count whole: a GPU timeline has no such delay inside its spans)."""
     if f.wait is None or t.size == 0 or not (f.wait[t] > 0).any():
-        return None, None
+        return None, None, None, None
     new = np.r_[True, t_rank[1:] != t_rank[:-1]]  # t is in (rank, start) order
     ranks, r_idx = t_rank[new], np.cumsum(new) - 1
+    steps = sorted_unique(f.step[t])
+    s_idx = np.searchsorted(steps, f.step[t])
     named = t_comp >= 0
     d = np.maximum(f.dur[t].astype(np.float64), 0.0)
     measured = (f.wait[t] >= 0) & np.isfinite(f.busy[t])
     b = np.where(measured, np.clip(np.nan_to_num(f.busy[t]), 0.0, d), d)
-    key = r_idx[named] * n_named + t_comp[named]
-    dur = np.bincount(key, weights=d[named], minlength=ranks.size * n_named).reshape(ranks.size, n_named)
-    own = np.bincount(key, weights=b[named], minlength=ranks.size * n_named).reshape(ranks.size, n_named)
-    share = np.where(dur > 0, own / np.maximum(dur, 1e-9), 1.0)
-    return ranks.astype(np.int64), share
+    key = (r_idx[named] * steps.size + s_idx[named]) * n_named + t_comp[named]
+    size = ranks.size * steps.size * n_named
+    shape = (ranks.size, steps.size, n_named)
+    return (ranks.astype(np.int64), steps.astype(np.int64),
+            np.bincount(key, weights=d[named], minlength=size).reshape(shape),
+            np.bincount(key, weights=b[named], minlength=size).reshape(shape))
+
+
+def _lookup(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Each key's index in ``sorted_keys``, -1 where absent."""
+    keys = np.asarray(keys, np.int64)
+    if not sorted_keys.size:
+        return np.full(keys.size, -1, np.int64)
+    i = np.minimum(np.searchsorted(sorted_keys, keys), sorted_keys.size - 1)
+    return np.where(sorted_keys[i] == keys, i, -1)
 
 
 def _peer_from_blocks(f: PhaseFrame, work: np.ndarray, key: np.ndarray, rank: np.ndarray, ev: np.ndarray,

@@ -42,6 +42,9 @@ class Durations:
 
     gaps: dict[str, list[np.ndarray]]
     transfers: dict[str, list[np.ndarray]]
+    #: per stage row, (n, C, 1, J): ``peer`` of the ranks' own work — the run-queue delay and
+    #: waits the producer measured inside their phases taken off (``peer`` where none was)
+    work: list[np.ndarray]
     balance: dict[int, dict[str, float]]  # stage → block → factor its blocks were scaled by in ``ideal``
     block_share: dict[int, float]  # stage → share of its gaps in forward/backward blocks (peer values)
 
@@ -53,7 +56,7 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
     untracked[-1] = True
     block_j = {b: np.array([c.block == b for c in comps]) for b in ("fwd", "bwd")}
     rec, rec0, upeer, own, peer = [], [], [], [], []
-    work = []  # per stage: ``peer`` of the ranks' own work (the run-queue delay inside their phases removed)
+    work = []
     for st in g.stages:
         r = st.comp  # (n, C, K, J)
         rec.append(r)
@@ -63,10 +66,12 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
         o = r.mean(axis=2, keepdims=True, dtype=np.float64).astype(np.float32)
         tp = layout.coords(st.ranks)["tp"]
         p = _peer(o, tp)
-        if len(g.stages) > 1:
-            share = np.ones(J, np.float32)[None, :].repeat(st.ranks.size, axis=0)  # (C, J)
+        if ch.work.own_busy is not None:
+            share = np.ones((st.ranks.size, J), np.float32)  # the untracked column counts whole
             share[:, :-1] = ch.work.own_share(st.ranks)
             work.append(_peer(o * share[None, :, None, :], tp))
+        else:
+            work.append(p)
         low = np.empty(r.shape[:-1], np.float32)  # (n, C, K)
         for t in sorted_unique(tp):
             sel = tp == t
@@ -76,6 +81,7 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
         upeer.append(u)
         o[..., -1] = 0.0
         p[..., -1] = 0.0
+        work[-1][..., -1] = 0.0
         own.append(o)
         peer.append(p)
     ideal = [p.copy() for p in peer]
@@ -140,7 +146,7 @@ def durations(ch: Chains, g: StepGraph, layout: Layout) -> Durations:
                 for fi in fis:
                     t_ideal[fi] = t_ideal[fi] * factor
     return Durations({"rec": rec, "rec0": rec0, "upeer": upeer, "own": own, "peer": peer, "ideal": ideal},
-                     {"rec": t_rec, "own": t_own, "peer": t_peer, "ideal": t_ideal}, balance, block_share)
+                     {"rec": t_rec, "own": t_own, "peer": t_peer, "ideal": t_ideal}, work, balance, block_share)
 
 
 def _peer(o: np.ndarray, tp: np.ndarray) -> np.ndarray:
