@@ -15,6 +15,10 @@ typical values that define the step without stragglers.
   whose last stage holds more layers is slower than its ideal by its imbalance). Without a
   pipeline, ``ideal`` is ``peer``.
 
+Beside them, **work**: ``peer`` of the ranks' own work, the waiting the producer measured inside
+their phases (``wait_ns``: a CPU job's run-queue delay) taken off — what stages are balanced on
+and ranks compared on, since a shared CPU stretches a phase with whatever else runs.
+
 Means within a rank conserve its work (a variable input averages out); medians across peers
 do not let one straggler set the reference."""
 
