@@ -393,7 +393,7 @@ def arbitrate(candidates: list[Incident], outcomes: list[WindowOutcome], topolog
             continue
         _with_critical(made, outcomes)
         out.append(made)
-    out = fold_stage_into_links(_one_per_fault(out))
+    out = fold_spread_into_links(fold_stage_into_links(_one_per_fault(out)))
     job = _unexplained(out, l1, outcomes, world, step_time)
     if job is not None:
         out.append(job)
@@ -582,6 +582,29 @@ def fold_stage_into_links(incidents: list[Incident]) -> list[Incident]:
             inc.severity = Severity.INFO
             inc.summary += (f"; a slow link inside it (ranks {', '.join(map(str, link.culprit_ranks[:6]))}) holds "
                             "its transfers: told in the link's incident")
+    return incidents
+
+
+def fold_spread_into_links(incidents: list[Incident]) -> list[Incident]:
+    """Variance on every worker inside the L1 regression a claimed link incident holds: a slow
+    link on a pipeline line delays every stage of that line together, step by step, which is
+    what uneven inputs look like (CI's 6-host drill: host 4 throttled from step 7, its
+    transfers named from step 13, "uneven inputs" at +20% over steps 5–14) — one fault, one
+    incident, the link's."""
+    links = [i for i in incidents if i.klass == IncidentClass.LINK_DEGRADATION and i.severity != Severity.INFO
+             and i.culprit_ranks]
+    for inc in incidents:
+        if inc.klass != IncidentClass.INPUT_IMBALANCE or inc.severity == Severity.INFO:
+            continue
+        for link in links:
+            spans = [(int(e["start_step"]), int(e["end_step"])) for e in link.evidence
+                     if e.get("kind") == EvidenceKind.REGRESSION and "start_step" in e and "end_step" in e]
+            lo, hi = min((a for a, _ in spans), default=link.start_step), max((b for _, b in spans), default=link.end_step)
+            if lo <= inc.end_step and hi >= inc.start_step:
+                inc.severity = Severity.INFO
+                inc.summary += (f"; inside the slowdown (steps {lo}–{hi}) a slow link on ranks "
+                                f"{', '.join(map(str, link.culprit_ranks[:6]))} holds: told in the link's incident")
+                break
     return incidents
 
 

@@ -152,3 +152,18 @@ def test_a_links_transfers_slow_in_one_window_only_are_shown_not_claimed():
         inc = _from_finding(m, {(o.lo, o.hi): o for o in outcomes}, topology, step_time, lambda s: True)  # type: ignore[arg-type]
         assert inc is not None and inc.klass == "link_degradation" and inc.slowdown_pct > 3.0
         assert (inc.severity != "info") == claimed, inc.summary
+
+
+def test_variance_on_every_worker_inside_a_links_slowdown_is_the_links():
+    """CI's drill: host 4 throttled from step 7, its transfers named from step 13 with L1's
+    regression over steps 7–23, and "uneven inputs" over steps 5–14 (a slow pipeline link delays
+    its whole line together): one fault, the link's. Before the regression, variance stands."""
+    from argus.analysis.arbiter import fold_spread_into_links
+
+    link = _inc(IncidentClass.LINK_DEGRADATION, 13, 23, ranks=[4])
+    link.evidence.append({"level": "L1", "kind": "regression", "start_step": 7, "end_step": 23})
+    inside = _inc(IncidentClass.INPUT_IMBALANCE, 5, 14, Severity.WARNING)
+    before = _inc(IncidentClass.INPUT_IMBALANCE, 0, 5, Severity.WARNING)
+    fold_spread_into_links([link, inside, before])
+    assert inside.severity == Severity.INFO and "told in the link's incident" in inside.summary
+    assert before.severity == Severity.WARNING and link.severity == Severity.CRITICAL

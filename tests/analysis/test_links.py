@@ -147,3 +147,17 @@ def test_a_link_held_back_behind_a_culprit_the_replay_dismisses_is_put_back(diag
     assert link.culprit_ranks == ranks
     assert any(e["kind"] == "culprit_dismissed" for e in link.evidence)
     assert not any(e["kind"] == "victim_transfers" for e in culprit.evidence) and not culprit.victims
+
+
+def test_of_a_pipeline_pairs_two_hosts_the_one_slow_in_another_group_is_the_link():
+    """Host 4 throttled: its sends to host 1 and its reduction with hosts 3 and 5 slow, host 1's
+    reduction with hosts 0 and 2 normal — host 4; a link slow between exactly two hosts keeps both."""
+    from types import SimpleNamespace
+
+    from argus.analysis.rootcause.links import _alone
+
+    pair = SimpleNamespace(hosts=["h1", "h4"])
+    by_step = {13: [pair], 14: [pair], 15: [pair, SimpleNamespace(hosts=["h3", "h4", "h5"])]}
+    assert _alone(["h1", "h4"], by_step, []) == ["h4"]
+    assert _alone(["h1", "h4"], {13: [pair], 14: [pair]}, []) == ["h1", "h4"]
+    assert _alone(["h1", "h4"], {13: [pair]}, [SimpleNamespace(hosts=["h0", "h1", "h2"])]) == ["h1"]

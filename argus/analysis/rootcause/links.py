@@ -122,7 +122,7 @@ def _links(ctx: _Ctx, windows: list[WindowAnalysis], compute: list[Incident]) ->
     if not counts:
         return _pcie_only(ctx, pcie, compute)
     n_steps = len(per_step_hosts)
-    hosts = sorted(h for h, c in counts.items() if c >= 0.5 * n_steps)
+    hosts = _alone(sorted(h for h, c in counts.items() if c >= 0.5 * n_steps), by_step, shifts)
     if hw_hosts & set(hosts):
         # the hardware names the hosts: those the comparisons agree on, and every other host
         # whose PCIe link is down at the same time (noise picks one of two slow hosts per step)
@@ -321,6 +321,19 @@ def _pcie_only(ctx: _Ctx, pcie: dict[str, set[int]], compute: list[Incident]) ->
                   f"the job ran {measured:.1f}% slower than before") + " — verify the links")
     return [Incident(IncidentClass.LINK_DEGRADATION, ranks, hosts, ctx.gpus_of(ranks), steps[0], steps[-1],
                      "collectives", [], State.SUSPECTED, severity, measured, gpuh, Action.VERIFY, evidence, steps, summary)]
+
+
+def _alone(hosts: list[str], by_step: dict[int, list], shifts: list) -> list[str]:
+    """Of several hosts every slow step names together (the two ends of one pipeline pair), those
+    whose transfers were also seen slow in a group holding none of the others: host 4's link
+    throttled slows its sends to host 1 and its own data-parallel reduction with hosts 3 and 5,
+    while host 1's reduction with hosts 0 and 2 stays normal — host 1 is the pair's victim. Where
+    none or all are seen alone (a link between exactly those hosts), all stay."""
+    if len(hosts) < 2:
+        return hosts
+    groups = [set(f.hosts) for fs in by_step.values() for f in fs] + [set(s.hosts) for s in shifts]
+    alone = [h for h in hosts if any(h in g and not g & (set(hosts) - {h}) for g in groups)]
+    return alone if alone else hosts
 
 
 def _persistent_pair(ctx: _Ctx, flagged: set[int]) -> bool:
