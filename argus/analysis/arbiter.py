@@ -602,8 +602,10 @@ def fold_spread_into_links(incidents: list[Incident]) -> list[Incident]:
             lo, hi = min((a for a, _ in spans), default=link.start_step), max((b for _, b in spans), default=link.end_step)
             if lo <= inc.end_step and hi >= inc.start_step:
                 inc.severity = Severity.INFO
-                inc.summary += (f"; inside the slowdown (steps {lo}–{hi}) a slow link on ranks "
-                                f"{', '.join(map(str, link.culprit_ranks[:6]))} holds: told in the link's incident")
+                inc.summary += (f"; yet it lies inside the slowdown (steps {lo}–{hi}) of the slow link on "
+                                f"rank{'s' * (len(link.culprit_ranks) > 1)} "
+                                f"{', '.join(map(str, link.culprit_ranks[:6]))}, which delays its pipeline line as "
+                                "uneven inputs would: told in the link's incident")
                 break
     return incidents
 

@@ -70,7 +70,8 @@ _LAUNCHER_EXC = ("ChildFailedError", "SignalException")
 # the store that node 0's agent serves; when that agent exits first the barrier fails: the store
 # client's warning (``[W1206 … TCPStore.cpp:138] [c10d] recvValueWithTimeout failed …: Connection
 # reset by peer``), then ``E1206 … api.py:1008] Error waiting on exit barrier. Elapsed: …`` and its
-# traceback, every line under that same logger head. The job finished: one ``launcher_exit``, no peer lost.
+# traceback (under that same logger head, with none, or with a log shipper's stamp; see below).
+# The job finished: one ``launcher_exit``, no peer lost.
 _EXIT_BARRIER = re.compile(r"^(?P<head>.{0,400}?)Error waiting on exit barrier\b")
 _STORE_CLIENT = re.compile(r"^\[[WE]\d{4} \S{1,32} TCPStore\.cpp:\d+\]")
 # a traceback's body, also where a log shipper's time stamp took its indentation off (pytorch#69520's
