@@ -167,3 +167,33 @@ def test_variance_on_every_worker_inside_a_links_slowdown_is_the_links():
     fold_spread_into_links([link, inside, before])
     assert inside.severity == Severity.INFO and "told in the link's incident" in inside.summary
     assert before.severity == Severity.WARNING and link.severity == Severity.CRITICAL
+
+
+def test_uneven_inputs_in_one_window_only_are_shown_not_claimed():
+    """CI's unthrottled netns pipeline: variance on every worker, its stages moving together,
+    +22% in steps 20–24 alone. Inputs are uneven in every window: one window is the shared host's
+    weather, two claim."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from argus.analysis.arbiter import _from_finding, _merge
+    from argus.analysis.attribution import Finding, Part, Shape, WindowOutcome
+
+    topology = SimpleNamespace(world_size=6, hosts=np.array([f"h{r}" for r in range(6)]),
+                               gpu_uuids=np.array([f"g{r}" for r in range(6)]))
+
+    def window(lo: int) -> WindowOutcome:
+        steps = list(range(lo, lo + 5))
+        wa = SimpleNamespace(error_pct=0.0, steps=np.array(steps), recorded_s=np.full(5, 0.3e9), of=lambda *_: [],
+                             to_json=dict)
+        f = Finding(Part.WORKER, Shape.SPREAD, "input_imbalance", [], "every worker", 1.0, 1.3, 0.07, steps, lo,
+                    lo + 4, "every worker", {"persistent": True, "inputs_told": True})
+        return WindowOutcome(lo, lo + 4, wa, findings=[f])  # type: ignore[arg-type]
+
+    step_time = {s: 0.3 for s in range(25)}
+    for outcomes, claimed in (([window(20)], False), ([window(15), window(20)], True)):
+        (m,) = _merge(outcomes)
+        inc = _from_finding(m, {(o.lo, o.hi): o for o in outcomes}, topology, step_time, lambda s: True)  # type: ignore[arg-type]
+        assert inc is not None and inc.klass == "input_imbalance" and inc.slowdown_pct >= 20.0
+        assert (inc.severity != "info") == claimed, inc.summary
