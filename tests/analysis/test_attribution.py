@@ -20,8 +20,9 @@ JOBS = {
     "straggler": Job(slow={(2, 1): (2.5, 2.2)}),
     # the last stage of a pp=4 × dp=2 job holds 2.1× the others' layers
     "long_stage": Job(pp=4, dp=2, stage_factor={3: 2.1}),
-    # pp=2 × dp=16, every microbatch's length drawn anew (the same on both stages of a line)
-    "variance": Job(pp=2, dp=16, seq_sigma=0.3),
+    # pp=2 × dp=16, every microbatch's length drawn anew (the same on both stages of a line), in
+    # more than one window (uneven inputs seen in one window only are shown, not claimed)
+    "variance": Job(pp=2, dp=16, seq_sigma=0.3, steps=12),
     "healthy": Job(),
 }
 
