@@ -3,6 +3,8 @@ test_attribution.py and tests/e2e/test_attribution.py)."""
 
 from __future__ import annotations
 
+import pytest
+
 from argus.analysis.arbiter import fold_into_failures
 from argus.analysis.incident import Action, Incident, IncidentClass, Severity, State
 
@@ -124,10 +126,14 @@ def test_one_ranks_spike_in_one_window_is_weather_unless_it_dwarfs_the_other_ran
     assert _weather(merged(False), stall) is None
 
 
-def test_a_links_transfers_slow_in_one_window_only_are_shown_not_claimed():
-    """CI's unthrottled netns pipeline: one pipeline line's sends 1.5× the others' in steps 1–4,
-    +3% — loopback transfers are CPU work on a shared host, like a rank's. One window is shown;
-    the same finding in two windows claims."""
+@pytest.mark.parametrize("shape, klass, culprits, gain_s, first", [
+    ("communicator", "link_degradation", [1, 4], 0.01, 0),
+    ("spread", "input_imbalance", [], 0.07, 20)], ids=["link", "inputs"])
+def test_a_finding_in_one_window_only_is_shown_not_claimed(shape, klass, culprits, gain_s, first):
+    """CI's unthrottled netns pipeline: one pipeline line's sends 1.5× the others' in steps 1–4
+    (+3%; loopback transfers are CPU work on a shared host, like a rank's), and variance on every
+    worker, its stages moving together, +22% in steps 20–24 alone (inputs are uneven in every
+    window). One window is shown; the same finding in two windows claims."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -142,15 +148,15 @@ def test_a_links_transfers_slow_in_one_window_only_are_shown_not_claimed():
         steps = list(range(lo, lo + 5))
         wa = SimpleNamespace(error_pct=0.0, steps=np.array(steps), recorded_s=np.full(5, 0.3e9), of=lambda *_: [],
                              to_json=dict)
-        f = Finding(Part.WORKER, Shape.COMMUNICATOR, "link_degradation", [1, 4], "transfers", 0.91, 1.034, 0.01,
-                    steps, lo, lo + 4, "pipeline line 1, stages 0–1", {"persistent": True})
+        f = Finding(Part.WORKER, Shape(shape), klass, culprits, "transfers", 0.91, 1.034, gain_s, steps, lo, lo + 4,
+                    "some group", {"persistent": True, "inputs_told": True})
         return WindowOutcome(lo, lo + 4, wa, findings=[f])  # type: ignore[arg-type]
 
     step_time = {s: 0.3 for s in range(25)}
-    for outcomes, claimed in (([window(0)], False), ([window(0), window(5)], True)):
+    for outcomes, claimed in (([window(first)], False), ([window(first), window(first + 5)], True)):
         (m,) = _merge(outcomes)
         inc = _from_finding(m, {(o.lo, o.hi): o for o in outcomes}, topology, step_time, lambda s: True)  # type: ignore[arg-type]
-        assert inc is not None and inc.klass == "link_degradation" and inc.slowdown_pct > 3.0
+        assert inc is not None and inc.klass == klass and inc.slowdown_pct > 3.0
         assert (inc.severity != "info") == claimed, inc.summary
 
 
@@ -167,33 +173,3 @@ def test_variance_on_every_worker_inside_a_links_slowdown_is_the_links():
     fold_spread_into_links([link, inside, before])
     assert inside.severity == Severity.INFO and "told in the link's incident" in inside.summary
     assert before.severity == Severity.WARNING and link.severity == Severity.CRITICAL
-
-
-def test_uneven_inputs_in_one_window_only_are_shown_not_claimed():
-    """CI's unthrottled netns pipeline: variance on every worker, its stages moving together,
-    +22% in steps 20–24 alone. Inputs are uneven in every window: one window is the shared host's
-    weather, two claim."""
-    from types import SimpleNamespace
-
-    import numpy as np
-
-    from argus.analysis.arbiter import _from_finding, _merge
-    from argus.analysis.attribution import Finding, Part, Shape, WindowOutcome
-
-    topology = SimpleNamespace(world_size=6, hosts=np.array([f"h{r}" for r in range(6)]),
-                               gpu_uuids=np.array([f"g{r}" for r in range(6)]))
-
-    def window(lo: int) -> WindowOutcome:
-        steps = list(range(lo, lo + 5))
-        wa = SimpleNamespace(error_pct=0.0, steps=np.array(steps), recorded_s=np.full(5, 0.3e9), of=lambda *_: [],
-                             to_json=dict)
-        f = Finding(Part.WORKER, Shape.SPREAD, "input_imbalance", [], "every worker", 1.0, 1.3, 0.07, steps, lo,
-                    lo + 4, "every worker", {"persistent": True, "inputs_told": True})
-        return WindowOutcome(lo, lo + 4, wa, findings=[f])  # type: ignore[arg-type]
-
-    step_time = {s: 0.3 for s in range(25)}
-    for outcomes, claimed in (([window(20)], False), ([window(15), window(20)], True)):
-        (m,) = _merge(outcomes)
-        inc = _from_finding(m, {(o.lo, o.hi): o for o in outcomes}, topology, step_time, lambda s: True)  # type: ignore[arg-type]
-        assert inc is not None and inc.klass == "input_imbalance" and inc.slowdown_pct >= 20.0
-        assert (inc.severity != "info") == claimed, inc.summary
