@@ -35,7 +35,7 @@ from argus.analysis.observations import observe
 from argus.analysis.rollup import load_rollup
 from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents, reinstate_victims
 from argus.analysis.arbiter import SLOW_CLASSES, arbitrate, candidate_label, fold_into_failures
-from argus.analysis.attribution import AttributionConfig, StepBounds, WindowOutcome, attribute_window
+from argus.analysis.attribution import AttributionConfig, StepBounds, WindowOutcome, attribute_window, sample_steps
 from argus.analysis.attribution.subset import replay_ranks
 from argus.analysis.job_log import with_job_log
 from argus.analysis.sdc import checkpoints_from_log, sdc_incidents
@@ -305,7 +305,11 @@ def _attribute(attempt: Attempt, topology, frames: WindowFrames, windows: list[W
             suspects = sorted({r for _, rs in extra for r in rs}) or _suspects(
                 layout, {f.rank for f in w.l2.findings} | {o.rank for o in (w.l3.outliers if w.l3 else [])})
             ranks = replay_ranks(layout, suspects, full=config.exact_ranks)
-        frame = frames.phases(w.lo, w.hi, ranks)
+            if ranks is not None:  # a few steps, the candidates' own first
+                prefer = {s for i, inc in enumerate(candidates) if inc.klass in SLOW_CLASSES and inc.culprit_ranks
+                          for s in (inc.steps or [])}
+                steps = sample_steps(steps, prefer, config.attribution.scale_steps)
+        frame = frames.phases(w.lo, w.hi, ranks) if ranks is None else frames.sampled(w.lo, w.hi, steps, ranks)
         try:
             out.append(attribute_window(frame, layout, topology.hosts, bounds, w.lo, w.hi, extra, config.attribution,
                                         steps))

@@ -140,12 +140,15 @@ class PhaseFrame:
                           self.names, self.cats, self.groups, wait)
 
 
-def load_phases(attempt: Attempt, lo: int, hi: int, ranks: np.ndarray | None = None) -> PhaseFrame:
-    """Phases of steps ``lo..hi`` (of ``ranks`` only, if given) sorted by (rank, start), with
-    busy times."""
+def load_phases(attempt: Attempt, lo: int, hi: int, ranks: np.ndarray | None = None,
+                steps: list[int] | None = None) -> PhaseFrame:
+    """Phases of steps ``lo..hi`` (of ``ranks`` and ``steps`` only, if given) sorted by (rank,
+    start), with busy times."""
     con = step_phases(attempt, steps=(int(lo), int(hi)))
     try:
         where = f"step BETWEEN {int(lo)} AND {int(hi)}"
+        if steps is not None:
+            where += f" AND step IN ({', '.join(str(int(s)) for s in steps) or 'NULL'})"
         if ranks is not None:
             con.register("_argus_ranks", pa.table({"r": pa.array(np.asarray(ranks, np.int64), pa.int32())}))
             where += " AND rank IN (SELECT r FROM _argus_ranks)"
@@ -315,6 +318,18 @@ class WindowFrames:
                 sel &= np.isin(part.rank, want)
             views.append(part if sel.all() else part.take(np.flatnonzero(sel)))
         return _concat(views)
+
+    def sampled(self, lo: int, hi: int, steps: list[int], ranks: np.ndarray | list[int]) -> PhaseFrame:
+        """Phases of a few ``steps`` of window ``lo..hi`` for ``ranks``: from what is held where it
+        holds them all, else read for those steps alone and not kept (a large job's attribution
+        reads 3 of a window's steps of its replayed replicas once)."""
+        want = sorted_unique(np.asarray(ranks, np.int64))
+        held = self._held.get(self._span(lo, hi))
+        if held is not None and (held.ranks is None or not np.setdiff1d(want, held.ranks).size):
+            f = self.phases(lo, hi, want)
+            return f.take(np.flatnonzero(np.isin(f.step, steps)))
+        self.reads += 1
+        return load_phases(self.attempt, lo, hi, ranks=want, steps=steps)
 
     def of_steps(self, steps: list[int], ranks: np.ndarray | list[int] | None = None) -> PhaseFrame:
         """Phases of ``steps`` (which may lie in several windows), each window's from what it holds."""

@@ -95,3 +95,19 @@ def test_concat_restores_rank_start_order(seed):
     want = {(int(rank[i]), int(start[i]), ["a", "b"][i % 2] if rank[i] % 3 == 1 else ["b", "c", "a"][i % 3])
             for i in range(n)}
     assert {(int(r), int(s), got.names[k]) for r, s, k in zip(got.rank, got.start, got.name)} == want
+
+
+def test_a_few_sampled_steps_are_read_alone_unless_held(diagnosed):
+    """A large job's attribution asks for 3 of a window's steps of its replayed replicas: read for
+    those steps alone (not kept), or cut from what the window holds when it holds those ranks."""
+    attempt, _, _ = diagnosed("pipeline_bubble")
+    wf = WindowFrames(attempt, [(5, 9), (10, 14)])
+    full = load_phases(attempt, 5, 9, ranks=np.array([2, 4, 6]))
+    want = full.take(np.flatnonzero(np.isin(full.step, [5, 7, 9])))
+    got = wf.sampled(5, 9, [5, 7, 9], [6, 2, 4])
+    _same_rows(got, want)
+    assert set(np.unique(got.step).tolist()) == {5, 7, 9}
+    assert wf.reads == 1 and not wf._held  # read, not kept
+    wf.phases(5, 9)  # the window held for every rank: served from it
+    _same_rows(wf.sampled(5, 9, [5, 7, 9], [2, 4, 6]), want)
+    assert wf.reads == 2

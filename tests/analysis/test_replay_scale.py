@@ -45,3 +45,13 @@ def test_replicas_replay_measures_what_the_whole_world_replay_measures(diagnosed
         assert crit["by_rank"][0]["rank"] in culprits  # the culprits hold the critical path
     a, b = ([i for i in d.incidents if i.severity != "info"][0].slowdown_pct for d in (full, part))
     assert a > 5 and abs(a - b) <= 0.2 * a
+
+
+def test_a_large_window_replays_a_few_steps_the_candidates_own_first():
+    from argus.analysis.attribution import sample_steps
+
+    steps = [5, 6, 7, 8, 9]
+    assert sample_steps(steps, set(), 3) == [5, 7, 9]  # spread over the window
+    assert sample_steps(steps, {8}, 3) == [5, 8, 9]  # the candidate's step kept
+    assert sample_steps(steps, {6, 7, 8, 9}, 3) == [6, 8, 9]  # only its own where it has enough
+    assert sample_steps([5, 6], {6}, 3) == [5, 6]  # fewer than asked: all

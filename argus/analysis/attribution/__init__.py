@@ -21,19 +21,24 @@ from argus.topology import Layout
 
 __all__ = ["AttributionConfig", "Chains", "Finding", "StepGraph", "GroupKind", "Part", "Shape", "Share", "StepBounds", "WindowAttribution",
            "WindowOutcome", "attribute_window", "findings", "MAX_REPLAY_ERROR_PCT", "MIN_FINDING_STEPS",
-           "MIN_STAGE_SLOWDOWN"]
+           "MIN_STAGE_SLOWDOWN", "SCALE_STEPS", "sample_steps"]
 
 #: A replay that misses the recorded steps by more than this does not model the job: nothing is
 #: attributed from it (the window says so).
 MAX_REPLAY_ERROR_PCT = 10.0
 #: A window makes findings of its own from at least this many replayed steps.
 MIN_FINDING_STEPS = 3
+#: Above ``FULL_REPLAY_RANKS`` a window replays at most this many of its steady steps (the
+#: candidates' own steps first): at 10,240 ranks a step is 3 M events to chain, lay out and
+#: replay under every scenario, and each step already compares thousands of ranks.
+SCALE_STEPS = MIN_FINDING_STEPS
 
 
 @dataclass(frozen=True, slots=True)
 class AttributionConfig:
     enabled: bool = True
     max_error_pct: float = MAX_REPLAY_ERROR_PCT
+    scale_steps: int = SCALE_STEPS  # steps a window replays when only some replicas are replayed
 
 
 @dataclass
@@ -49,6 +54,21 @@ class WindowOutcome:
     @property
     def modeled(self) -> bool:
         return self.attribution is not None and not self.note
+
+
+def sample_steps(steps: list[int], prefer: set[int], n: int) -> list[int]:
+    """At most ``n`` of ``steps``: those in ``prefer`` first (a candidate's own steps: an
+    intermittent fault is measured where it struck), then evenly spread over the rest."""
+    steps = sorted(steps)
+    if len(steps) <= n:
+        return steps
+    mine = [s for s in steps if s in prefer]
+    if len(mine) >= n:
+        return [mine[i] for i in np.linspace(0, len(mine) - 1, n).round().astype(int)]
+    rest = [s for s in steps if s not in prefer]
+    k = n - len(mine)
+    picked = [rest[i] for i in sorted(set(np.linspace(0, len(rest) - 1, k).round().astype(int).tolist()))]
+    return sorted(mine + picked)
 
 
 def attribute_window(frame: PhaseFrame, layout: Layout, hosts: np.ndarray, bounds: StepBounds | None, lo: int,
