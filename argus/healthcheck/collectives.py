@@ -244,7 +244,10 @@ def _measure_once(rank: int, world: int, sizes: list[int], seconds: float, gemm_
     rounds: dict[tuple[str, str], list[float]] = {}
     budget = seconds * PAIR_SECONDS  # a link's, over its rounds
     for round_ in range(PAIR_ROUNDS):  # round-robin: a moment's slowdown of one host (a busy neighbour,
-        for (a, b), group in zip(links, groups):  # a slow vCPU) hits one round of each of its links
+        # a slow vCPU) hits one round of each of its links; each round starts at another link, so
+        # that no host's links always come first after the barrier (the first host's did)
+        turn = round_ % max(len(links), 1)
+        for (a, b), group in zip(links[turn:] + links[:turn], groups[turn:] + groups[:turn]):
             done = rounds.get((a, b), [])
             if len(done) >= CRAWL_ROUNDS and min(done) > budget:
                 pass  # a crawl: every call took longer than its whole budget; both ends see the same times

@@ -150,8 +150,8 @@ class HealthReport:
                 **({"gpus": [g.to_json() for g in self.gpus]} if self.gpus else {})}
 
     def with_runs(self, others: list["HealthReport"]) -> "HealthReport":
-        """This run and ``others`` of the same checks as one baseline: each figure's rounds
-        pooled, its value their median, its ``noise`` the spread of the runs' own values (1 −
+        """This run and ``others`` of the same checks as one baseline: each figure's rounds (and
+        round-by-round ratios to its peers) pooled, its value their median, its ``noise`` the spread of the runs' own values (1 −
         lowest/highest) — on a shared machine runs differ more than one run's rounds do (a
         process lands on a faster or slower vCPU), and a verdict must not fail inside that."""
         from dataclasses import replace
@@ -165,7 +165,12 @@ class HealthReport:
             rounds = tuple(x for k in (m, *same) for x in (k.samples or (k.value,)))
             values = [k.value for k in (m, *same)]
             spread = 1.0 - min(values) / max(values) if max(values) > 0 else 0.0
-            self.measurements[i] = replace(m, value=float(median(rounds)), samples=rounds, noise=spread)
+            # its round-by-round ratios against its peers pooled too: the baseline judged on every
+            # run's rounds, not on its first run's alone (a healthy host failed CI's baseline check,
+            # one run's ten rounds 18% below its peers and no second measurement to outvote them)
+            paired = tuple(x for k in (m, *same) for x in k.paired)
+            self.measurements[i] = replace(m, value=float(median(rounds)), samples=rounds, noise=spread,
+                                           paired=paired)
         self.seconds += sum(r.seconds for r in others)
         return self
 

@@ -266,3 +266,25 @@ def test_a_crawling_hosts_links_measured_three_rounds_still_fail_it_round_by_rou
     v = _hosts_judged(doc)
     assert {s for s, x in v.items() if x.status == Status.FAIL} == {"host:h2"}, {s: x.why for s, x in v.items()}
     assert "3 rounds" in v["host:h2"].why and len(v["host:h0"].measurement.paired) == 10
+
+
+def test_a_baseline_of_several_runs_judges_a_host_on_every_runs_rounds():
+    """``--save-baseline`` measures three runs and nothing again: a host one run's ten rounds put a
+    fifth below its peers (a moment of a shared machine) and the next two like them is judged on
+    the thirty rounds together and passes; slow in every run, it fails."""
+    from argus.healthcheck.collectives import to_measurements
+
+    def report(doc: dict) -> HealthReport:
+        return HealthReport("h0", "4 ranks", {}, 1.0, measurements=to_measurements(doc))
+
+    def hosts(r: HealthReport) -> dict[str, object]:
+        return {v.measurement.subject: v for v in judge(r, None) if v.measurement.metric == "host_links_busbw_gbs"}
+
+    once = report(_links_doc(0, 0.8, seed=3))
+    assert hosts(once)["host:h0"].status == Status.FAIL  # that run alone would fail it
+    base = once.with_runs([report(_links_doc(None, 1.0, seed=s)) for s in (4, 5)])
+    v = hosts(base)
+    assert len(v["host:h0"].measurement.paired) == 30
+    assert all(x.status == Status.PASS for x in v.values()), {s: x.why for s, x in v.items()}
+    slow = report(_links_doc(0, 0.8, seed=3)).with_runs([report(_links_doc(0, 0.8, seed=s)) for s in (4, 5)])
+    assert {s for s, x in hosts(slow).items() if x.status == Status.FAIL} == {"host:h0"}
