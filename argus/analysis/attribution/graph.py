@@ -53,16 +53,29 @@ class StageRows:
     send: np.ndarray  # (n,) a pipeline send (never waited for by its rank)
     labels: list[str]  # node names
     comp: np.ndarray  # (n, C, K, J) float32: each gap by component, the cursor moved as ``blocking`` says
-    #: (n,) for a node its rank does not wait for (and not a send): the blocking node at which it
-    #: is waited for — the first one its rank was still inside when it ended (a receive posted early
-    #: is awaited where its data is needed, not at the next collective); n: at the step's end
+    #: (n,) for a node its rank does not wait for (and not a send): the earliest blocking node at
+    #: which any of its columns and steps waits for it; n: at the step's end
     join: np.ndarray | None = None
+    #: (n, C, K) where each column and step waited for such a node: the first blocking node that rank
+    #: was still inside when the node ended (a receive posted early is awaited where its data is
+    #: needed, not at the next collective; GPU streams make that place differ from step to step)
+    join_cells: np.ndarray | None = None
 
     def join_of(self, i: int) -> int:
         if self.join is not None:
             return int(self.join[i])
         nxt = np.flatnonzero(self.blocking[i + 1:])  # (a graph made without: the next blocking node)
         return i + 1 + int(nxt[0]) if nxt.size else self.n
+
+    def joins_of(self, i: int) -> list[tuple[int, np.ndarray | None]]:
+        """(blocking node, the (C, K) cells that wait for node ``i`` there — None: all of them)."""
+        if self.join_cells is None:
+            return [(self.join_of(i), None)]
+        cells = self.join_cells[i]
+        at = sorted_unique(cells.ravel())
+        if at.size == 1:
+            return [(int(at[0]), None)]
+        return [(int(j), cells == j) for j in at]
 
     @property
     def n(self) -> int:
@@ -275,7 +288,7 @@ def _graph(ch: Chains, layout: Layout, stages: list[int], cols: dict[int, np.nda
         labels = [ch.names[int(ch.name[e])] for e in first]
         _, comp = ch.gaps(ev, runs, blocking)
         send = ch.send[first].copy()
-        rows.append(StageRows(s, cols[s], ev, blocking, send, labels, comp, _joins(ch, ev, blocking, send)))
+        rows.append(StageRows(s, cols[s], ev, blocking, send, labels, comp, *_joins(ch, ev, blocking, send)))
         origin.append(ch.origin[runs])
         final.append(ch.final[runs])
     ref = np.min(np.stack([o.min(axis=0) for o in origin]), axis=0)  # (K,)
@@ -283,6 +296,7 @@ def _graph(ch: Chains, layout: Layout, stages: list[int], cols: dict[int, np.nda
     origin = [o - ref[None, :] for o in origin]
     families, family_of, comms = _families(ch, layout, rows)
     _hidden_joins(ch, rows, families, comms, recorded)
+    eps = np.maximum(1e6, HIDDEN_START_SHARE * recorded)  # (K,)
     for fam in families:
         if fam.alone:
             continue
@@ -290,6 +304,9 @@ def _graph(ch: Chains, layout: Layout, stages: list[int], cols: dict[int, np.nda
                                  for si, i in fam.members])  # (R, K) on one clock
         ends = starts + np.concatenate([ch.dur[rows[si].ev[i]] for si, i in fam.members])
         first_end = fam.grouping.min(ends)  # (U, K)
+        if not fam.hidden_join and _unjoined(fam.grouping.max(starts) - first_end, eps):
+            _make_alone(fam, rows, comms)
+            continue
         fam.latency = np.maximum(ends - first_end[fam.grouping.inverse], 0.0)
         if not fam.hidden_join:
             # the transfer: from the last member's arrival to the first member's end — a late
@@ -301,23 +318,27 @@ def _graph(ch: Chains, layout: Layout, stages: list[int], cols: dict[int, np.nda
     return StepGraph(steps, rows, families, family_of, ops, origin, recorded, comms)
 
 
-def _joins(ch: Chains, ev: np.ndarray, blocking: np.ndarray, send: np.ndarray) -> np.ndarray:
-    """Where each node its rank does not wait for is awaited: the first later blocking node that
-    most of the recordings show ending after it (the rank was still there when it ended), else
-    the step's end. DDP's buckets under backward are awaited at the step's end as before; a
-    pipeline receive posted before the compute it overlaps, where that compute is done."""
+def _joins(ch: Chains, ev: np.ndarray, blocking: np.ndarray, send: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each node its rank does not wait for is awaited, per column and step: the first later
+    blocking node still running (on that rank's clock) when it ended, else the step's end. DDP's
+    buckets under backward are awaited at the step's end as before; a pipeline receive posted
+    before the compute it overlaps, where that compute is done. Returns the earliest join per node
+    (the schedule's) and the cells' (n, C, K)."""
     n = ev.shape[0]
-    join = np.full(n, n, np.int64)
+    cells = np.full(ev.shape, n, np.int64)
     if n == 0:
-        return join
+        return np.full(0, 0, np.int64), cells
     ends = ch.start[ev] + ch.dur[ev]  # (n, C, K) own clock
     waited = np.flatnonzero(blocking)
     for i in np.flatnonzero(~blocking & ~send).tolist():
+        open_ = np.ones(ev.shape[1:], bool)
         for j in waited[waited > i].tolist():
-            if float(np.mean(ends[j] >= ends[i])) >= 0.5:
-                join[i] = j
+            hit = open_ & (ends[j] >= ends[i])
+            cells[i][hit] = j
+            open_ &= ~hit
+            if not open_.any():
                 break
-    return join
+    return cells.reshape(n, -1).min(axis=1), cells
 
 
 def _families(ch: Chains, layout: Layout, rows: list[StageRows]) -> tuple[list[Family], dict, list[tuple]]:
@@ -442,6 +463,37 @@ def _hidden_joins(ch: Chains, rows: list[StageRows], families: list[Family], com
         fam.unit_comm = np.array([len(comms) - 1], np.int64)
         fam.hidden_join = True
         fam.alone = False
+
+
+#: A family whose members did not wait for each other: in at least this share of its units and
+#: steps one member ended before another started (by more than the hidden-join tolerance).
+UNJOINED_SHARE = 0.5
+
+
+def _unjoined(late_start: np.ndarray, eps: np.ndarray) -> bool:
+    """Whether the recording shows a family's members finishing without each other: ``late_start``
+    (U, K) is each unit's last start after its first end. A pipeline receive recorded as ending
+    5 ms before the send it is paired with by order started (a real pp=2 trace: its annotations
+    time the launch, not the data) was made to wait for that send, and every later event of both
+    stages with it: the replay missed the recorded steps by 18%."""
+    return bool(late_start.size) and float(np.mean(late_start > eps[None, :])) >= UNJOINED_SHARE
+
+
+def _make_alone(fam: Family, rows: list[StageRows], comms: list[tuple]) -> None:
+    """Each member of ``fam`` its own unit: it ends its recorded duration after it arrives."""
+    stacked = np.concatenate([rows[si].ranks for si, _ in fam.members])
+    fam.grouping = Grouping.of(np.arange(stacked.size, dtype=np.int64))
+    index = {c: i for i, c in enumerate(comms)}
+    ids = []
+    for r in stacked[fam.grouping.order[fam.grouping.bounds]].tolist():
+        key = (fam.kind, "alone", int(r))  # as a rank's unpaired events of that kind
+        if key not in index:
+            index[key] = len(comms)
+            comms.append(key)
+        ids.append(index[key])
+    fam.unit_comm = np.array(ids, np.int64)
+    fam.alone = True
+    fam.transfer = fam.latency = None
 
 
 def _schedule(rows: list[StageRows], families: list[Family],

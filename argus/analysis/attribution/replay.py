@@ -197,7 +197,7 @@ def replay(g: StepGraph, d: Durations, scenarios: list[Scenario]) -> np.ndarray:
                 if st.blocking[i]:
                     ends[(si, i)] = end
                 elif not st.send[i]:
-                    _await(pending, (si, st.join_of(i)), end)
+                    _await_at(pending, st, si, i, end)
         else:  # PASS
             end = ends.pop((a, b))
             held = pending.pop((a, b), None)
@@ -240,7 +240,7 @@ def critical_path(g: StepGraph, d: Durations) -> dict[int, float]:
                 if st.blocking[i]:
                     ends[(si, i)] = end
                 elif not st.send[i]:
-                    _await(pending, (si, st.join_of(i)), end)
+                    _await_at(pending, st, si, i, end)
         else:
             end = ends.pop((a, b))
             held = pending.pop((a, b), None)
@@ -280,6 +280,17 @@ def critical_path(g: StepGraph, d: Durations) -> dict[int, float]:
         for rank, v in own.items():
             share[rank] = share.get(rank, 0.0) + (v / total / K if total > 0 else 0.0)
     return share
+
+
+def _await_at(pending: dict[tuple[int, int], np.ndarray], st, si: int, i: int, end: np.ndarray) -> None:
+    """Node ``i``'s end awaited where each of its columns and steps waited for it (``end``: (C, K)
+    or (C, K, Z))."""
+    for j, cells in st.joins_of(i):
+        if cells is None:
+            _await(pending, (si, j), end)
+        else:
+            mask = cells if end.ndim == 2 else cells[:, :, None]
+            _await(pending, (si, j), np.where(mask, end, -np.inf))
 
 
 def _await(pending: dict[tuple[int, int], np.ndarray], key: tuple[int, int], end: np.ndarray) -> None:
