@@ -131,34 +131,55 @@ def match_instances(f: PhaseFrame, layout: Layout, step_i: np.ndarray, with_pp: 
 
 
 def host_clock_offsets(f: PhaseFrame, inst: Instances, hosts: np.ndarray) -> dict[str, float]:
-    """Per-host clock offsets (ns, median zero): members of an instance end at the same true
-    time, so each host's median residual against its instances' mean end is its offset."""
+    """Per-host clock offsets (ns, median zero): members of an instance end at the same true time.
+
+    Each instance that spans hosts gives, for every host in it, its members' mean end against
+    the instance's first host's; a pair of hosts' offset difference is the median over the
+    instances they share, and the offsets are the least-squares fit of every pair's (weighted by
+    how many instances it rests on). Hosts linked only through a few instances are aligned by
+    them: Megatron's first-stage and second-stage hosts share one model-parallel all-reduce a
+    step and thousands of data-parallel ones within each side, and a median against each
+    instance's mean left the two sides 5 ms apart (a receive then "ended" before its send began)."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.linalg import spsolve
+
     rows = inst.rows
     host_ids, host_of_rank = np.unique(np.asarray(hosts).astype(str), return_inverse=True)
-    if len(host_ids) < 2:
-        return {str(h): 0.0 for h in host_ids}
+    H = len(host_ids)
+    zero = {str(h): 0.0 for h in host_ids}
+    if H < 2 or rows.size == 0:
+        return zero
     end = (f.start[rows] + f.dur[rows]).astype(np.float64)
-    # instances whose members span hosts: one inside a host says nothing of its clock, and
-    # thousands of them (tensor-parallel all-reduces) would make every host's median residual 0
-    member_host = host_of_rank[f.rank[rows]]
-    pairs = sorted_unique(inst.inv.astype(np.int64) * len(host_ids) + member_host)
-    spans = np.bincount(pairs // len(host_ids), minlength=len(inst.size)) > 1
-    multi = spans[inst.inv]
-    mean_end = np.bincount(inst.inv, weights=end, minlength=len(inst.size)) / np.maximum(inst.size, 1)
-    h = host_of_rank[f.rank[rows]][multi]
-    resid = (end - mean_end[inst.inv])[multi]
-    if h.size == 0:  # no instance with two members here (a store holding part of a job): nothing to align by
-        return {str(x): 0.0 for x in host_ids}
-    # median residual per host, for all hosts at once: sort by (host, residual), take the middles
-    order = np.lexsort((resid, h))
-    h, resid = h[order], resid[order]
-    starts = np.flatnonzero(np.r_[True, h[1:] != h[:-1]])
-    counts = np.diff(np.r_[starts, h.size])
-    med = 0.5 * (resid[starts + (counts - 1) // 2] + resid[starts + counts // 2])
-    offset = np.zeros(len(host_ids))
-    offset[h[starts]] = med
+    # per (instance, host): its members' mean end there
+    key = inst.inv.astype(np.int64) * H + host_of_rank[f.rank[rows]]
+    keys, kinv = np.unique(key, return_inverse=True)
+    hend = np.bincount(kinv, weights=end) / np.bincount(kinv)
+    k_inst, k_host = keys // H, keys % H
+    first = np.r_[True, k_inst[1:] != k_inst[:-1]]  # each instance's first host: its pivot
+    pivot = np.maximum.accumulate(np.where(first, np.arange(keys.size), 0))
+    other = ~first
+    if not other.any():  # no instance spans two hosts (a store holding part of a job): nothing to align by
+        return zero
+    pa, pb = k_host[pivot][other], k_host[other]
+    diff = (hend - hend[pivot])[other]  # o_b − o_a
+    pk = pa * H + pb
+    order = np.lexsort((diff, pk))
+    pk, diff = pk[order], diff[order]
+    starts = np.flatnonzero(np.r_[True, pk[1:] != pk[:-1]])
+    counts = np.diff(np.r_[starts, pk.size])
+    med = 0.5 * (diff[starts + (counts - 1) // 2] + diff[starts + counts // 2])
+    a, b = pk[starts] // H, pk[starts] % H
+    w = np.sqrt(counts.astype(np.float64))
+    # weighted normal equations of Σ w (o_b − o_a − med)², a tiny pull to 0 fixing each
+    # connected set of hosts (a host in no shared instance keeps 0)
+    lap = coo_matrix((np.r_[w, w, -w, -w], (np.r_[a, b, a, b], np.r_[a, b, b, a])), shape=(H, H)).tocsc()
+    ridge = 1e-9 * float(w.mean())
+    rhs = np.bincount(b, weights=w * med, minlength=H) - np.bincount(a, weights=w * med, minlength=H)
+    offset = spsolve((lap + ridge * coo_matrix((np.ones(H), (np.arange(H), np.arange(H))), shape=(H, H))).tocsc(),
+                     rhs)
+    offset = np.asarray(offset, np.float64)
     offset -= np.median(offset)
-    return {str(host_ids[i]): float(offset[i]) for i in range(len(host_ids))}
+    return {str(host_ids[i]): float(offset[i]) for i in range(H)}
 
 
 def aligned_starts(f: PhaseFrame, layout: Layout, hosts: np.ndarray) -> np.ndarray:

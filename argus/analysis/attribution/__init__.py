@@ -86,6 +86,9 @@ def attribute_window(frame: PhaseFrame, layout: Layout, hosts: np.ndarray, bound
         return WindowOutcome(lo, hi, None, "no step whose ranks' events agree with their stage's template "
                                            "(records lost, or a recording whose order cannot be replayed)")
     g = graphs[0]
+    if not g.joins_ranks:
+        return WindowOutcome(lo, hi, None, "no event joins two ranks in the graph: a replay of independent "
+                                           "timelines reproduces any recording and measures no dependency")
     wa = attribute_graph(ch, g, layout, hosts, lo, hi, extra)
     note = ""
     err = wa.error_pct

@@ -122,6 +122,11 @@ class StepGraph:
     def ranks(self) -> np.ndarray:
         return np.concatenate([s.ranks for s in self.stages])
 
+    @property
+    def joins_ranks(self) -> bool:
+        """Whether any family ends its members together (a unit of two or more rows)."""
+        return any(f.grouping.n_groups < sum(self.stages[si].columns for si, _ in f.members) for f in self.families)
+
 
 def _tokens(ch: Chains) -> np.ndarray:
     k = len(ch.kinds) + 1
@@ -296,7 +301,6 @@ def _graph(ch: Chains, layout: Layout, stages: list[int], cols: dict[int, np.nda
     origin = [o - ref[None, :] for o in origin]
     families, family_of, comms = _families(ch, layout, rows)
     _hidden_joins(ch, rows, families, comms, recorded)
-    eps = np.maximum(1e6, HIDDEN_START_SHARE * recorded)  # (K,)
     for fam in families:
         if fam.alone:
             continue
@@ -304,9 +308,6 @@ def _graph(ch: Chains, layout: Layout, stages: list[int], cols: dict[int, np.nda
                                  for si, i in fam.members])  # (R, K) on one clock
         ends = starts + np.concatenate([ch.dur[rows[si].ev[i]] for si, i in fam.members])
         first_end = fam.grouping.min(ends)  # (U, K)
-        if not fam.hidden_join and _unjoined(fam.grouping.max(starts) - first_end, eps):
-            _make_alone(fam, rows, comms)
-            continue
         fam.latency = np.maximum(ends - first_end[fam.grouping.inverse], 0.0)
         if not fam.hidden_join:
             # the transfer: from the last member's arrival to the first member's end — a late
@@ -463,37 +464,6 @@ def _hidden_joins(ch: Chains, rows: list[StageRows], families: list[Family], com
         fam.unit_comm = np.array([len(comms) - 1], np.int64)
         fam.hidden_join = True
         fam.alone = False
-
-
-#: A family whose members did not wait for each other: in at least this share of its units and
-#: steps one member ended before another started (by more than the hidden-join tolerance).
-UNJOINED_SHARE = 0.5
-
-
-def _unjoined(late_start: np.ndarray, eps: np.ndarray) -> bool:
-    """Whether the recording shows a family's members finishing without each other: ``late_start``
-    (U, K) is each unit's last start after its first end. A pipeline receive recorded as ending
-    5 ms before the send it is paired with by order started (a real pp=2 trace: its annotations
-    time the launch, not the data) was made to wait for that send, and every later event of both
-    stages with it: the replay missed the recorded steps by 18%."""
-    return bool(late_start.size) and float(np.mean(late_start > eps[None, :])) >= UNJOINED_SHARE
-
-
-def _make_alone(fam: Family, rows: list[StageRows], comms: list[tuple]) -> None:
-    """Each member of ``fam`` its own unit: it ends its recorded duration after it arrives."""
-    stacked = np.concatenate([rows[si].ranks for si, _ in fam.members])
-    fam.grouping = Grouping.of(np.arange(stacked.size, dtype=np.int64))
-    index = {c: i for i, c in enumerate(comms)}
-    ids = []
-    for r in stacked[fam.grouping.order[fam.grouping.bounds]].tolist():
-        key = (fam.kind, "alone", int(r))  # as a rank's unpaired events of that kind
-        if key not in index:
-            index[key] = len(comms)
-            comms.append(key)
-        ids.append(index[key])
-    fam.unit_comm = np.array(ids, np.int64)
-    fam.alone = True
-    fam.transfer = fam.latency = None
 
 
 def _schedule(rows: list[StageRows], families: list[Family],
