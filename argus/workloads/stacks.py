@@ -215,6 +215,16 @@ class Faults:
             target.view(-1).view(torch.int32)[0] ^= 1 << 20
         print(f"[rank {self.rank}] step {step}: flipped bit 20 of {self.a.fault[5:]} {tuple(p.shape)}[0]", flush=True)
 
+    @staticmethod
+    def _save_checkpoint(path: str, mb: float) -> None:
+        """A checkpoint as jobs write one, in a function of its own: the fsync (a C call, no Python
+        frame of its own) is sampled inside it, as a real job's save_checkpoint's is — inline in
+        ``after_step``, a slow disk's fsync samples named nothing and outweighed torch.save's."""
+        torch.save(torch.ones(int(mb * (1 << 20)) // 4), path)
+        with open(path, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.remove(path)
+
     def after_step(self, step: int) -> None:
         """Work outside the recorded phases, after the optimizer (``save``, ``after_optimizer``),
         and the busy thread's start (``gil_thread``)."""
@@ -223,11 +233,7 @@ class Faults:
             return
         if a.fault == "save" and (step - a.fault_start) % max(a.fault_every, 1) == 0:
             t = time.perf_counter()
-            path = os.path.join(a.out, f"extra-save-rank{self.rank}.pt")
-            torch.save(torch.ones(int(a.save_mb * (1 << 20)) // 4), path)
-            with open(path, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.remove(path)
+            self._save_checkpoint(os.path.join(a.out, f"extra-save-rank{self.rank}.pt"), a.save_mb)
             print(f"[rank {self.rank}] step {step}: saved {a.save_mb:.0f} MB and fsynced in "
                   f"{time.perf_counter() - t:.3f} s", flush=True)
         if a.fault == "after_optimizer":
