@@ -137,28 +137,32 @@ def test_host_clocks_are_aligned_by_collectives_that_cross_hosts_only():
     """Many tensor-parallel all-reduces inside each host and one model-parallel all-reduce across
     them per step; host 1's clock runs 1 ms ahead. Intra-host instances say nothing of a clock:
     the offset comes from the cross-host ones (the median over all made it 0)."""
+    off = _clock_offsets(np.array(["h0", "h0", "h1", "h1"]), skew_ns=MS, steps=3)
+    assert abs((off["h1"] - off["h0"]) - MS) < 1e3, off
+
+
+def _clock_offsets(hosts: np.ndarray, skew_ns: int, steps: int, stagger_ns: int = 0) -> dict[str, float]:
+    """Host offsets found in a tp=2,pp=2 job: six tensor-parallel all-reduces (ranks 0–1, 2–3) and
+    one model-parallel all-reduce (all four) a step, ranks 2 and 3's clocks ``skew_ns`` ahead."""
     from argus.analysis.collectives import host_clock_offsets, match_instances
 
     layout = parse_layout("tp=2,pp=2")
-    hosts = np.array(["h0", "h0", "h1", "h1"])
-    names = ["tp-allreduce", "grad-norm"]
     rows = []
     for rank in range(4):
-        skew = MS if rank >= 2 else 0
-        for step in range(3):
+        skew = skew_ns if rank >= 2 else 0
+        for step in range(steps):
             t = step * 20 * MS + skew
             for i in range(6):
-                rows.append((rank, step, 0, t + i * MS, MS // 2))
+                rows.append((rank, step, 0, t + i * MS + stagger_ns * rank, MS // 2))
             rows.append((rank, step, 1, t + 10 * MS, MS // 2))
     a = np.array(rows, np.int64)
     name = a[:, 2].astype(np.int32)
-    f = PhaseFrame(0, 2, a[:, 0], a[:, 1], np.full(len(rows), -1), name, np.zeros(len(rows), np.int32),
-                   name.astype(np.int32), a[:, 3], a[:, 4], np.full(len(rows), np.nan), names, ["comm"],
-                   ["tp", "model_parallel"], np.full(len(rows), -1, np.int64))
+    f = PhaseFrame(0, steps - 1, a[:, 0], a[:, 1], np.full(len(rows), -1), name, np.zeros(len(rows), np.int32),
+                   name.astype(np.int32), a[:, 3], a[:, 4], np.full(len(rows), np.nan), ["tp-allreduce", "grad-norm"],
+                   ["comm"], ["tp", "model_parallel"], np.full(len(rows), -1, np.int64))
     inst = match_instances(f, layout, np.zeros(f.n, np.int64), named=True)
     assert inst is not None
-    off = host_clock_offsets(f, inst, hosts)
-    assert abs((off["h1"] - off["h0"]) - MS) < 1e3, off
+    return host_clock_offsets(f, inst, hosts)
 
 
 def _bucket_frame(late_steps: set[int], steps: int = 4) -> PhaseFrame:
@@ -195,27 +199,7 @@ def test_host_clocks_linked_by_one_collective_a_step_are_aligned_by_it():
     2 and 3 run 5 ms ahead. Against each instance's mean, the six within each pair outvoted the
     one across them and left the two sides 5 ms apart (a shared Megatron-style Kineto job's
     receives then "ended" before their sends began: the replay missed by 18%)."""
-    from argus.analysis.collectives import host_clock_offsets, match_instances
-
-    layout = parse_layout("tp=2,pp=2")
-    hosts = np.array(["h0", "h1", "h2", "h3"])
-    names = ["tp-allreduce", "grad-norm"]
-    rows = []
-    for rank in range(4):
-        skew = 5 * MS if rank >= 2 else 0
-        for step in range(4):
-            t = step * 20 * MS + skew
-            for i in range(6):
-                rows.append((rank, step, 0, t + i * MS + 17_000 * rank, MS // 2))
-            rows.append((rank, step, 1, t + 10 * MS, MS // 2))
-    a = np.array(rows, np.int64)
-    name = a[:, 2].astype(np.int32)
-    f = PhaseFrame(0, 3, a[:, 0], a[:, 1], np.full(len(rows), -1), name, np.zeros(len(rows), np.int32),
-                   name.astype(np.int32), a[:, 3], a[:, 4], np.full(len(rows), np.nan), names, ["comm"],
-                   ["tp", "model_parallel"], np.full(len(rows), -1, np.int64))
-    inst = match_instances(f, layout, np.zeros(f.n, np.int64), named=True)
-    assert inst is not None
-    off = host_clock_offsets(f, inst, hosts)
+    off = _clock_offsets(np.array(["h0", "h1", "h2", "h3"]), skew_ns=5 * MS, steps=4, stagger_ns=17_000)
     assert abs((off["h2"] - off["h0"]) - 5 * MS) < 0.1 * MS, off
     assert abs((off["h3"] - off["h1"]) - 5 * MS) < 0.1 * MS, off
     assert abs(off["h1"] - off["h0"]) < 0.1 * MS and abs(off["h3"] - off["h2"]) < 0.1 * MS, off
