@@ -289,7 +289,7 @@ def _attribute(attempt: Attempt, topology, frames: WindowFrames, windows: list[W
     bounds = StepBounds.of(*(st.column(c).to_numpy() for c in ("rank", "step", "start_ns", "end_ns"))) \
         if st.num_rows else None
     del st
-    out = []
+    plans: list[_Plan] = []
     for w in windows:
         steps = [s for s in range(w.lo, w.hi + 1) if s in step_time and l1.is_normal_step(s)]
         if len(steps) < 2:
@@ -305,17 +305,48 @@ def _attribute(attempt: Attempt, topology, frames: WindowFrames, windows: list[W
             suspects = sorted({r for _, rs in extra for r in rs}) or _suspects(
                 layout, {f.rank for f in w.l2.findings} | {o.rank for o in (w.l3.outliers if w.l3 else [])})
             ranks = replay_ranks(layout, suspects, full=config.exact_ranks)
-            if ranks is not None:  # a few steps, the candidates' own first
-                prefer = {s for i, inc in enumerate(candidates) if inc.klass in SLOW_CLASSES and inc.culprit_ranks
-                          for s in (inc.steps or [])}
-                steps = sample_steps(steps, prefer, config.attribution.scale_steps)
-        frame = frames.phases(w.lo, w.hi, ranks) if ranks is None else frames.sampled(w.lo, w.hi, steps, ranks)
+        anomalies = tuple(k for k, a in enumerate(l1.faults) if a.start_step <= w.hi and a.end_step >= w.lo)
+        plan = _Plan(w.lo, w.hi, steps, extra, ranks, anomalies)
+        if plans and plans[-1].joins(plan):
+            plans[-1] = plans[-1].joined(plan)
+        else:
+            plans.append(plan)
+    prefer = {s for inc in candidates if inc.klass in SLOW_CLASSES and inc.culprit_ranks for s in (inc.steps or [])}
+    out = []
+    for p in plans:
+        steps = p.steps
+        if p.ranks is None:
+            frame = frames.phases(p.lo, p.hi)
+        else:  # a few steps, the candidates' own first
+            steps = sample_steps(steps, prefer, config.attribution.scale_steps)
+            frame = frames.sampled(p.lo, p.hi, steps, p.ranks)
         try:
-            out.append(attribute_window(frame, layout, topology.hosts, bounds, w.lo, w.hi, extra, config.attribution,
+            out.append(attribute_window(frame, layout, topology.hosts, bounds, p.lo, p.hi, p.extra, config.attribution,
                                         steps))
         except (ValueError, IndexError, MemoryError) as exc:  # a window we cannot model says so; the rest stand
-            out.append(WindowOutcome(w.lo, w.hi, None, f"attribution failed ({type(exc).__name__}: {exc})"[:300]))
+            out.append(WindowOutcome(p.lo, p.hi, None, f"attribution failed ({type(exc).__name__}: {exc})"[:300]))
     return out
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The steps one attribution replays: a window, or at scale a run of windows that replay the
+    same replicas for the same candidates inside the same L1 anomalies (a persistent straggler's
+    four windows were four replays of the same 1,536 ranks, 17 of 41 s at 10,240 ranks)."""
+
+    lo: int
+    hi: int
+    steps: list[int]
+    extra: list[tuple[str, list[int]]]
+    ranks: np.ndarray | None  # None: every rank (the window is attributed alone)
+    anomalies: tuple[int, ...]  # the L1 regressions and jitter it overlaps
+
+    def joins(self, other: _Plan) -> bool:
+        return (self.ranks is not None and other.ranks is not None and np.array_equal(self.ranks, other.ranks)
+                and self.extra == other.extra and self.anomalies == other.anomalies)
+
+    def joined(self, other: _Plan) -> _Plan:
+        return _Plan(self.lo, other.hi, self.steps + other.steps, self.extra, self.ranks, self.anomalies)
 
 
 def _store_incidents(attempt: Attempt, incidents: list[Incident]) -> str:

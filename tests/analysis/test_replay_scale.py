@@ -45,6 +45,15 @@ def test_replicas_replay_measures_what_the_whole_world_replay_measures(diagnosed
         assert crit["by_rank"][0]["rank"] in culprits  # the culprits hold the critical path
     a, b = ([i for i in d.incidents if i.severity != "info"][0].slowdown_pct for d in (full, part))
     assert a > 5 and abs(a - b) <= 0.2 * a
+    # the replicas' replay joins the windows that replay the same ranks for the same candidates
+    # inside the same L1 regression into one attribution of a few steps; every rank's replay
+    # attributes each window, and the window before the fault stands alone in both
+    fault = truth["faults"][0]["window"]
+    assert [(o.lo, o.hi) for o in full.attribution] == [(0, 4), (5, 9), (10, 14), (15, 19)]
+    assert fault == {"start_step": 5, "end_step": 19}
+    assert [(o.lo, o.hi) for o in part.attribution] == [(0, 4), (5, 19)]
+    joined = part.attribution[1].attribution
+    assert joined is not None and len(joined.steps) == 3 and set(joined.steps) <= set(range(5, 20))
 
 
 def test_a_large_window_replays_a_few_steps_the_candidates_own_first():
