@@ -25,6 +25,19 @@ EXIT_LOADED = 3
 BASELINE_RUNS = 3
 
 
+def _pauses(text: str | None) -> tuple[float, ...] | None:
+    """``--again-after``; None: the library's default (``argus.healthcheck.AGAIN_PAUSES_S``)."""
+    if text is None:
+        return None
+    try:
+        out = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ArgusError(f"--again-after: a comma list of seconds, got {text!r}") from None
+    if not out or any(not 0 <= x <= 3600 for x in out):
+        raise ArgusError(f"--again-after: one to many pauses of 0–3600 s, got {text!r}")
+    return out
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "healthcheck", help="measure this node against its baseline and its peers",
@@ -50,6 +63,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "~/.argus/healthcheck)")
     p.add_argument("--save-baseline", action="store_true", help="archive this run as the node's baseline")
     p.add_argument("--threshold", type=float, default=None, help="deficit that fails a check (default 0.10)")
+    p.add_argument("--again-after", default=None, metavar="S,S,…",
+                   help="a failing figure is measured again after each of these pauses (seconds) until it passes, "
+                        "and fails only if it failed every time (default: 0,5,10 — a shared machine's figures drift for tens of "
+                        "seconds)")
     p.add_argument("--json", action="store_true", help="one JSON document on stdout")
     p.add_argument("--store", type=Path, default=None,
                    help="also keep the result in this Argus store (health/<host>/…), where `argus verify` finds it "
@@ -66,7 +83,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from argus.healthcheck import (DEFAULT_THRESHOLD, CheckConfig, Level, Status, default_dir, judge, load_baseline,
-                                   run_checks, save_baseline)
+                                   measure_again, run_checks, save_baseline)
     from argus.healthcheck.load import LoadMeter, mark_loaded
     from argus.healthcheck.run import launched
 
@@ -96,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if launched() is not None and levels != (Level.NET,):
         raise ArgusError("started by a launcher (RANK, WORLD_SIZE, MASTER_ADDR set): only --level net runs across "
                          "ranks; run the other levels once per node, without a launcher")
+    pauses = _pauses(args.again_after)  # a bad value is said before anything is measured
     # launched across ranks, every rank runs the baseline's runs in one process group
     runs = BASELINE_RUNS if args.save_baseline and launched() is not None else 1
 
@@ -127,15 +145,24 @@ def run(args: argparse.Namespace) -> int:
             # a failing figure is measured again (its level: its peers too) before it fails, and
             # fails only if it fails again: a moment's slowdown of a shared machine fails once.
             # Launched across ranks, every rank measured again already (rank 0 asked them)
-            again = report.again if launched() is not None else \
-                run_checks(replace(config, levels=tuple(dict.fromkeys(v.measurement.level for v in failed))),
-                           progress=say)
+            first = {v.measurement.key: v for v in failed}
+            times = 1
+            if launched() is not None:
+                again = report.again
+            else:  # measured again, spread over seconds, until it passes (AGAIN_PAUSES_S)
+                again_config = replace(config, levels=tuple(dict.fromkeys(v.measurement.level for v in failed)))
+
+                def still_fails(rep) -> bool:  # type: ignore[no-untyped-def]
+                    return any(v.status == Status.FAIL and v.measurement.key in first
+                               for v in judge(rep, baseline, threshold))
+
+                again, times = measure_again(lambda: run_checks(again_config, progress=say), still_fails,
+                                              pauses)
             if again is not None:
-                first = {v.measurement.key: v for v in failed}
                 second = {v.measurement.key: v for v in judge(again, baseline, threshold)}
                 remeasured = report.remeasured(again, {k for k in first if k in second})
                 report.seconds += again.seconds
-                verdicts = [_again(first[k], second[k]) if (k := v.measurement.key) in remeasured else v
+                verdicts = [_again(first[k], second[k], times) if (k := v.measurement.key) in remeasured else v
                             for v in verdicts]
     # launched across ranks, a node's other ranks are this process's siblings, not its children:
     # their CPU would read as another's load — not measured there
@@ -210,14 +237,15 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_FAIL if failed else EXIT_LOADED if loaded else EXIT_PASS
 
 
-def _again(first, second):  # type: ignore[no-untyped-def]
-    """The verdict on a figure measured twice: the second's, saying what the first found."""
+def _again(first, second, times: int = 1):  # type: ignore[no-untyped-def]
+    """The verdict on a figure measured again ``times`` times: the last measurement's, saying what
+    the first found."""
     from dataclasses import replace as _replace
 
     from argus.healthcheck import Status
 
     if second.status == Status.FAIL:
-        return _replace(second, why=f"{second.why} (measured twice: first {first.why})")
+        return _replace(second, why=f"{second.why} (measured {times + 1} times, failed each: first {first.why})")
     return _replace(second, why=f"{second.why}; failed once, passed measured again (first {first.why})")
 
 

@@ -7,7 +7,7 @@ baseline and against its peers (``baseline.judge``). See ``docs/healthcheck.md``
 
 from argus.healthcheck.baseline import DEFAULT_THRESHOLD, default_dir, judge, load_baseline, save_baseline
 from argus.healthcheck.model import SCHEMA_VERSION, HealthReport, Level, LocalGpu, Measurement, Status, Verdict
-from argus.healthcheck.run import CheckConfig, run_checks
+from argus.healthcheck.run import AGAIN_PAUSES_S, CheckConfig, measure_again, run_checks
 
-__all__ = ["CheckConfig", "DEFAULT_THRESHOLD", "HealthReport", "Level", "LocalGpu", "Measurement", "SCHEMA_VERSION",
-           "Status", "Verdict", "default_dir", "judge", "load_baseline", "run_checks", "save_baseline"]
+__all__ = ["AGAIN_PAUSES_S", "CheckConfig", "DEFAULT_THRESHOLD", "HealthReport", "Level", "LocalGpu", "Measurement", "SCHEMA_VERSION",
+           "Status", "Verdict", "default_dir", "judge", "load_baseline", "measure_again", "run_checks", "save_baseline"]

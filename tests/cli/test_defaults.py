@@ -100,3 +100,11 @@ def test_simulate_and_drill_flags_default_to_their_configs():
     for flag, name in (("rank", "rank"), ("hosts", "hosts"), ("rate", "rate"), ("after_steps", "after_steps"),
                        ("duration", "duration_s"), ("hang_min_s", "hang_min_s"), ("timeout", "timeout_s")):
         assert drill[flag] == config_default(Drill, name), flag
+
+
+def test_the_healthchecks_measure_again_pauses_are_the_librarys():
+    from argus.healthcheck import AGAIN_PAUSES_S
+
+    (again,) = [a for a in _subparser("healthcheck")._actions if a.dest == "again_after"]
+    assert again.default is None  # the library's default is taken …
+    assert "default: " + ",".join(f"{x:g}" for x in AGAIN_PAUSES_S) + " " in again.help  # … and said

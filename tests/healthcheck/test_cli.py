@@ -34,15 +34,15 @@ def test_a_saved_baseline_is_the_reference_of_the_next_run_and_a_deficit_exits_1
         m["value"] *= 100  # (3× was not enough: beside parallel tests a first run can be 3× slower)
         m["samples"] = [x * 100 for x in m["samples"]]
     (tmp_path / "base" / doc["saved_baseline"].rsplit("/", 1)[1]).write_text(json.dumps(saved))
-    second = _run("--level", "gpu", "--json", tmp_path=tmp_path)
+    second = _run("--level", "gpu", "--json", "--again-after", "0,0,0", tmp_path=tmp_path)
     assert second.returncode == 1, second.stderr[-2000:]
     again = json.loads(second.stdout)
     assert again["baseline"]["found"] and not again["passed"]
     failed = {v["metric"] for v in again["verdicts"] if v["status"] == "fail"}
     assert failed == {"gemm_fp32_gflops", "gemm_bf16_gflops", "copy_gbs"}
-    assert all("below this node's baseline" in v["why"] and "measured twice" in v["why"] for v in again["verdicts"])
+    assert all("below this node's baseline" in v["why"] and "measured 4 times, failed each" in v["why"] for v in again["verdicts"])
     assert len(again["remeasured"]) == 3
-    text = _run("--level", "gpu", tmp_path=tmp_path)  # the table, for a person
+    text = _run("--level", "gpu", "--again-after", "0", tmp_path=tmp_path)  # the table, for a person
     assert text.returncode == 1 and "check(s) failed" in text.stdout and "gemm_fp32_gflops" in text.stdout
 
 

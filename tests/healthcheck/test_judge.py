@@ -159,6 +159,33 @@ def test_a_figure_measured_again_is_the_one_judged():
     assert first.measurements[0].value == 10.0 and first.measurements[1].value == 30.0  # only what was asked
 
 
+def test_a_failing_figure_is_measured_again_over_seconds_and_fails_only_if_it_fails_every_time():
+    """A shared machine's memory copies drift in phases of tens of seconds: measured again after
+    pauses until it passes, a figure slowed by its neighbours passes once they pause; a degraded
+    one fails every time, its last measurement judged."""
+    from argus.healthcheck import AGAIN_PAUSES_S, measure_again
+
+    base = _with(_rounds("copy_gbs", "device", 1 << 26, [10.0, 10.4, 9.6, 10.2, 9.9], level=Level.GPU))
+    slow = _with(_rounds("copy_gbs", "device", 1 << 26, [7.0, 7.2, 7.1, 6.9, 7.3], level=Level.GPU))
+    healthy = _with(_rounds("copy_gbs", "device", 1 << 26, [9.9, 10.1, 10.0, 9.8, 10.2], level=Level.GPU))
+
+    def fails(rep: HealthReport) -> bool:
+        return any(v.status == Status.FAIL for v in judge(rep, base))
+
+    assert fails(slow) and not fails(healthy)
+    for runs, want_n in (([slow, healthy, slow], 2), ([slow, slow, slow], 3), ([healthy], 1)):
+        queue, slept = list(runs), []
+        for r in runs:
+            r.seconds = 2.0
+        got, n = measure_again(lambda q=queue: q.pop(0), fails, sleep=slept.append)
+        assert n == want_n and got is runs[want_n - 1]
+        assert slept == [p for p in AGAIN_PAUSES_S[:want_n] if p > 0]  # the pauses before each run made
+        assert got.seconds == 2.0 * n + sum(slept)
+    assert sum(AGAIN_PAUSES_S) >= 10  # spread over seconds, not one moment
+    got, n = measure_again(lambda: None, fails, sleep=lambda _s: None)  # a launched rank but rank 0
+    assert got is None and n == 0
+
+
 def test_a_deficit_while_others_load_the_node_is_the_nodes_state_not_a_fault():
     from argus.healthcheck.load import NodeLoad, mark_loaded
 
