@@ -150,7 +150,8 @@ def load_phases(attempt: Attempt, lo: int, hi: int, ranks: np.ndarray | None = N
         if steps is not None:
             where += f" AND step IN ({', '.join(str(int(s)) for s in steps) or 'NULL'})"
         if ranks is not None:
-            where += " AND " + _rank_condition(con, ranks)
+            con.register("_argus_ranks", pa.table({"r": pa.array(np.asarray(ranks, np.int64), pa.int32())}))
+            where += " AND rank IN (SELECT r FROM _argus_ranks)"
         wait = "wait_ns" if "wait_ns" in con.sql("SELECT * FROM phases LIMIT 0").columns else "-1 AS wait_ns"
         t = con.sql(f"SELECT rank, step, microbatch, name, category, group_kind, start_ns, dur_ns, {wait} "
                     f"FROM phases WHERE {where} ORDER BY rank, start_ns, dur_ns DESC").to_arrow_table()
@@ -165,27 +166,6 @@ def load_phases(attempt: Attempt, lo: int, hi: int, ranks: np.ndarray | None = N
                    t.column("wait_ns").fill_null(-1).to_numpy())
     f.busy = _busy(f, f.wait)
     return f
-
-
-#: Up to this many runs of consecutive ranks are asked for as ranges, which the scan prunes row
-#: groups by (files are clustered by rank); more are a semi-join against a table of the ranks.
-MAX_RANK_RUNS = 256
-
-
-def _rank_condition(con: Any, ranks: np.ndarray) -> str:
-    """SQL over ``rank`` that holds for ``ranks``. Replicas are runs of consecutive ranks: as
-    ``BETWEEN`` ranges the scan reads only their row groups (1,536 ranks of 10,240, three steps:
-    0.34 s, against 1.0 s for the semi-join, which reads every row and then joins)."""
-    r = sorted_unique(np.asarray(ranks, np.int64))
-    if r.size == 0:
-        return "FALSE"
-    cut = np.flatnonzero(np.diff(r) != 1)
-    starts, ends = np.r_[r[0], r[cut + 1]], np.r_[r[cut], r[-1]]
-    if starts.size <= MAX_RANK_RUNS:
-        return "(" + " OR ".join(f"rank = {a}" if a == b else f"rank BETWEEN {a} AND {b}"
-                                 for a, b in zip(starts.tolist(), ends.tolist())) + ")"
-    con.register("_argus_ranks", pa.table({"r": pa.array(r, pa.int32())}))
-    return "rank IN (SELECT r FROM _argus_ranks)"
 
 
 def _busy(f: PhaseFrame, wait: np.ndarray | None = None) -> np.ndarray:

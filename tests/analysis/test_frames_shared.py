@@ -111,16 +111,3 @@ def test_a_few_sampled_steps_are_read_alone_unless_held(diagnosed):
     wf.phases(5, 9)  # the window held for every rank: served from it
     _same_rows(wf.sampled(5, 9, [5, 7, 9], [2, 4, 6]), want)
     assert wf.reads == 2
-
-
-def test_ranks_asked_for_as_ranges_or_as_a_table_read_the_same_rows(diagnosed, monkeypatch):
-    """Runs of consecutive ranks become ``BETWEEN`` ranges the scan prunes row groups by; past
-    ``MAX_RANK_RUNS`` runs, a semi-join: both are exactly the rows of those ranks."""
-    attempt, _, _ = diagnosed("pipeline_bubble")
-    whole = load_phases(attempt, 5, 9)
-    ranks = np.array([0, 1, 2, 3, 9, 17, 18, 40, 63])  # four runs, two of them single ranks
-    want = whole.take(np.flatnonzero(np.isin(whole.rank, ranks)))
-    _same_rows(load_phases(attempt, 5, 9, ranks=ranks), want)
-    monkeypatch.setattr(frames_mod, "MAX_RANK_RUNS", 2)
-    _same_rows(load_phases(attempt, 5, 9, ranks=ranks[::-1]), want)
-    assert load_phases(attempt, 5, 9, ranks=np.array([], np.int64)).n == 0
