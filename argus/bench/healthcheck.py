@@ -18,7 +18,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-__all__ = ["run"]
+__all__ = ["run", "links", "drift", "judge_series"]
 
 
 def _check(baseline: Path, save: bool, timeout_s: float) -> tuple[int, float, dict | None]:
@@ -162,4 +162,85 @@ def links(runs: int = 5, fraction: float = 0.8, hosts: int = 4, throttled: int =
                 "throttled_runs_failing_another_host": tallies["throttled"][1],
                 "note": f"host {throttled}'s link limited to {fraction:.0%} of the baseline's median link bus bandwidth"})
     emit(json.dumps(out))
+    return out
+
+
+#: (seconds after the first measurement that each re-measurement of a level starts, label): a
+#: quick check's gpu level takes about 3 s, so "at once" is 3 s later
+DRIFT_POLICIES = (("measured again once, at once", (3.0,)),
+                  ("measured again after 0, 5 and 10 s (AGAIN_PAUSES_S)", (3.0, 11.0, 24.0)))
+#: a quick --save-baseline's three runs start about this far apart
+BASELINE_RUN_GAP_S = 16.0
+
+
+def drift(seconds: float = 420.0, emit=print, every_s: float = 0.5) -> dict:
+    """How the memory-copy figure of this node drifts, and what that does to the check: the quick
+    check's ``copy_gbs`` probe (5 rounds of 0.1 s) measured every ``every_s`` for ``seconds``, then
+    every baseline the series allows (three measurements ``BASELINE_RUN_GAP_S`` apart, as
+    ``--save-baseline`` takes them) and every check 50 s or more after it judged by the real rules
+    (``judge``) under each re-measure policy: a false fail is a check whose first measurement and
+    every re-measurement fail. The node is assumed healthy: every fail is false."""
+    import torch
+
+    from argus.healthcheck.probes import copy_gbs
+
+    t0 = time.monotonic()
+    series: list[tuple[float, list[float]]] = []
+    while time.monotonic() - t0 < seconds:
+        series.append((time.monotonic() - t0, sorted(copy_gbs(torch, 64 << 20, 0.1) for _ in range(5))))
+        time.sleep(every_s)
+    out = judge_series(series)
+    emit(json.dumps(out))
+    return out
+
+
+def judge_series(series: list[tuple[float, list[float]]]) -> dict:
+    """``drift``'s verdicts on a recorded series of (seconds, the five rounds' GB/s)."""
+    import numpy as np
+
+    from argus.healthcheck import HealthReport, Level, Measurement, Status, judge
+
+    t = np.array([x for x, _ in series])
+    med = np.array([float(np.median(r)) for _, r in series])
+
+    def report(i: int) -> HealthReport:
+        r = series[i][1]
+        return HealthReport("node", "cpu", {}, 0.0, measurements=[Measurement(
+            Level.GPU, "copy_gbs", "device", float(np.median(r)), "GB/s", 64 << 20, 1 - min(r) / max(r),
+            samples=tuple(r))])
+
+    def at(x: float) -> int | None:
+        i = int(np.searchsorted(t, x))
+        return i if i < len(t) else None
+
+    horizon = max(d for _, ds in DRIFT_POLICIES for d in ds)
+    fails: dict[tuple[int, int], bool] = {}
+
+    def failed(b: int, base: HealthReport, i: int | None) -> bool:
+        assert i is not None
+        if (b, i) not in fails:
+            fails[(b, i)] = any(v.status == Status.FAIL for v in judge(report(i), base))
+        return fails[(b, i)]
+
+    counts = {label: [0, 0, 0] for label, _ in DRIFT_POLICIES}  # checks, first failed, failed every time
+    for b in range(len(t)):
+        runs = [i for k in range(3) if (i := at(t[b] + k * BASELINE_RUN_GAP_S)) is not None]
+        if len(runs) < 3:
+            break
+        base = report(runs[0]).with_runs([report(i) for i in runs[1:]])
+        for c in range(len(t)):
+            if t[c] < t[b] + 50 or at(t[c] + horizon) is None:
+                continue
+            first = failed(b, base, c)
+            for label, ds in DRIFT_POLICIES:
+                counts[label][0] += 1
+                counts[label][1] += first
+                counts[label][2] += first and all(failed(b, base, at(t[c] + d)) for d in ds)
+    out = {"summary": True, "seconds": round(float(t[-1]), 1) if len(t) else 0.0, "measurements": len(series),
+           "copy_gbs": {"min": round(float(med.min()), 2), "p10": round(float(np.percentile(med, 10)), 2),
+                        "median": round(float(np.median(med)), 2), "p90": round(float(np.percentile(med, 90)), 2),
+                        "max": round(float(med.max()), 2)} if len(med) else None,
+           "policies": [{"policy": label, "checks": n, "first_measurement_failed": f1, "false_fails": ff,
+                         "false_fail_rate": round(ff / n, 4) if n else None}
+                        for label, (n, f1, ff) in counts.items()]}
     return out

@@ -124,6 +124,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="instead: the net level across 4 network-namespace hosts, --runs checks as they are, then "
                          "--runs with one host's link limited by tc tbf to FRACTION (e.g. 0.8) of its measured bus "
                          "bandwidth: the false-fail and detection rates (needs root)")
+    hc.add_argument("--drift", type=float, default=None, metavar="SECONDS",
+                    help="instead: the memory-copy figure measured every half second for SECONDS (e.g. 420), and "
+                         "every baseline and later check in that series judged with a failing figure measured again "
+                         "at once or after 0, 5 and 10 s: the false-fail rate of each")
     hc.set_defaults(func=_run_healthcheck)
 
     p = bsub.add_parser("processor", help="compression rate, socket throughput, CPU at a paced rate, memory")
@@ -236,9 +240,14 @@ def _run_analysis(args: argparse.Namespace) -> int:
 
 
 def _run_healthcheck(args: argparse.Namespace) -> int:
-    from argus.bench.healthcheck import links, run
+    from argus.bench.healthcheck import drift, links, run
     from argus.errors import ConfigError
 
+    if args.drift is not None:
+        if not 60 <= args.drift <= 86400:
+            raise ConfigError(f"--drift {args.drift}: seconds to record, from 60 (a baseline and a check after it)")
+        drift(args.drift)
+        return 0
     if args.runs < 1:
         raise ConfigError(f"--runs must be at least 1 (got {args.runs})")
     if args.links is not None:

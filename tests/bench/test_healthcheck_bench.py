@@ -35,3 +35,17 @@ def test_a_loaded_answer_is_no_false_fail(monkeypatch):
     summary = hb.run(2, emit=lines.append)
     assert (summary["failed_runs"], summary["loaded_runs"]) == (1, 1)
     assert json.loads(lines[1])["others_cpu_share"] == 0.5
+
+
+def test_the_drift_bench_counts_a_slow_phase_shorter_than_the_pauses_as_no_false_fail():
+    """``argus bench healthcheck --drift``'s judging on a series of our own making: a healthy node's
+    memory copies steady at 40 GB/s, then 8 s at 28 GB/s (its neighbours). Measured again at once,
+    a check inside the slow phase fails twice; measured again after the pauses, it passes."""
+    from argus.bench.healthcheck import judge_series
+
+    series = [(float(t), [v * f for f in (0.99, 0.995, 1.0, 1.005, 1.01)])
+              for t in range(0, 122, 2) for v in [28.0 if 80 <= t < 88 else 40.0]]
+    at_once, spread = judge_series(series)["policies"]
+    assert at_once["checks"] == spread["checks"] > 100
+    assert at_once["first_measurement_failed"] == spread["first_measurement_failed"] > 0
+    assert at_once["false_fails"] > 0 and spread["false_fails"] == 0

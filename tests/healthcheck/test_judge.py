@@ -315,3 +315,4 @@ def test_a_baseline_of_several_runs_judges_a_host_on_every_runs_rounds():
     assert all(x.status == Status.PASS for x in v.values()), {s: x.why for s, x in v.items()}
     slow = report(_links_doc(0, 0.8, seed=3)).with_runs([report(_links_doc(0, 0.8, seed=s)) for s in (4, 5)])
     assert {s for s, x in hosts(slow).items() if x.status == Status.FAIL} == {"host:h0"}
+
