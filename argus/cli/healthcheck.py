@@ -245,7 +245,8 @@ def _again(first, second, times: int = 1):  # type: ignore[no-untyped-def]
     from argus.healthcheck import Status
 
     if second.status == Status.FAIL:
-        return _replace(second, why=f"{second.why} (measured {times + 1} times, failed each: first {first.why})")
+        count = "twice" if times == 1 else f"{times + 1} times"
+        return _replace(second, why=f"{second.why} (measured {count}, failed each: first {first.why})")
     return _replace(second, why=f"{second.why}; failed once, passed measured again (first {first.why})")
 
 
