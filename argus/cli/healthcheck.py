@@ -143,8 +143,8 @@ def run(args: argparse.Namespace) -> int:
         remeasured: list = []
         if failed:
             # a failing figure is measured again (its level: its peers too) before it fails, and
-            # fails only if it fails again: a moment's slowdown of a shared machine fails once.
-            # Launched across ranks, every rank measured again already (rank 0 asked them)
+            # fails only if it fails every time: a shared machine's slow phase passes. Launched
+            # across ranks, every rank measured once more already (rank 0 asked them)
             first = {v.measurement.key: v for v in failed}
             times = 1
             if launched() is not None:
