@@ -165,10 +165,25 @@ def links(runs: int = 5, fraction: float = 0.8, hosts: int = 4, throttled: int =
     return out
 
 
-#: (seconds after the first measurement that each re-measurement of a level starts, label): a
-#: quick check's gpu level takes about 3 s, so "at once" is 3 s later
-DRIFT_POLICIES = (("measured again once, at once", (3.0,)),
-                  ("measured again after 0, 5 and 10 s (AGAIN_PAUSES_S)", (3.0, 11.0, 24.0)))
+#: seconds a quick check's gpu level takes: a re-measurement "at once" starts this much later
+LEVEL_S = 3.0
+
+
+def _offsets(pauses: tuple[float, ...]) -> tuple[float, ...]:
+    """When each re-measurement starts, after the first: each pause follows a level's run."""
+    out, t = [], 0.0
+    for p in pauses:
+        t += LEVEL_S + p
+        out.append(t)
+    return tuple(out)
+
+
+def _policies() -> tuple[tuple[str, tuple[float, ...]], ...]:
+    from argus.healthcheck import AGAIN_PAUSES_S
+
+    return (("measured again once, at once", _offsets((0.0,))),
+            ("measured again after " + ", ".join(f"{x:g}" for x in AGAIN_PAUSES_S) + " s (AGAIN_PAUSES_S)",
+             _offsets(AGAIN_PAUSES_S)))
 #: a quick --save-baseline's three runs start about this far apart
 BASELINE_RUN_GAP_S = 16.0
 
@@ -213,7 +228,8 @@ def judge_series(series: list[tuple[float, list[float]]]) -> dict:
         i = int(np.searchsorted(t, x))
         return i if i < len(t) else None
 
-    horizon = max(d for _, ds in DRIFT_POLICIES for d in ds)
+    policies = _policies()
+    horizon = max(d for _, ds in policies for d in ds)
     fails: dict[tuple[int, int], bool] = {}
 
     def failed(b: int, base: HealthReport, i: int | None) -> bool:
@@ -222,7 +238,7 @@ def judge_series(series: list[tuple[float, list[float]]]) -> dict:
             fails[(b, i)] = any(v.status == Status.FAIL for v in judge(report(i), base))
         return fails[(b, i)]
 
-    counts = {label: [0, 0, 0] for label, _ in DRIFT_POLICIES}  # checks, first failed, failed every time
+    counts = {label: [0, 0, 0] for label, _ in policies}  # checks, first failed, failed every time
     for b in range(len(t)):
         runs = [i for k in range(3) if (i := at(t[b] + k * BASELINE_RUN_GAP_S)) is not None]
         if len(runs) < 3:
@@ -232,7 +248,7 @@ def judge_series(series: list[tuple[float, list[float]]]) -> dict:
             if t[c] < t[b] + 50 or at(t[c] + horizon) is None:
                 continue
             first = failed(b, base, c)
-            for label, ds in DRIFT_POLICIES:
+            for label, ds in policies:
                 counts[label][0] += 1
                 counts[label][1] += first
                 counts[label][2] += first and all(failed(b, base, at(t[c] + d)) for d in ds)
