@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from argus.analysis.frames import PhaseTotals, startup_rule
 from argus.store import TABLES, Attempt, conform
 from argus.store.phase_totals import totals_query
+from argus.uniques import sorted_unique
 from argus.vocab import PhaseCategory
 
 __all__ = ["PhaseRollup", "load_rollup"]
@@ -138,8 +139,8 @@ class PhaseRollup:
 
 def load_rollup(attempt: Attempt) -> PhaseRollup:
     """The run's rollup: the ``phase_totals`` twins of its phases files, and what has no twin
-    (a phases file written without one; step 0, whose start-up rule needs the steps) aggregated
-    from its phase rows by the same query."""
+    (a phases file written without one; the step 0 of a rank the start-up rule cuts, which
+    needs its rows) aggregated from its phase rows by the same query."""
     twins = {(f.parent.name, f.name): f for f in attempt.files("phase_totals")}
     files = attempt.files("phases")
     # files that may share a (rank, step) (a step's late rows written with the next window) are
@@ -156,31 +157,69 @@ def load_rollup(attempt: Attempt) -> PhaseRollup:
             parts.append(t)
     covered_step0 = [f for f in attempt.files("phases", steps=(0, 0))
                      if (f.parent.name, f.name) in twins and f not in raw]
+    t = pa.concat_tables(parts).unify_dictionaries() if parts else None
+    cut = _startup_cut(attempt, t) if covered_step0 and t is not None else None
+    if t is not None and (cut is None or cut.size):  # their step 0 comes from its rows, under the start-up rule
+        step = t.column("step").to_numpy(zero_copy_only=False)
+        drop = step == 0
+        if cut is not None:
+            drop &= np.isin(t.column("rank").to_numpy(zero_copy_only=False), cut)
+        if drop.any():
+            t = t.filter(pa.array(~drop))
     recorded = []
     if raw:
         recorded.append(f"SELECT * FROM read_parquet({_paths(raw)}, union_by_name = true)")
-    if covered_step0:  # the twins' step 0 is read again from its phases, under the start-up rule
-        recorded.append(f"SELECT * FROM read_parquet({_paths(covered_step0)}, union_by_name = true) WHERE step = 0")
+    if covered_step0 and (cut is None or cut.size):
+        only = "" if cut is None else " AND rank IN (SELECT r FROM _argus_cut)"
+        recorded.append(f"SELECT * FROM read_parquet({_paths(covered_step0)}, union_by_name = true) WHERE step = 0"
+                        + only)
     if recorded:
         con = attempt.duckdb(tables=["steps"])
         try:
+            if cut is not None:
+                con.register("_argus_cut", pa.table({"r": pa.array(cut, pa.int32())}))
             con.execute("CREATE VIEW _argus_phases_recorded AS " + " UNION ALL BY NAME ".join(recorded))
             startup_rule(con)
             has_wait = "wait_ns" in con.sql("SELECT * FROM phases LIMIT 0").columns
-            parts.append(_dictionaries(conform("phase_totals", con.sql(totals_query("phases", has_wait)).to_arrow_table())))
+            agg = _dictionaries(conform("phase_totals", con.sql(totals_query("phases", has_wait)).to_arrow_table()))
         finally:
             con.close()
-    if not parts:
+        t = agg if t is None else pa.concat_tables([t, agg]).unify_dictionaries()
+    if t is None:
         return _rollup(_dictionaries(TABLES["phase_totals"].schema.empty_table()), attempt.layout.world_size)
-    t = pa.concat_tables(parts).unify_dictionaries()
     return _rollup(t, attempt.layout.world_size)
+
+
+def _startup_cut(attempt: Attempt, t: pa.Table) -> np.ndarray | None:
+    """The ranks whose step 0 in the twins ``t`` may hold start-up's rows (a row that ended
+    before the rank's step 0 began, :func:`~argus.analysis.frames.startup_rule`), sorted; None
+    where no twin row of step 0 can tell (older twins without ``end_min_ns``: all of them)."""
+    step = t.column("step").to_numpy(zero_copy_only=False)
+    at0 = np.flatnonzero(step == 0)
+    if not at0.size:
+        return np.empty(0, np.int64)
+    t0 = t.take(pa.array(at0))
+    end = t0.column("end_min_ns")
+    if end.null_count == t0.num_rows and t0.column("min_ns").null_count < t0.num_rows:
+        return None  # written before the twins said when their rows ended
+    never = np.iinfo(np.int64).max
+    rank = t0.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
+    end_ns = pc.fill_null(end, never).to_numpy(zero_copy_only=False)
+    unsure = end.is_null().to_numpy(zero_copy_only=False) & t0.column("min_ns").is_valid().to_numpy(
+        zero_copy_only=False)  # a finished row whose end the twin does not say
+    world = attempt.layout.world_size
+    steps = attempt.read("steps", columns=["rank", "start_ns"], filter=pc.field("step") == 0)  # ranks of the layout
+    begun = np.full(world + 1, never, np.int64)  # no step 0 record (or a rank past the world): nothing cut
+    np.minimum.at(begun, steps.column("rank").to_numpy(), steps.column("start_ns").to_numpy())
+    early = (end_ns <= begun[np.where((rank >= 0) & (rank < world), rank, world)]) & (end_ns != never)
+    return sorted_unique(rank[unsure | early])
 
 
 _STRINGS = ("name", "category", "group_kind")
 
 
 def _read_twin(path: Path) -> pa.Table | None:
-    """A twin's rows but step 0's, its strings as dictionaries (never materialised as millions of
+    """A twin's rows, its strings as dictionaries (never materialised as millions of
     Python-visible strings); None where it cannot be read (its phases are then aggregated)."""
     import pyarrow.parquet as pq
 
@@ -188,8 +227,7 @@ def _read_twin(path: Path) -> pa.Table | None:
         t = pq.read_table(path, schema=TABLES["phase_totals"].schema, read_dictionary=list(_STRINGS))
     except (pa.ArrowException, OSError, ValueError):
         return None
-    step = t.column("step").to_numpy(zero_copy_only=False)
-    return _dictionaries(t.filter(pa.array(step != 0)) if (step == 0).any() else t)
+    return _dictionaries(t)
 
 
 def _dictionaries(t: pa.Table) -> pa.Table:

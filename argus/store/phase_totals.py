@@ -28,13 +28,15 @@ def totals_query(source: str, has_wait: bool = True) -> str:
         "any_value(group_kind) AS group_kind, count(*) AS n, "
         f"sum(CAST(CASE WHEN dur_ns >= 0 THEN {work} ELSE 0 END AS DOUBLE)) AS work, "
         "CAST(min(CASE WHEN dur_ns >= 0 THEN dur_ns END) AS DOUBLE) AS mn, "
-        f"CAST(sum(greatest(dur_ns, 0)) AS DOUBLE) AS pos FROM {source} GROUP BY rank, step, microbatch, name) "
+        "CAST(sum(greatest(dur_ns, 0)) AS DOUBLE) AS pos, "
+        f"min(CASE WHEN dur_ns >= 0 THEN start_ns + dur_ns END) AS em FROM {source} GROUP BY rank, step, microbatch, name) "
         "SELECT rank, step, -1 AS microbatch, name, any_value(category) AS category, "
         "any_value(group_kind) AS group_kind, CAST(sum(n) AS BIGINT) AS count, sum(work) AS work_ns, min(mn) AS min_ns, "
         "sum(pos) AS pos_ns, sum(pos) FILTER (WHERE microbatch < 0) AS pos_nomb_ns, "
-        "CAST(coalesce(max(n) FILTER (WHERE microbatch >= 0 AND category != 'comm'), 0) AS BIGINT) AS mb_most "
+        "CAST(coalesce(max(n) FILTER (WHERE microbatch >= 0 AND category != 'comm'), 0) AS BIGINT) AS mb_most, "
+        "min(em) AS end_min_ns "
         "FROM per_mb GROUP BY rank, step, name "
-        "UNION ALL SELECT rank, step, microbatch, name, category, group_kind, n, work, mn, pos, NULL, n "
+        "UNION ALL SELECT rank, step, microbatch, name, category, group_kind, n, work, mn, pos, NULL, n, em "
         "FROM per_mb WHERE microbatch >= 0 AND n = 1 AND category != 'comm'")
 
 

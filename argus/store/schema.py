@@ -109,6 +109,9 @@ TABLES: dict[str, TableSpec] = {
                 ("pos_ns", _F64, "Σ finished `dur_ns`"),
                 ("pos_nomb_ns", _F64, "Σ finished `dur_ns` of the rows outside any microbatch (null if none)"),
                 ("mb_most", _I64, "most rows of the phase in one microbatch (non-`comm` phases; 0 if none)"),
+                ("end_min_ns", _I64, "earliest end (`start_ns` + `dur_ns`) of a finished row (null if none): a step 0 "
+                 "row whose rank's step had not begun by then is start-up's, and that rank's step 0 is aggregated "
+                 "again from its rows"),
             ),
         ),
         TableSpec(

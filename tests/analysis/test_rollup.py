@@ -5,11 +5,12 @@ are missing (a store written before them), damaged, or split a step across two f
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from argus.analysis.frames import PhaseTotals, encode, step_phases, step_phases_sql
-from argus.analysis.rollup import load_rollup
-from argus.store import Attempt, Store
+from argus.analysis.rollup import _startup_cut, load_rollup
+from argus.store import TABLES, Attempt, Store
 from argus.store.phase_totals import backfill
 from argus.topology import RunIdentity, Topology, parse_layout
 
@@ -113,6 +114,11 @@ def _table(rows: list[tuple]) -> dict:
 def attempt(tmp_path):
     """Two writers (ranks 0–3, 4–7); writer a's step 3 split over two files; start-up work of
     step 0 before the step began."""
+    return _attempt(tmp_path)
+
+
+def _attempt(tmp_path, startup: tuple[int, ...] = tuple(range(RANKS))) -> Attempt:
+    """The fixture's store, with start-up work before step 0 on the ranks ``startup``."""
     rng = np.random.default_rng(7)
     store = Store.create(tmp_path / "s")
     a = store.create_attempt(RunIdentity("run-r"), Topology.uniform(parse_layout(f"tp=2,pp=1,dp={RANKS // 2}"),
@@ -131,7 +137,7 @@ def attempt(tmp_path):
         for wi, win in enumerate(windows):
             rows = [row for r in ranks for s in win for row in _step_rows(rng, r, s)]
             if wi == 0:  # before step 0 began: the start-up's, not step 0's
-                rows += [(r, 0, -1, "dataloader", "host", "", -500_000, 40_000, -1) for r in ranks]
+                rows += [(r, 0, -1, "dataloader", "host", "", -500_000, 40_000, -1) for r in ranks if r in startup]
             if writer == "a" and wi == 1:  # step 3's optimizer and each microbatch's second mlp came in the next file
                 late = [row for row in rows if row[1] == 3 and (row[3] == "optimizer" or
                                                                 (row[3] == "mlp" and row[6] % 1000 == 100))]
@@ -202,3 +208,28 @@ def test_window_totals_and_host_totals_match_the_phase_rows(attempt):
     # the one unfinished collective is counted, not timed
     names, groups, rates = rollup.calls_per_rank_step(RANKS * STEPS)
     assert dict(zip(names, rates)) == {"tp-allreduce": MBS, "dp-allreduce": 1}
+
+
+def test_step_0_is_aggregated_again_only_for_the_ranks_with_start_up_work(tmp_path):
+    """The twins say when their rows ended: a rank whose step 0 holds nothing from before the
+    step began keeps its twin's rows (10,240 ranks: step 0 aggregated again from 4.5 M rows on
+    every diagnosis); the ranks that do are aggregated from their rows, and the totals are the
+    phases' own either way, with twins written before they said so too."""
+    a = _attempt(tmp_path, startup=(2, 5))
+    assert _startup_cut(a, pa.concat_tables([pq.read_table(f) for f in a.files("phase_totals")])).tolist() == [2, 5]
+    with_twins = _canon(load_rollup(a))
+    rollup = load_rollup(a)
+    step0 = (rollup.step == 0) & (rollup.name == rollup.names.index("dataloader"))
+    assert (rollup.pos_ns[step0] < 10_000).all()  # ranks 2 and 5's start-up is not step 0's
+    older = []
+    for f in a.files("phase_totals"):  # twins as written before the column existed
+        t = pq.read_table(f)
+        older.append(t.num_rows)
+        pq.write_table(t.drop_columns(["end_min_ns"]), f)
+    b = Store.open(a.path.parents[2]).attempt()
+    assert _startup_cut(b, pa.concat_tables([pq.read_table(f, schema=TABLES["phase_totals"].schema)
+                                             for f in b.files("phase_totals")])) is None
+    assert _canon(load_rollup(b)) == with_twins
+    for f in b.files("phase_totals"):
+        f.unlink()
+    assert _canon(load_rollup(Store.open(a.path.parents[2]).attempt())) == with_twins
