@@ -166,7 +166,7 @@ def _scatter(g: np.ndarray, groups: np.ndarray, shape: tuple) -> np.ndarray:
 
 def screen_candidates(t: PhaseTotals, layout: Layout, job_step_s: dict[int, float], config: L2Config = L2Config(),
                       priority: list[int] | None = None, z: float = 3.0, max_candidates: int = 64,
-                      peers_per_candidate: int = 16, seed: int = 0) -> np.ndarray:
+                      peers_per_candidate: int = 16, seed: int = 0, max_ranks: int = 1024) -> np.ndarray:
     """Tier 1 at scale: ranks worth the exact analysis, from per-(rank, step, phase) totals.
 
     Raw durations cannot tell a slow rank from one that waited (its phases contain the
@@ -174,7 +174,8 @@ def screen_candidates(t: PhaseTotals, layout: Layout, job_step_s: dict[int, floa
     slower kernels), then ranks whose communication total is *low* against their peers (the
     others wait for them), then ranks with a high compute or host total. Each of the top
     ``max_candidates`` brings its TP and EP groups (whole collective instances, for the
-    arrival comparison) and a sample of its peer set (a baseline for the busy comparison)."""
+    arrival comparison) and a sample of its peer set (a baseline for the busy comparison),
+    until ``max_ranks`` are chosen: the exact analysis costs per rank it reads."""
     world = layout.world_size
     steps = sorted_unique(t.step)
     step_time = np.array([job_step_s.get(int(x), np.nan) for x in steps])
@@ -218,7 +219,7 @@ def screen_candidates(t: PhaseTotals, layout: Layout, job_step_s: dict[int, floa
         if r in seen:
             continue
         seen.add(r)
-        if len(seen) > max_candidates:
+        if len(seen) > max_candidates or len(chosen) >= max_ranks:
             break
         chosen |= set(layout.group_of(GroupKind.TP, r).tolist()) | set(layout.group_of(GroupKind.EP, r).tolist())
         peers = layout.peer_set(r)

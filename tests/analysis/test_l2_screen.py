@@ -37,3 +37,16 @@ def test_a_rank_far_slower_in_its_work_is_screened_in_though_many_ranks_wait_les
                                peers_per_candidate=4)
     assert 77 in chosen
     assert np.isin(low, chosen).sum() >= 4  # the waiting list keeps its share
+
+
+def test_the_screen_stops_at_its_rank_budget_with_the_strongest_of_both_lists():
+    layout = Layout(dp=64, pp=2)
+    rng = np.random.default_rng(1)
+    steps, world = 5, layout.world_size
+    comm = np.full((steps, world), 0.2) + rng.normal(0, 0.001, (steps, world))
+    comm[2, rng.choice(np.r_[0:77, 78:world], 40, replace=False)] = 0.1
+    work = np.full((steps, world), 0.5) + rng.normal(0, 0.001, (steps, world))
+    work[3, 77] = 1.1
+    chosen = screen_candidates(_totals(layout, comm, work), layout, {s: 1.0 for s in range(steps)},
+                               peers_per_candidate=4, max_ranks=20)
+    assert 77 in chosen and 20 <= len(chosen) < 20 + 4 + 1  # one candidate's peers past the budget at most
