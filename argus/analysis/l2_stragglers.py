@@ -166,7 +166,7 @@ def _scatter(g: np.ndarray, groups: np.ndarray, shape: tuple) -> np.ndarray:
 
 def screen_candidates(t: PhaseTotals, layout: Layout, job_step_s: dict[int, float], config: L2Config = L2Config(),
                       priority: list[int] | None = None, z: float = 3.0, max_candidates: int = 64,
-                      peers_per_candidate: int = 16, seed: int = 0, max_ranks: int = 1024) -> np.ndarray:
+                      peers_per_candidate: int = 16, seed: int = 0, max_ranks: int = 512) -> np.ndarray:
     """Tier 1 at scale: ranks worth the exact analysis, from per-(rank, step, phase) totals.
 
     Raw durations cannot tell a slow rank from one that waited (its phases contain the
@@ -175,7 +175,9 @@ def screen_candidates(t: PhaseTotals, layout: Layout, job_step_s: dict[int, floa
     others wait for them), then ranks with a high compute or host total. Each of the top
     ``max_candidates`` brings its TP and EP groups (whole collective instances, for the
     arrival comparison) and a sample of its peer set (a baseline for the busy comparison),
-    until ``max_ranks`` are chosen: the exact analysis costs per rank it reads."""
+    until ``max_ranks`` are chosen: the exact analysis costs per rank it reads (512: about 16
+    candidates, each list's strongest; at 1,024 eleven faults at 4,096 ranks got the same
+    verdicts, and L2 took 12.5 s against 7.6 s at 10,240 ranks × 20 steps)."""
     world = layout.world_size
     steps = sorted_unique(t.step)
     step_time = np.array([job_step_s.get(int(x), np.nan) for x in steps])
