@@ -224,10 +224,19 @@ def _read_twin(path: Path) -> pa.Table | None:
     import pyarrow.parquet as pq
 
     try:
-        t = pq.read_table(path, schema=TABLES["phase_totals"].schema, read_dictionary=list(_STRINGS))
+        t = pq.read_table(path, read_dictionary=list(_STRINGS))  # a schema to read by costs strings (≈ 2×)
+        cols = []
+        for f in TABLES["phase_totals"].schema:
+            if f.name in _STRINGS:
+                f = pa.field(f.name, pa.dictionary(pa.int32(), pa.string()))
+            if f.name not in t.column_names:  # written before the column was
+                cols.append(pa.nulls(t.num_rows, f.type))
+            else:
+                c = t.column(f.name)
+                cols.append(c if c.type == f.type else c.cast(f.type))
+        return pa.table(cols, names=TABLES["phase_totals"].schema.names)
     except (pa.ArrowException, OSError, ValueError):
         return None
-    return _dictionaries(t)
 
 
 def _dictionaries(t: pa.Table) -> pa.Table:
@@ -283,36 +292,76 @@ def _paths(files: list[Path]) -> str:
 
 
 def _rollup(t: pa.Table, world: int) -> PhaseRollup:
-    rank = t.column("rank").to_numpy(zero_copy_only=False).astype(np.int64)
-    ok = (rank >= 0) & (rank < world)
-
-    def ids(c: str) -> tuple[np.ndarray, list[str]]:
-        col = t.column(c).combine_chunks()
-        return np.asarray(col.indices.to_numpy(zero_copy_only=False), np.int32), [str(v) for v in col.dictionary.to_pylist()]
-
-    name, names = ids("name")
-    cat, cats = ids("category")
-    grp, groups = ids("group_kind")
-    first = np.full(len(names), -1, np.int64)  # a name has one category and group kind: its first row's
-    idx = np.flatnonzero(ok)[::-1]
-    first[name[idx]] = idx  # written last to first: the first row of each name stays
-    category = [cats[cat[i]] if i >= 0 else "" for i in first.tolist()]
-    group_kind = [groups[grp[i]] if i >= 0 else "" for i in first.tolist()]
-    step = t.column("step").to_numpy(zero_copy_only=False)
-    mb = t.column("microbatch").to_numpy(zero_copy_only=False).astype(np.int64)
-
-    def col(c: str, dtype: type = np.float64) -> np.ndarray:
-        return np.asarray(t.column(c).to_numpy(zero_copy_only=False), dtype)  # a copy only where the type differs
-
-    count, most = col("count", np.int64), col("mb_most", np.int64)
-    work, mn, pos, nomb = col("work_ns"), col("min_ns"), col("pos_ns"), col("pos_nomb_ns")
-    whole = ok & (mb < 0)
-    sampled = whole & (rank < BLOCK_SAMPLE_RANKS) & (most > 0)
+    """``t``'s rows as the rollup's arrays, one record batch at a time: each value is copied once,
+    into its part (whole steps or blocks); converting whole columns of the 8 M twin rows of
+    10,240 ranks × 20 steps first, then selecting, copied each value three times (≈ 3 s)."""
+    names: list[str] = []
+    at: dict[str, int] = {}  # name → id, in order of first appearance (the unified dictionary's)
+    category: list[str] = []
+    group_kind: list[str] = []
+    have = np.zeros(0, bool)  # names whose category and group kind are known (from their first row)
+    whole: list[list[np.ndarray]] = []
+    block: list[list[np.ndarray]] = []
+    for rb in t.to_batches():
+        if not rb.num_rows:
+            continue
+        name_col, lut = _codes(rb.column(rb.schema.get_field_index("name")))
+        for v in lut:
+            if v not in at:
+                at[v] = len(names)
+                names.append(v)
+                category.append("")
+                group_kind.append("")
+        name = np.array([at[v] for v in lut], np.int32)[name_col] if lut else name_col.astype(np.int32)
+        if have.size < len(names):
+            have = np.r_[have, np.zeros(len(names) - have.size, bool)]
+        rank = _num(rb, "rank", np.int64)
+        ok = (rank >= 0) & (rank < world)
+        seen = np.zeros(len(names), bool)
+        seen[name[ok]] = True
+        if (seen & ~have).any():  # a name's first row: its category and group kind
+            first = np.full(len(names), -1, np.int64)
+            idx = np.flatnonzero(ok)[::-1]
+            first[name[idx]] = idx  # written last to first: the first row of each name stays
+            cat_codes, cats = _codes(rb.column(rb.schema.get_field_index("category")))
+            grp_codes, grps = _codes(rb.column(rb.schema.get_field_index("group_kind")))
+            for k in np.flatnonzero(seen & ~have).tolist():
+                category[k] = cats[cat_codes[first[k]]]
+                group_kind[k] = grps[grp_codes[first[k]]]
+            have |= seen
+        mb = _num(rb, "microbatch", np.int64)
+        cols = {c: _num(rb, c, dt) for c, dt in (("step", np.int64), ("count", np.int64), ("work_ns", np.float64),
+                                                  ("min_ns", np.float64), ("pos_ns", np.float64),
+                                                  ("pos_nomb_ns", np.float64), ("mb_most", np.int64))}
+        w = ok & (mb < 0)
+        whole.append([a[w] for a in (rank, cols["step"], name, cols["count"], cols["work_ns"], cols["min_ns"],
+                                     cols["pos_ns"], cols["pos_nomb_ns"], cols["mb_most"])])
+        b = ok & (mb >= 0)
+        if b.any():
+            block.append([a[b] for a in (rank, cols["step"], mb, name, cols["work_ns"], cols["min_ns"],
+                                         cols["count"])])
+    W = [np.concatenate(p) for p in zip(*whole)] if whole else [
+        np.empty(0, dt) for dt in (np.int64, np.int64, np.int32, np.int64) + (np.float64,) * 4 + (np.int64,)]
+    B = [np.concatenate(p) for p in zip(*block)] if block else [
+        np.empty(0, dt) for dt in (np.int64, np.int64, np.int64, np.int32, np.float64, np.float64, np.int64)]
+    rank, step, name, count, work, mn, pos, nomb, most = W
+    sampled = (rank < BLOCK_SAMPLE_RANKS) & (most > 0)
     block_max: dict[int, dict[str, int]] = {}
     for s_, n_, m_ in zip(step[sampled].tolist(), name[sampled].tolist(), most[sampled].tolist()):
         per = block_max.setdefault(int(s_), {})
         per[names[n_]] = max(per.get(names[n_], 0), int(m_))
-    b = ok & (mb >= 0)
-    blocks = _Blocks(rank[b], step[b], mb[b], name[b], work[b], mn[b], count[b])
-    return PhaseRollup(rank[whole], step[whole], name[whole], count[whole], work[whole], mn[whole], pos[whole],
-                       nomb[whole], names, category, group_kind, block_max, blocks)
+    return PhaseRollup(rank, step, name, count, work, mn, pos, nomb, names, category, group_kind, block_max,
+                       _Blocks(*B))
+
+
+def _codes(col: pa.Array) -> tuple[np.ndarray, list[str]]:
+    """A string column as (codes, values): a dictionary's own, or one made for it."""
+    if not pa.types.is_dictionary(col.type):
+        col = pc.dictionary_encode(col)
+    return (np.asarray(col.indices.to_numpy(zero_copy_only=False), np.int64),
+            [str(v) for v in col.dictionary.to_pylist()])
+
+
+def _num(rb: pa.RecordBatch, c: str, dtype: type) -> np.ndarray:
+    """Column ``c`` of ``rb`` as ``dtype`` (a view where the type allows; nulls as nan)."""
+    return np.asarray(rb.column(rb.schema.get_field_index(c)).to_numpy(zero_copy_only=False), dtype)
