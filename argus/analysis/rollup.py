@@ -340,9 +340,9 @@ def _rollup(t: pa.Table, world: int) -> PhaseRollup:
         if b.any():
             block.append([a[b] for a in (rank, cols["step"], mb, name, cols["work_ns"], cols["min_ns"],
                                          cols["count"])])
-    W = [np.concatenate(p) for p in zip(*whole)] if whole else [
+    W: list[np.ndarray] = [np.concatenate(p) for p in zip(*whole)] if whole else [
         np.empty(0, dt) for dt in (np.int64, np.int64, np.int32, np.int64) + (np.float64,) * 4 + (np.int64,)]
-    B = [np.concatenate(p) for p in zip(*block)] if block else [
+    B: list[np.ndarray] = [np.concatenate(p) for p in zip(*block)] if block else [
         np.empty(0, dt) for dt in (np.int64, np.int64, np.int64, np.int32, np.float64, np.float64, np.int64)]
     rank, step, name, count, work, mn, pos, nomb, most = W
     sampled = (rank < BLOCK_SAMPLE_RANKS) & (most > 0)
