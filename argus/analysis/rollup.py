@@ -198,7 +198,7 @@ def _startup_cut(attempt: Attempt, t: pa.Table) -> np.ndarray | None:
     at0 = np.flatnonzero(step == 0)
     if not at0.size:
         return np.empty(0, np.int64)
-    t0 = t.take(pa.array(at0))
+    t0 = t.select(["rank", "min_ns", "end_min_ns"]).take(pa.array(at0))  # not the 13 columns of every row
     end = t0.column("end_min_ns")
     if end.null_count == t0.num_rows and t0.column("min_ns").null_count < t0.num_rows:
         return None  # written before the twins said when their rows ended
@@ -291,17 +291,27 @@ def _paths(files: list[Path]) -> str:
     return "[" + ", ".join("'" + str(f).replace("'", "''") + "'" for f in files) + "]"
 
 
+#: The rollup's parts, each field in its stored type (``_rollup`` widens rank and microbatch at the end).
+_WHOLE = (("rank", np.int32), ("step", np.int64), ("name", np.int32), ("count", np.int64), ("work_ns", np.float64),
+          ("min_ns", np.float64), ("pos_ns", np.float64), ("pos_nomb_ns", np.float64), ("mb_most", np.int64))
+_BLOCK = (("rank", np.int32), ("step", np.int64), ("microbatch", np.int32), ("name", np.int32),
+          ("work_ns", np.float64), ("min_ns", np.float64), ("count", np.int64))
+
+
 def _rollup(t: pa.Table, world: int) -> PhaseRollup:
-    """``t``'s rows as the rollup's arrays, one record batch at a time: each value is copied once,
-    into its part (whole steps or blocks); converting whole columns of the 8 M twin rows of
-    10,240 ranks × 20 steps first, then selecting, copied each value three times (≈ 3 s)."""
+    """``t``'s rows as the rollup's arrays, one record batch at a time, each value compressed
+    once into its part (whole steps or blocks), allocated whole beforehand. Converting whole
+    columns of the 8 M twin rows of 10,240 ranks × 20 steps first and then selecting copied each
+    value three times; selecting per batch into fresh arrays faulted in 130,000 pages."""
     names: list[str] = []
     at: dict[str, int] = {}  # name → id, in order of first appearance (the unified dictionary's)
     category: list[str] = []
     group_kind: list[str] = []
     have = np.zeros(0, bool)  # names whose category and group kind are known (from their first row)
-    whole: list[list[np.ndarray]] = []
-    block: list[list[np.ndarray]] = []
+    # both parts sized for every row: pages never written are never touched
+    whole = {c: np.empty(t.num_rows, dt) for c, dt in _WHOLE}
+    block = {c: np.empty(t.num_rows, dt) for c, dt in _BLOCK}
+    n_whole = n_block = 0
     for rb in t.to_batches():
         if not rb.num_rows:
             continue
@@ -315,7 +325,7 @@ def _rollup(t: pa.Table, world: int) -> PhaseRollup:
         name = np.array([at[v] for v in lut], np.int32)[name_col] if lut else name_col.astype(np.int32)
         if have.size < len(names):
             have = np.r_[have, np.zeros(len(names) - have.size, bool)]
-        rank = _num(rb, "rank", np.int64)
+        rank = _num(rb, "rank", np.int32)
         ok = (rank >= 0) & (rank < world)
         seen = np.zeros(len(names), bool)
         seen[name[ok]] = True
@@ -329,29 +339,31 @@ def _rollup(t: pa.Table, world: int) -> PhaseRollup:
                 category[k] = cats[cat_codes[first[k]]]
                 group_kind[k] = grps[grp_codes[first[k]]]
             have |= seen
-        mb = _num(rb, "microbatch", np.int64)
-        cols = {c: _num(rb, c, dt) for c, dt in (("step", np.int64), ("count", np.int64), ("work_ns", np.float64),
-                                                  ("min_ns", np.float64), ("pos_ns", np.float64),
-                                                  ("pos_nomb_ns", np.float64), ("mb_most", np.int64))}
-        w = ok & (mb < 0)
-        whole.append([a[w] for a in (rank, cols["step"], name, cols["count"], cols["work_ns"], cols["min_ns"],
-                                     cols["pos_ns"], cols["pos_nomb_ns"], cols["mb_most"])])
-        b = ok & (mb >= 0)
-        if b.any():
-            block.append([a[b] for a in (rank, cols["step"], mb, name, cols["work_ns"], cols["min_ns"],
-                                         cols["count"])])
-    W: list[np.ndarray] = [np.concatenate(p) for p in zip(*whole)] if whole else [
-        np.empty(0, dt) for dt in (np.int64, np.int64, np.int32, np.int64) + (np.float64,) * 4 + (np.int64,)]
-    B: list[np.ndarray] = [np.concatenate(p) for p in zip(*block)] if block else [
-        np.empty(0, dt) for dt in (np.int64, np.int64, np.int64, np.int32, np.float64, np.float64, np.int64)]
-    rank, step, name, count, work, mn, pos, nomb, most = W
+        mb = _num(rb, "microbatch", np.int32)
+        for part, fields, sel, n in ((whole, _WHOLE, ok & (mb < 0), n_whole), (block, _BLOCK, ok & (mb >= 0), n_block)):
+            idx = np.flatnonzero(sel)
+            k = idx.size
+            if not k:
+                continue
+            for c, dt in fields:
+                src = name if c == "name" else rank if c == "rank" else mb if c == "microbatch" else _num(rb, c, dt)
+                np.take(src, idx, out=part[c][n:n + k])
+            if part is whole:
+                n_whole += k
+            else:
+                n_block += k
+    W = {c: v[:n_whole] for c, v in whole.items()}
+    B = {c: v[:n_block] for c, v in block.items()}
+    rank, step, name, most = W["rank"], W["step"], W["name"], W["mb_most"]
     sampled = (rank < BLOCK_SAMPLE_RANKS) & (most > 0)
     block_max: dict[int, dict[str, int]] = {}
     for s_, n_, m_ in zip(step[sampled].tolist(), name[sampled].tolist(), most[sampled].tolist()):
         per = block_max.setdefault(int(s_), {})
         per[names[n_]] = max(per.get(names[n_], 0), int(m_))
-    return PhaseRollup(rank, step, name, count, work, mn, pos, nomb, names, category, group_kind, block_max,
-                       _Blocks(*B))
+    return PhaseRollup(rank.astype(np.int64), step, name, W["count"], W["work_ns"], W["min_ns"], W["pos_ns"],
+                       W["pos_nomb_ns"], names, category, group_kind, block_max,
+                       _Blocks(B["rank"].astype(np.int64), B["step"], B["microbatch"].astype(np.int64), B["name"],
+                               B["work_ns"], B["min_ns"], B["count"]))
 
 
 def _codes(col: pa.Array) -> tuple[np.ndarray, list[str]]:
