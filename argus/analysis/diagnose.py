@@ -231,6 +231,7 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     timings["attribution"] = time.perf_counter() - t
     t = time.perf_counter()
     deepen(attempt, topology, incidents, step_time, l1.is_normal_step, config.deepen, frames, timings)
+    frames.close()
     incidents = reinstate_victims(incidents)  # a culprit the attribution dismissed explains no victim
     from argus.flight_recorder import with_kept_dumps
 

@@ -38,6 +38,22 @@ def test_views_equal_reading_the_store(diagnosed):
     assert wf.reads == 4  # (5–9: [1,3,7], then [2,40], then the rest), (10–14: [5,9])
 
 
+def test_one_kept_connection_reads_like_fresh_ones(diagnosed):
+    """The frames read through one DuckDB connection (views and the rank table replaced each
+    read); a read after ``close`` opens another."""
+    attempt, _, _ = diagnosed("pipeline_bubble")
+    wf = WindowFrames(attempt, [(5, 9), (10, 14)])
+    _same_rows(wf.sampled(10, 14, [10, 13], [2, 4]),
+               load_phases(attempt, 10, 14, ranks=np.array([2, 4]), steps=[10, 13]))
+    _same_rows(wf.phases(5, 9), load_phases(attempt, 5, 9))  # no rank table: every rank, not [2, 4]
+    con = wf._con
+    assert con is not None
+    wf.close()
+    _same_rows(wf.sampled(10, 14, [11], [0, 5]), load_phases(attempt, 10, 14, ranks=np.array([0, 5]), steps=[11]))
+    assert wf._con is not None and wf._con is not con
+    wf.close()
+
+
 def test_a_window_is_read_once_for_every_level(diagnosed, monkeypatch):
     """One diagnosis with L4 replay and pipeline analysis: the store's phases are read once per
     window (the hung or out-of-window steps a level may add are their own entries)."""
@@ -45,9 +61,9 @@ def test_a_window_is_read_once_for_every_level(diagnosed, monkeypatch):
     calls: list[tuple[int, int]] = []
     real = frames_mod.load_phases
 
-    def counting(att, lo, hi, ranks=None):
+    def counting(att, lo, hi, ranks=None, connection=None):
         calls.append((lo, hi))
-        return real(att, lo, hi, ranks=ranks)
+        return real(att, lo, hi, ranks=ranks, connection=connection)
 
     monkeypatch.setattr(frames_mod, "load_phases", counting)
     d = diagnose(attempt, DiagnoseConfig(store_incidents=False))
