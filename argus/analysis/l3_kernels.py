@@ -132,9 +132,8 @@ class L3Result:
     unjudged: list[tuple[str, int, str, float]] = field(default_factory=list)
 
 
-#: What L3 reads of a window's ``kernel_summaries``: these columns, the strings as dictionaries.
-L3_STRINGS = ("kernel", "category", "op")
-L3_COLUMNS = ["rank", "stream", "count", "p50_ns", "p99_ns", "min_ns", "max_ns", *L3_STRINGS]
+#: The columns of a window's ``kernel_summaries`` L3 reads.
+L3_COLUMNS = ["rank", "stream", "count", "p50_ns", "p99_ns", "min_ns", "max_ns", "kernel", "category", "op"]
 
 
 def _rank_cdfs(rows: dict[str, np.ndarray], grid: np.ndarray, world: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
