@@ -300,7 +300,10 @@ def _w1_matrix_evidence(ctx: _Ctx, ranks: list[int], evs: list[dict]) -> dict | 
 
     lo = min(s for ev in evs for w in ev["windows"] for s in w)
     hi = max(s for ev in evs for w in ev["windows"] for s in w)
-    summ = ctx.attempt.read("kernel_summaries", steps=(lo, hi), filter=pc.field("rank").isin(shown))
+    summ = ctx.attempt.read("kernel_summaries", steps=(lo, hi),  # that kernel's rows of those ranks only
+                            columns=["rank", "kernel", "stream", "count", "p50_ns", "p99_ns", "min_ns", "max_ns"],
+                            filter=pc.field("rank").isin(shown) & (pc.field("kernel") == top.kernel)
+                            & (pc.field("stream") == top.stream))
     try:
         m = w1_matrix_for(summ, top.kernel, top.stream, shown)
     except (ValueError, IndexError):
