@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from argus.analysis.frames import encode
 from argus.analysis.l5_stacks import CAUSE_WORDS, StackCause, stack_cause
 from argus.store import Attempt
 from argus.uniques import sorted_unique
@@ -45,12 +46,17 @@ def load_hw_signals(attempt: Attempt, step_of_ts=None) -> HwSignals:
     if t.num_rows == 0:
         return out
     rank = t.column("rank").to_numpy()
-    metric = np.asarray(t.column("metric").to_pylist(), dtype=object)
+    # the metric names as codes: an object array of 1.8 M strings (10,240 ranks) was a
+    # second to build and compare
+    codes, vocab = encode(t.column("metric").fill_null(""))
     value = t.column("value").to_numpy()
     ts = t.column("ts_ns").to_numpy()
 
+    def named(*names: str) -> np.ndarray:
+        return np.isin(codes, [i for i, v in enumerate(vocab) if v in names])
+
     def per_rank(name: str, reducer) -> dict[int, float]:
-        m = metric == name
+        m = named(name)
         if not m.any():
             return {}
         r, v = rank[m].astype(np.int64), value[m]
@@ -69,18 +75,18 @@ def load_hw_signals(attempt: Attempt, step_of_ts=None) -> HwSignals:
     # when: the samples below the rank's maximum (a link trains down at boot or on a bus
     # error, and stays so; the steps it covers are no clean baseline for the job)
     for r in out.pcie_degraded:
-        low = ((metric == "pcie_gen") & (value < gen_max.get(r, np.inf))) | \
-              ((metric == "pcie_width") & (value < width_max.get(r, np.inf)))
+        low = (named("pcie_gen") & (value < gen_max.get(r, np.inf))) | \
+              (named("pcie_width") & (value < width_max.get(r, np.inf)))
         tss = ts[low & (rank == r)]
         out.pcie_steps[r] = sorted({int(step_of_ts(r, int(x))) if step_of_ts else int(x) for x in tss})
-    m = (metric == "nic_port_up") & (value < 0.5)
+    m = named("nic_port_up") & (value < 0.5)
     for r in sorted_unique(rank[m]):
         tss = ts[m & (rank == r)]
         out.nic_down[int(r)] = [int(step_of_ts(int(r), int(x))) if step_of_ts else int(x) for x in tss]
     def per_step(names: tuple[str, ...], keep) -> dict[int, dict[int, float]]:
         """rank → step → the largest of ``names`` in that step's samples, where ``keep`` holds."""
         got: dict[int, dict[int, float]] = {}
-        m = np.isin(metric, names)
+        m = named(*names)
         for r, x, v in zip(rank[m].tolist(), ts[m].tolist(), value[m].tolist()):
             if keep(v):
                 step = int(step_of_ts(int(r), int(x))) if step_of_ts else int(x)
