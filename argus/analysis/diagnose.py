@@ -30,7 +30,8 @@ from argus.analysis.l1_windows import L1Config, L1Result, detect_windows
 from argus.analysis.l2_stragglers import L2Config, detect_stragglers, screen_candidates
 from argus.analysis.collectives import p2p_transfers
 from argus.analysis.links import detect_link_shifts
-from argus.analysis.l3_kernels import L3_COLUMNS, L3Config, collective_calls, detect_kernels, kernel_time_per_rank
+from argus.analysis.l3_kernels import (L3_COLUMNS, L3_STRINGS, L3Config, collective_calls, detect_kernels,
+                                      kernel_time_per_rank)
 from argus.analysis.observations import observe
 from argus.analysis.rollup import load_rollup
 from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents, reinstate_victims
@@ -179,7 +180,7 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
                 on_window(i + 1, len(spans))
             continue
         summ = attempt.read("kernel_summaries", steps=(lo, hi),  # steps: only the files that may hold the window
-                            filter=(pc.field("end_step") <= hi), columns=L3_COLUMNS)
+                            filter=(pc.field("end_step") <= hi), columns=L3_COLUMNS, dictionaries=L3_STRINGS)
         special = int(((special_steps >= lo) & (special_steps <= hi)).sum())
         usable = summ.num_rows and special <= 0.25 * (hi - lo + 1)  # warm-up mixes regimes into every kernel
         l3 = detect_kernels(summ, layout, topology.hosts, i, lo, hi, calls, config.l3) if usable else None

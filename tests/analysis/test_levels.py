@@ -256,3 +256,19 @@ def test_a_window_too_short_for_a_usual_of_its_own_takes_the_last_full_windows()
     assert detect_stragglers(_frame(tail, 10), layout, hosts, step_s).findings == []  # no usual to judge by
     found = detect_stragglers(_frame(tail, 10), layout, hosts, step_s, prior=full).findings
     assert [(f.rank, f.steps) for f in found] == [(1, [10])]
+
+
+def test_l3_codes_of_dictionary_chunks_are_those_of_the_strings():
+    """L3 reads a window's names as dictionaries, chunk by chunk with dictionaries of their own
+    (nulls included): the strings its codes index are those of the plain column, null as ""."""
+    import pyarrow as pa
+
+    from argus.analysis.l3_kernels import _codes
+
+    values = [["gemm", None, "nccl:all_reduce", "gemm"], ["flash", "gemm", None], [], ["nccl:all_reduce"]]
+    plain = pa.chunked_array([pa.array(v, pa.string()) for v in values], pa.string())
+    coded = pa.chunked_array([pa.array(v, pa.string()).dictionary_encode() for v in values],
+                             pa.dictionary(pa.int32(), pa.string()))
+    (pc_, pv), (dc, dv) = _codes(plain), _codes(coded)
+    assert dv[dc].tolist() == pv[pc_].tolist() == ["gemm", "", "nccl:all_reduce", "gemm", "flash", "gemm", "",
+                                                   "nccl:all_reduce"]

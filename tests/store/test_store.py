@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -41,6 +42,24 @@ def test_round_trip_with_step_filter_and_duckdb_views(attempt):
     assert attempt.sql("SELECT count(*) AS n FROM phases").column("n")[0].as_py() == 0  # empty view
     assert attempt.topology().hosts.tolist() == ["node-0000"] * 4 + ["node-0001"] * 4
     assert attempt.stats()["steps"].rows == 40
+
+
+def test_strings_read_as_dictionaries_hold_the_same_values(attempt):
+    """``dictionaries``: the named string columns come back dictionary-encoded (L3 reads a
+    window's kernel names so), with the values, nulls, filter and columns of a plain read."""
+    w = attempt.writer("host-a")
+    for step in range(3):
+        n = 6
+        w.write("hw", {"rank": np.arange(n) % 4, "gpu_uuid": [f"g{i % 2}" for i in range(n)],
+                       "ts_ns": np.arange(n) + 100 * step, "metric": ["sm_clock", "temp", None, "temp", "sm_clock", "x"],
+                       "value": np.arange(n, dtype=np.float64)}, window=step)
+    flt = pc.field("ts_ns") >= 100
+    plain = attempt.read("hw", columns=["rank", "metric"], filter=flt)
+    coded = attempt.read("hw", columns=["rank", "metric"], filter=flt, dictionaries=("metric", "gpu_uuid"))
+    assert pa.types.is_dictionary(coded.schema.field("metric").type)
+    assert coded.column("metric").to_pylist() == plain.column("metric").to_pylist()
+    assert None in plain.column("metric").to_pylist() and coded.num_rows == 12
+    assert coded.column("rank").to_pylist() == plain.column("rank").to_pylist()
 
 
 def test_a_step_range_reads_only_the_files_that_may_hold_it(attempt):
