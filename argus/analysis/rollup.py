@@ -299,7 +299,7 @@ _BLOCK = (("rank", np.int32), ("step", np.int64), ("microbatch", np.int32), ("na
 
 
 def _rollup(t: pa.Table, world: int) -> PhaseRollup:
-    """``t``'s rows as the rollup's arrays, one record batch at a time, each value compressed
+    """``t``'s rows as the rollup's arrays, one record batch at a time, each value copied
     once into its part (whole steps or blocks), allocated whole beforehand. Converting whole
     columns of the 8 M twin rows of 10,240 ranks × 20 steps first and then selecting copied each
     value three times; selecting per batch into fresh arrays faulted in 130,000 pages."""
