@@ -81,25 +81,38 @@ def simulate_to_store(config: SimConfig, scenario: str, out: str | Path,
     faulty: list[float] = []
     engine = Engine(config, plan, emit=True, topology=ctx.topology)
     window: list[dict[str, np.ndarray]] = []
-    for rec in engine.run():
-        result.steps_done += 1
-        result.phase_events += rec.n_phase_events
-        result.kernel_events += rec.n_kernel_events
-        faulty.append(job_step_times(rec))
-        if writer is not None:
-            w = rec.step  # the records of one step are one unit, as a processor's window is
-            writer.write(WindowData(window=w, start_step=w, end_step=w, steps=rec.steps_table(),
-                                    phases=rec.phases_table(), kernels=rec.kernels_table() if config.kernels else None,
-                                    stacks=rec.stacks, hw=rec.hw))
-            if config.summaries:
-                window.append(_compact_kernels(rec))
-                if (rec.step + 1) % config.window_steps == 0:
-                    _write_summaries(writer, window, engine.names.names, config.window_steps)
-                    window = []
-        if on_step is not None:
-            on_step(rec)
-    if writer is not None and window:
-        _write_summaries(writer, window, engine.names.names, config.window_steps)
+    spill: _Spill | None = None
+    try:
+        for rec in engine.run():
+            result.steps_done += 1
+            result.phase_events += rec.n_phase_events
+            result.kernel_events += rec.n_kernel_events
+            faulty.append(job_step_times(rec))
+            if writer is not None:
+                w = rec.step  # the records of one step are one unit, as a processor's window is
+                writer.write(WindowData(window=w, start_step=w, end_step=w, steps=rec.steps_table(),
+                                        phases=rec.phases_table(), kernels=rec.kernels_table() if config.kernels else None,
+                                        stacks=rec.stacks, hw=rec.hw))
+                if config.summaries:
+                    compact = _compact_kernels(rec)
+                    if len(compact["rank"]) > SPILL_EVENTS:
+                        spill = spill or _Spill(out)
+                        compact = spill.keep(compact)
+                    window.append(compact)
+                    del compact
+                    if (rec.step + 1) % config.window_steps == 0:
+                        _write_summaries(writer, window, engine.names.names, config.window_steps)
+                        window = []
+                        if spill is not None:
+                            spill.close()
+                            spill = None
+            if on_step is not None:
+                on_step(rec)
+        if writer is not None and window:
+            _write_summaries(writer, window, engine.names.names, config.window_steps)
+    finally:  # a failed or interrupted run leaves no spilled steps behind
+        if spill is not None:
+            spill.close()
     base: list[float] = faulty
     if baseline and not plan.empty:
         base = [job_step_times(r) for r in Engine(config, None, emit=False, topology=ctx.topology).run()]
@@ -112,13 +125,47 @@ def simulate_to_store(config: SimConfig, scenario: str, out: str | Path,
 
 
 def _compact_kernels(rec: StepRecords) -> dict[str, np.ndarray]:
-    """The columns compression needs, in small dtypes (a window of 10k ranks is ~50 M events)."""
+    """The columns compression needs, in small dtypes (a window of 10k ranks is ~50 M events),
+    in rank order (stable: each rank's events keep their order), so that a block of ranks is a
+    slice of every step."""
     a = rec.kernel_arrays()
     keep = np.isfinite(a["start"])
+    rank = a["rank"][keep].astype(np.int32)
+    order = np.argsort(rank, kind="stable")
     dur = np.where(np.isfinite(a["dur"]), a["dur"], -1.0)
-    return {"step": rec.step, "rank": a["rank"][keep].astype(np.int32), "stream": a["stream"][keep].astype(np.int16),
-            "name": a["name_id"][keep].astype(np.int32), "kind": a["kind_id"][keep].astype(np.int32),
-            "dur": np.rint(dur[keep]).astype(np.int64)}
+    return {"step": rec.step, "rank": rank[order], "stream": a["stream"][keep][order].astype(np.int16),
+            "name": a["name_id"][keep][order].astype(np.int32), "kind": a["kind_id"][keep][order].astype(np.int32),
+            "dur": np.rint(dur[keep][order]).astype(np.int64)}
+
+
+#: A step with more compacted kernel events than this waits for its window's close on disk, not in
+#: memory: at 102,400 ranks a step is 94 M events (2 GB) and a window of five held the simulator at
+#: 24 GB, past this machine's memory, when it was killed.
+SPILL_EVENTS = 10_000_000
+
+
+class _Spill:
+    """A window's compacted kernel steps kept in a temporary directory and read back as memory
+    maps (a block of ranks is a slice of each: only its pages are read)."""
+
+    def __init__(self, near: Path) -> None:
+        import tempfile
+
+        self.dir = Path(tempfile.mkdtemp(prefix=".argus-sim-spill-", dir=near))
+
+    def keep(self, step: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out: dict[str, Any] = {"step": step["step"]}
+        for k, v in step.items():
+            if k != "step":
+                path = self.dir / f"{int(step['step'])}-{k}.npy"
+                np.save(path, v)
+                out[k] = np.load(path, mmap_mode="r")
+        return out
+
+    def close(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def _write_summaries(writer: WindowWriter, steps: list[dict[str, np.ndarray]], names: list[str], window_steps: int,
@@ -131,13 +178,13 @@ def _write_summaries(writer: WindowWriter, steps: list[dict[str, np.ndarray]], n
 
     first = int(steps[0]["step"])
     index = first // window_steps
-    hi_rank = max((int(s["rank"].max()) + 1 for s in steps if len(s["rank"])), default=0)
+    hi_rank = max((int(s["rank"][-1]) + 1 for s in steps if len(s["rank"])), default=0)
     summaries: list[pa.Table] = []
     sketches: list[pa.Table] = []
     for lo in range(0, hi_rank, ranks_per_block):
-        # Gather one block of ranks from each step: never a copy of the whole window.
-        masks = [(s["rank"] >= lo) & (s["rank"] < lo + ranks_per_block) for s in steps]
-        cols = {k: np.concatenate([s[k][m] for s, m in zip(steps, masks)])
+        # one block of ranks from each step (a slice: the steps are in rank order), never a copy of the window
+        cuts = [np.searchsorted(s["rank"], [lo, lo + ranks_per_block]) for s in steps]
+        cols = {k: np.concatenate([np.asarray(s[k][a:b]) for s, (a, b) in zip(steps, cuts)])
                 for k in ("rank", "stream", "name", "kind", "dur")}
         if len(cols["rank"]) == 0:
             continue

@@ -163,6 +163,43 @@ def test_the_replay_answers_each_scenario_as_if_it_ran_alone(jobs):
     assert not np.array_equal(together[:, 1], together[:, 3])  # the scenarios differ: the order matters
 
 
+def test_scenarios_of_a_few_ranks_replay_as_those_of_every_rank_do(jobs, monkeypatch):
+    """Scenarios that change a few columns have their gaps computed on those columns only: the
+    step times are those of the full computation, bit for bit."""
+    from argus.analysis.attribution import StepBounds, build_chains
+    from argus.analysis.attribution import replay as replay_mod
+    from argus.analysis.attribution.durations import durations
+    from argus.analysis.attribution.graph import build_graphs
+    from argus.analysis.attribution.replay import Scenario, replay
+    from argus.analysis.frames import load_phases
+
+    attempt, _, _ = jobs("straggler")
+    layout, hosts = attempt.layout, attempt.topology().hosts
+    st = attempt.read("steps", columns=["rank", "step", "start_ns", "end_ns"])
+    bounds = StepBounds.of(*(st.column(c).to_numpy() for c in ("rank", "step", "start_ns", "end_ns")))
+    ch = build_chains(load_phases(attempt, 2, 5), layout, hosts, bounds)
+    g = build_graphs(ch, layout)[0]
+    d = durations(ch, g, layout)
+    n = sum(s.columns for s in g.stages)
+    J = len(ch.components)
+
+    def cols(*idx):
+        m = np.zeros(n, bool)
+        m[list(idx)] = True
+        return m
+
+    untracked = np.zeros(J, bool)
+    untracked[-1] = True
+    scen = [Scenario("rec"), Scenario("r1", "rec0", "peer", cols=cols(1)), Scenario("r6", "peer", "rec0", cols=cols(6)),
+            Scenario("pair", "rec0", "peer", cols=cols(1, 14)), Scenario("host", "rec", "upeer", cols=cols(3), comps=untracked),
+            Scenario("most", "rec0", "peer", cols=~cols(2)), Scenario("ideal", "ideal", "ideal")]
+    assert replay_mod._gap_key(scen[1], n)[2] and not replay_mod._gap_key(scen[5], n)[2]
+    few = replay(g, d, scen)
+    monkeypatch.setattr(replay_mod, "FEW_COLUMNS", 0.0)  # every scenario over every column
+    assert np.array_equal(few, replay(g, d, scen))
+    assert len({float(t) for t in few.mean(axis=0)}) > 3  # the scenarios differ
+
+
 def test_a_stage_stretched_by_run_queue_delay_holds_no_more_work(jobs):
     """The long-stage timeline once more, its stage 3's extra compute time declared as run-queue
     delay inside the phases (``wait_ns``: the CPU its ranks share ran something else): the stages

@@ -214,3 +214,27 @@ def test_a_graph_that_joins_no_two_ranks_attributes_nothing():
     f.groups = ["", ""]  # no group kind: every event its rank's own
     out = attribute_window(f, parse_layout("dp=2"), np.array(["h0", "h0"]), None, 0, 3)
     assert out.attribution is None and "joins two ranks" in out.note, out.note
+
+
+def test_events_are_put_in_rank_start_name_order_whatever_order_they_arrive_in():
+    """The chains order a rank's events by start, and those sharing an instant (a batched send and
+    receive) by name: a frame read in (rank, start) order is sorted at its ties only, any other
+    order in full — both as one three-key sort would."""
+    from argus.analysis.attribution.chains import _time_order
+
+    rng = np.random.default_rng(1)
+    for trial in range(600):
+        n = int(rng.integers(0, 40))
+        rank = np.sort(rng.integers(0, 3, n))
+        rel = rng.integers(0, 5, n)
+        o = np.lexsort((rel, rank))
+        rank, rel = rank[o], rel[o]
+        if trial % 3 == 0:
+            rel = rng.integers(0, 5, n)  # not in start order
+        name = rng.integers(0, 4, n)
+        key = (rank.astype(np.int64) << 46) | rel
+        rows = np.arange(n)
+        if n and trial % 2:
+            rows = np.sort(rng.choice(n, int(rng.integers(0, n + 1)), replace=False))
+        want = rows[np.lexsort((name[rows], rel[rows], rank[rows]))]
+        assert np.array_equal(_time_order(rows, key, name), want), trial

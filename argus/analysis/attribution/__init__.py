@@ -77,7 +77,9 @@ def attribute_window(frame: PhaseFrame, layout: Layout, hosts: np.ndarray, bound
                      steps: list[int] | None = None) -> WindowOutcome:
     """The what-ifs of one window (``steps``: only these, e.g. its steady ones)."""
     if steps is not None:
-        frame = frame.take(np.flatnonzero(np.isin(frame.step, steps)))
+        keep = np.isin(frame.step, steps)
+        if not keep.all():  # a large job's frame was read for these steps alone
+            frame = frame.take(np.flatnonzero(keep))
     ch = build_chains(frame, layout, hosts, bounds)
     if ch is None:
         return WindowOutcome(lo, hi, None, "no finished communication event: nothing joins the ranks' steps")

@@ -53,23 +53,38 @@ def _weights(mask: np.ndarray | None, n: int) -> np.ndarray:
 
 
 def _masks(scen: list[Scenario], n_cols: int, n_comp: int, n_comm: int):
-    """Per (gap_base, gap_over) pair: scenario indices, column weights (Z, cols), component
-    weights (J, Z); per (tr_base, tr_over): indices and communicator weights (Z, comms)."""
-    gap_pairs: dict[tuple[str, str], list[int]] = {}
+    """Per (gap_base, gap_over, few) group: scenario indices, column weights (Z, cols), component
+    weights (J, Z) and, for scenarios that each change a few columns (``_few``), the columns any
+    of them changes; per (tr_base, tr_over): indices and communicator weights (Z, comms)."""
+    gap_pairs: dict[tuple[str, str, bool], list[int]] = {}
     tr_pairs: dict[tuple[str, str], list[int]] = {}
     for z, s in enumerate(scen):
-        gap_pairs.setdefault((s.gap_base, s.gap_over), []).append(z)
+        gap_pairs.setdefault(_gap_key(s, n_cols), []).append(z)
         tr_pairs.setdefault((s.tr_base, s.tr_over), []).append(z)
     gaps = []
-    for (b, o), zs in gap_pairs.items():
+    for (b, o, few), zs in gap_pairs.items():
         cols = np.stack([_weights(scen[z].cols, n_cols) for z in zs])
         comps = np.stack([_weights(scen[z].comps, n_comp) for z in zs], axis=1)
-        gaps.append((b, o, _index(zs), cols, comps))
+        support = np.flatnonzero(cols.any(axis=0)) if few else None
+        if support is not None and support.size > FEW_COLUMNS * n_cols:  # a stage each: together, every column
+            support = None
+        gaps.append((b, o, _index(zs), cols, comps, support))
     trs = []
     for (b, o), zs in tr_pairs.items():
         comms = np.stack([_weights(scen[z].comms, n_comm) for z in zs])
         trs.append((b, o, _index(zs), comms))
     return gaps, trs
+
+
+#: Scenarios whose overlays cover at most this share of the replayed columns, each and together (a
+#: rank, a host, a few candidates), have their gaps computed on those columns only; the others keep
+#: the base values (at 10,240 ranks most scenarios change one to eight of 1,536 columns).
+FEW_COLUMNS = 1 / 8
+
+
+def _gap_key(s: Scenario, n_cols: int) -> tuple[str, str, bool]:
+    few = s.gap_base != s.gap_over and s.cols is not None and int(np.count_nonzero(s.cols)) <= FEW_COLUMNS * n_cols
+    return s.gap_base, s.gap_over, few
 
 
 def _index(zs: list[int]) -> slice | np.ndarray:
@@ -81,23 +96,23 @@ def _index(zs: list[int]) -> slice | np.ndarray:
     return np.array(zs)
 
 
-def _by_pair(scenarios: list[Scenario]) -> np.ndarray:
-    """The scenarios' order with each (gap_base, gap_over) pair's in one run (stable)."""
-    first: dict[tuple[str, str], int] = {}
-    key = [first.setdefault((s.gap_base, s.gap_over), len(first)) for s in scenarios]
+def _by_pair(scenarios: list[Scenario], n_cols: int) -> np.ndarray:
+    """The scenarios' order with each gap group's (``_gap_key``) in one run (stable)."""
+    first: dict[tuple[str, str, bool], int] = {}
+    key = [first.setdefault(_gap_key(s, n_cols), len(first)) for s in scenarios]
     return np.argsort(np.array(key, np.int64), kind="stable")
 
 
 def replay(g: StepGraph, d: Durations, scenarios: list[Scenario]) -> np.ndarray:
     """Step times (K steps, Z scenarios) in ns."""
-    order = _by_pair(scenarios)
+    offsets = np.r_[0, np.cumsum([st.columns for st in g.stages])]
+    order = _by_pair(scenarios, int(offsets[-1]))
     if not np.array_equal(order, np.arange(len(scenarios))):
         out = np.empty((g.steps.size, len(scenarios)))
         out[:, order] = replay(g, d, [scenarios[z] for z in order])
         return out
     Z = len(scenarios)
     K = g.steps.size
-    offsets = np.r_[0, np.cumsum([st.columns for st in g.stages])]
     n_comp = d.gaps["rec"][0].shape[-1]
     gap_pairs, tr_pairs = _masks(scenarios, int(offsets[-1]), n_comp, len(g.communicators))
     cursor = [np.broadcast_to(o[:, :, None], (o.shape[0], K, Z)).astype(np.float64) for o in g.origin]
@@ -120,14 +135,23 @@ def replay(g: StepGraph, d: Durations, scenarios: list[Scenario]) -> np.ndarray:
         if full is None:
             full = buffers[si] = np.empty((chunk, C, K, Z), np.float32)  # the durations' own precision
         out = full[: c1 - c0]
-        for b, o, zs, cols, comps in gap_pairs:
+        lo, hi = int(offsets[si]), int(offsets[si + 1])
+        for b, o, zs, cols, comps, few in gap_pairs:
             base = d.gaps[b][si][c0:c1]  # (m, C, K|1, J)
             val = base.sum(axis=-1, dtype=np.float64)[..., None]  # (m, C, K|1, 1)
             if b == o:
                 out[..., zs] = val
                 continue
+            if few is not None and isinstance(zs, slice):  # each scenario changes a few columns: the others keep the base
+                out[..., zs] = val
+                cs = few[(few >= lo) & (few < hi)] - lo
+                if cs.size:
+                    diff = d.gaps[o][si][c0:c1, cs] - base[:, cs]
+                    w = cols[:, lo + cs].T  # (cs, zs)
+                    out[:, cs, :, zs] = np.multiply(diff @ comps, w[None, :, None, :]) + val[:, cs]
+                continue
             diff = d.gaps[o][si][c0:c1] - base
-            w = cols[:, offsets[si]:offsets[si + 1]].T  # (C, zs)
+            w = cols[:, lo:hi].T  # (C, zs)
             dst = out[..., zs]  # a view where zs is a slice (always, after _by_pair)
             np.multiply(diff @ comps, w[None, :, None, :], out=dst)  # (m, C, K', zs)
             dst += val
@@ -163,7 +187,7 @@ def replay(g: StepGraph, d: Durations, scenarios: list[Scenario]) -> np.ndarray:
     # scenario keeps that rank's recorded untracked time, none where it sets it to a typical one
     unt = np.zeros(Z)
     late_w = np.zeros((int(offsets[-1]), Z))
-    for b, o, zs, cols, comps in gap_pairs:
+    for b, o, zs, cols, comps, _ in gap_pairs:
         wu = comps[-1]  # (zs,) weight of the untracked component
         base = 1.0 if b == "rec" else 0.0
         over = 1.0 if o == "rec" else 0.0
