@@ -183,7 +183,8 @@ def _write_summaries(writer: WindowWriter, steps: list[dict[str, np.ndarray]], n
     sketches: list[pa.Table] = []
     for lo in range(0, hi_rank, ranks_per_block):
         # one block of ranks from each step (a slice: the steps are in rank order), never a copy of the window
-        cuts = [np.searchsorted(s["rank"], [lo, lo + ranks_per_block]) for s in steps]
+        # (bounds in the ranks' own dtype: other ones make numpy convert the whole step first)
+        cuts = [np.searchsorted(s["rank"], np.array([lo, lo + ranks_per_block], s["rank"].dtype)) for s in steps]
         cols = {k: np.concatenate([np.asarray(s[k][a:b]) for s, (a, b) in zip(steps, cuts)])
                 for k in ("rank", "stream", "name", "kind", "dur")}
         if len(cols["rank"]) == 0:
