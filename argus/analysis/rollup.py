@@ -140,39 +140,48 @@ class PhaseRollup:
 def load_rollup(attempt: Attempt) -> PhaseRollup:
     """The run's rollup: the ``phase_totals`` twins of its phases files, and what has no twin
     (a phases file written without one; the step 0 of a rank the start-up rule cuts, which
-    needs its rows) aggregated from its phase rows by the same query."""
+    needs its rows) aggregated from its phase rows by the same query.
+
+    The twins are converted one file at a time into the rollup's arrays: concatenated first, the
+    40 M twin rows of 102,400 ranks × 10 steps held 4 GB of Arrow beside the arrays (peak 7.6 GB)
+    and the conversion ran at a third of its speed on memory the page cache had to give back."""
     twins = {(f.parent.name, f.name): f for f in attempt.files("phase_totals")}
     files = attempt.files("phases")
     # files that may share a (rank, step) (a step's late rows written with the next window) are
     # aggregated together from their rows: their twins cannot say how many rows one microbatch had
     shared = _overlapping([_span(f) for f in files])
-    parts: list[pa.Table] = []
-    raw = []
-    for i, f in enumerate(files):
-        twin = twins.get((f.parent.name, f.name))
-        t = _read_twin(twin) if twin is not None and i not in shared else None
+    paired = [(f, twins.get((f.parent.name, f.name)) if i not in shared else None) for i, f in enumerate(files)]
+    raw = [f for f, twin in paired if twin is None]
+    at0 = set(attempt.files("phases", steps=(0, 0)))
+    step0 = [twin for f, twin in paired if twin is not None and f in at0]
+    first = _step0_rows(step0)
+    if step0 and first is None:  # a step-0 twin that cannot be read: those files from their rows
+        raw += [f for f, twin in paired if twin is not None and f in at0]
+        paired = [(f, None if f in at0 else twin) for f, twin in paired]
+    cut = _startup_cut(attempt, first) if first is not None else None
+    out = _Converter(attempt.layout.world_size, sum(_rows(twin) for _, twin in paired if twin is not None))
+    for f, twin in paired:
+        t = _read_twin(twin) if twin is not None else None
         if t is None:
-            raw.append(f)
-        else:
-            parts.append(t)
-    covered_step0 = [f for f in attempt.files("phases", steps=(0, 0))
-                     if (f.parent.name, f.name) in twins and f not in raw]
-    t = pa.concat_tables(parts).unify_dictionaries() if parts else None
-    cut = _startup_cut(attempt, t) if covered_step0 and t is not None else None
-    if t is not None and (cut is None or cut.size):  # their step 0 comes from its rows, under the start-up rule
-        step = t.column("step").to_numpy(zero_copy_only=False)
-        drop = step == 0
-        if cut is not None:
-            drop &= np.isin(t.column("rank").to_numpy(zero_copy_only=False), cut)
-        if drop.any():
-            t = t.filter(pa.array(~drop))
+            if twin is not None:
+                raw.append(f)
+            continue
+        if f in at0 and (cut is None or cut.size):  # their step 0 comes from its rows, under the start-up rule
+            drop = t.column("step").to_numpy(zero_copy_only=False) == 0
+            if cut is not None:
+                drop &= np.isin(t.column("rank").to_numpy(zero_copy_only=False), cut)
+            if drop.any():
+                t = t.filter(pa.array(~drop))
+        out.add(t)
+        del t
+    covered_step0 = [f for f in sorted(at0) if f not in raw]
     recorded = []
     if raw:
-        recorded.append(f"SELECT * FROM read_parquet({_paths(raw)}, union_by_name = true)")
+        recorded.append(f"SELECT * FROM read_parquet({_paths(sorted(set(raw), key=files.index))}, union_by_name = true)")
     if covered_step0 and (cut is None or cut.size):
         only = "" if cut is None else " AND rank IN (SELECT r FROM _argus_cut)"
-        recorded.append(f"SELECT * FROM read_parquet({_paths(covered_step0)}, union_by_name = true) WHERE step = 0"
-                        + only)
+        recorded.append(f"SELECT * FROM read_parquet({_paths([f for f in files if f in covered_step0])}, "
+                        "union_by_name = true) WHERE step = 0" + only)
     if recorded:
         con = attempt.duckdb(tables=["steps"])
         try:
@@ -181,13 +190,43 @@ def load_rollup(attempt: Attempt) -> PhaseRollup:
             con.execute("CREATE VIEW _argus_phases_recorded AS " + " UNION ALL BY NAME ".join(recorded))
             startup_rule(con)
             has_wait = "wait_ns" in con.sql("SELECT * FROM phases LIMIT 0").columns
-            agg = _dictionaries(conform("phase_totals", con.sql(totals_query("phases", has_wait)).to_arrow_table()))
+            out.add(_dictionaries(conform("phase_totals", con.sql(totals_query("phases", has_wait)).to_arrow_table())))
         finally:
             con.close()
-        t = agg if t is None else pa.concat_tables([t, agg]).unify_dictionaries()
-    if t is None:
-        return _rollup(_dictionaries(TABLES["phase_totals"].schema.empty_table()), attempt.layout.world_size)
-    return _rollup(t, attempt.layout.world_size)
+    return out.rollup()
+
+
+def _rows(path: Path) -> int:
+    """Rows a twin holds, from its footer (0 where it cannot be read: it is then aggregated)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return int(pq.read_metadata(path).num_rows)
+    except (pa.ArrowException, OSError):
+        return 0
+
+
+def _step0_rows(twins: list[Path]) -> pa.Table | None:
+    """The step-0 rows of ``twins`` (the columns the start-up cut reads); None where one of them
+    cannot be read."""
+    import pyarrow.parquet as pq
+
+    parts = []
+    for path in twins:
+        try:
+            have = set(pq.read_schema(path).names)
+            t = pq.read_table(path, columns=[c for c in ("rank", "step", "min_ns", "end_min_ns") if c in have],
+                              filters=[("step", "=", 0)])
+        except (pa.ArrowException, OSError, ValueError):
+            return None
+        cols = {}
+        for c in ("rank", "step", "min_ns", "end_min_ns"):
+            typ = TABLES["phase_totals"].schema.field(c).type
+            cols[c] = t.column(c).cast(typ) if c in t.column_names else pa.nulls(t.num_rows, typ)
+        parts.append(pa.table(cols))
+    if not parts:
+        return None
+    return pa.concat_tables(parts)
 
 
 def _startup_cut(attempt: Attempt, t: pa.Table) -> np.ndarray | None:
@@ -298,72 +337,85 @@ _BLOCK = (("rank", np.int32), ("step", np.int64), ("microbatch", np.int32), ("na
           ("work_ns", np.float64), ("min_ns", np.float64), ("count", np.int64))
 
 
-def _rollup(t: pa.Table, world: int) -> PhaseRollup:
-    """``t``'s rows as the rollup's arrays, one record batch at a time, each value copied
-    once into its part (whole steps or blocks), allocated whole beforehand. Converting whole
-    columns of the 8 M twin rows of 10,240 ranks × 20 steps first and then selecting copied each
-    value three times; selecting per batch into fresh arrays faulted in 130,000 pages."""
-    names: list[str] = []
-    at: dict[str, int] = {}  # name → id, in order of first appearance (the unified dictionary's)
-    category: list[str] = []
-    group_kind: list[str] = []
-    have = np.zeros(0, bool)  # names whose category and group kind are known (from their first row)
-    # both parts sized for every row: pages never written are never touched
-    whole = {c: np.empty(t.num_rows, dt) for c, dt in _WHOLE}
-    block = {c: np.empty(t.num_rows, dt) for c, dt in _BLOCK}
-    n_whole = n_block = 0
-    for rb in t.to_batches():
-        if not rb.num_rows:
-            continue
+class _Converter:
+    """Tables of twin rows into the rollup's arrays, one record batch at a time, each value
+    copied once into its part (whole steps or blocks), allocated beforehand for ``rows`` (grown
+    if more come). Converting whole columns of the 8 M twin rows of 10,240 ranks × 20 steps first
+    and then selecting copied each value three times; selecting per batch into fresh arrays
+    faulted in 130,000 pages. Names get ids in the order their dictionaries first list them."""
+
+    def __init__(self, world: int, rows: int) -> None:
+        self.world = world
+        self.names: list[str] = []
+        self.at: dict[str, int] = {}  # name → id
+        self.category: list[str] = []
+        self.group_kind: list[str] = []
+        self.have = np.zeros(0, bool)  # names whose category and group kind are known (from their first row)
+        # both parts sized for every row: pages never written are never touched
+        self.whole = {c: np.empty(rows, dt) for c, dt in _WHOLE}
+        self.block = {c: np.empty(rows, dt) for c, dt in _BLOCK}
+        self.n = {"whole": 0, "block": 0}
+
+    def add(self, t: pa.Table) -> None:
+        for rb in t.to_batches():
+            if rb.num_rows:
+                self._batch(rb)
+
+    def _batch(self, rb: pa.RecordBatch) -> None:
+        names, at = self.names, self.at
         name_col, lut = _codes(rb.column(rb.schema.get_field_index("name")))
         for v in lut:
             if v not in at:
                 at[v] = len(names)
                 names.append(v)
-                category.append("")
-                group_kind.append("")
+                self.category.append("")
+                self.group_kind.append("")
         name = np.array([at[v] for v in lut], np.int32)[name_col] if lut else name_col.astype(np.int32)
-        if have.size < len(names):
-            have = np.r_[have, np.zeros(len(names) - have.size, bool)]
+        if self.have.size < len(names):
+            self.have = np.r_[self.have, np.zeros(len(names) - self.have.size, bool)]
         rank = _num(rb, "rank", np.int32)
-        ok = (rank >= 0) & (rank < world)
+        ok = (rank >= 0) & (rank < self.world)
         seen = np.zeros(len(names), bool)
         seen[name[ok]] = True
-        if (seen & ~have).any():  # a name's first row: its category and group kind
+        if (seen & ~self.have).any():  # a name's first row: its category and group kind
             first = np.full(len(names), -1, np.int64)
             idx = np.flatnonzero(ok)[::-1]
             first[name[idx]] = idx  # written last to first: the first row of each name stays
             cat_codes, cats = _codes(rb.column(rb.schema.get_field_index("category")))
             grp_codes, grps = _codes(rb.column(rb.schema.get_field_index("group_kind")))
-            for k in np.flatnonzero(seen & ~have).tolist():
-                category[k] = cats[cat_codes[first[k]]]
-                group_kind[k] = grps[grp_codes[first[k]]]
-            have |= seen
+            for k in np.flatnonzero(seen & ~self.have).tolist():
+                self.category[k] = cats[cat_codes[first[k]]]
+                self.group_kind[k] = grps[grp_codes[first[k]]]
+            self.have |= seen
         mb = _num(rb, "microbatch", np.int32)
-        for part, fields, sel, n in ((whole, _WHOLE, ok & (mb < 0), n_whole), (block, _BLOCK, ok & (mb >= 0), n_block)):
+        for key, part, fields, sel in (("whole", self.whole, _WHOLE, ok & (mb < 0)),
+                                       ("block", self.block, _BLOCK, ok & (mb >= 0))):
             idx = np.flatnonzero(sel)
-            k = idx.size
+            k, n = idx.size, self.n[key]
             if not k:
                 continue
+            if n + k > part["rank"].size:  # more rows than the footers said (the aggregated ones)
+                for c, v in part.items():
+                    part[c] = np.concatenate([v[:n], np.empty(max(n + k, 2 * v.size) - n, v.dtype)])
             for c, dt in fields:
                 src = name if c == "name" else rank if c == "rank" else mb if c == "microbatch" else _num(rb, c, dt)
                 np.take(src, idx, out=part[c][n:n + k])
-            if part is whole:
-                n_whole += k
-            else:
-                n_block += k
-    W = {c: v[:n_whole] for c, v in whole.items()}
-    B = {c: v[:n_block] for c, v in block.items()}
-    rank, step, name, most = W["rank"], W["step"], W["name"], W["mb_most"]
-    sampled = (rank < BLOCK_SAMPLE_RANKS) & (most > 0)
-    block_max: dict[int, dict[str, int]] = {}
-    for s_, n_, m_ in zip(step[sampled].tolist(), name[sampled].tolist(), most[sampled].tolist()):
-        per = block_max.setdefault(int(s_), {})
-        per[names[n_]] = max(per.get(names[n_], 0), int(m_))
-    return PhaseRollup(rank.astype(np.int64), step, name, W["count"], W["work_ns"], W["min_ns"], W["pos_ns"],
-                       W["pos_nomb_ns"], names, category, group_kind, block_max,
-                       _Blocks(B["rank"].astype(np.int64), B["step"], B["microbatch"].astype(np.int64), B["name"],
-                               B["work_ns"], B["min_ns"], B["count"]))
+            self.n[key] = n + k
+
+    def rollup(self) -> PhaseRollup:
+        names = self.names
+        W = {c: v[:self.n["whole"]] for c, v in self.whole.items()}
+        B = {c: v[:self.n["block"]] for c, v in self.block.items()}
+        rank, step, name, most = W["rank"], W["step"], W["name"], W["mb_most"]
+        sampled = (rank < BLOCK_SAMPLE_RANKS) & (most > 0)
+        block_max: dict[int, dict[str, int]] = {}
+        for s_, n_, m_ in zip(step[sampled].tolist(), name[sampled].tolist(), most[sampled].tolist()):
+            per = block_max.setdefault(int(s_), {})
+            per[names[n_]] = max(per.get(names[n_], 0), int(m_))
+        return PhaseRollup(rank.astype(np.int64), step, name, W["count"], W["work_ns"], W["min_ns"], W["pos_ns"],
+                           W["pos_nomb_ns"], names, self.category, self.group_kind, block_max,
+                           _Blocks(B["rank"].astype(np.int64), B["step"], B["microbatch"].astype(np.int64), B["name"],
+                                   B["work_ns"], B["min_ns"], B["count"]))
 
 
 def _codes(col: pa.Array) -> tuple[np.ndarray, list[str]]:
