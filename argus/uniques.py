@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["sorted_unique"]
+__all__ = ["sorted_unique", "small_unique_inverse"]
 
 
 def sorted_unique(values) -> np.ndarray:
@@ -24,3 +24,25 @@ def sorted_unique(values) -> np.ndarray:
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep]
+
+
+#: Integers spanning at most this many values are counted, not sorted, by ``small_unique_inverse``.
+SMALL_SPAN = 1 << 20
+
+
+def small_unique_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` for integers of a small span (streams, ranks):
+    a count and a lookup table, no sort (13 M kernel-summary rows of 102,400 ranks: a sort of
+    them took 1.5–1.9 s a window). Other input goes to ``np.unique``."""
+    a = np.asarray(values)
+    if a.size == 0 or a.dtype.kind not in "iu":
+        return np.unique(a, return_inverse=True)
+    lo, hi = int(a.min()), int(a.max())
+    if hi - lo >= SMALL_SPAN:
+        return np.unique(a, return_inverse=True)
+    shifted = a.astype(np.int64) - lo if lo else a
+    present = np.bincount(shifted.ravel(), minlength=hi - lo + 1) > 0
+    where = np.flatnonzero(present)
+    lut = np.zeros(hi - lo + 1, np.intp)
+    lut[where] = np.arange(where.size)
+    return (where + lo).astype(a.dtype), lut[shifted].reshape(a.shape)

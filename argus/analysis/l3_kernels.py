@@ -33,7 +33,7 @@ from argus.analysis.strata import center_within, group_strata
 from argus.compress import log_grid, mixture_cdf, w1, w1_matrix
 from argus.topology import Layout
 from argus.vocab import GroupKind, KernelKind, PhaseCategory, kernel_group
-from argus.uniques import sorted_unique
+from argus.uniques import small_unique_inverse, sorted_unique
 
 __all__ = ["CollectiveCalls", "GroupShift", "KernelOutlier", "L3Config", "L3Result", "collective_calls",
            "detect_kernels", "kernel_time_per_rank", "kinds_for", "w1_matrix_for"]
@@ -140,7 +140,7 @@ L3_COLUMNS = ["rank", "stream", "count", "p50_ns", "p99_ns", "min_ns", "max_ns",
 
 def _rank_cdfs(rows: dict[str, np.ndarray], grid: np.ndarray, world: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """CDF per rank present (R, G), the ranks, and each rank's mean duration."""
-    ranks, dist = np.unique(rows["rank"], return_inverse=True)
+    ranks, dist = small_unique_inverse(rows["rank"])
     cdf = mixture_cdf(grid, dist, rows["count"], rows["p50_ns"], rows["p99_ns"], n_dist=len(ranks),
                       lo=rows["min_ns"], hi=rows["max_ns"], dtype=np.float32)
     # mean of a truncated component ≈ its median for tight clusters; weighted by counts
@@ -171,10 +171,11 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
     # one integer key per (kernel, stream) and one sort: each kernel's rows are a slice, not a
     # string comparison over every row of the window
     kid, kernels = text["kernel"]
-    streams, sid = np.unique(cols["stream"], return_inverse=True)
+    streams, sid = small_unique_inverse(cols["stream"])
     key = kid.astype(np.int64) * len(streams) + sid
     order = np.argsort(key, kind="stable")
-    bounds = np.flatnonzero(np.r_[True, key[order][1:] != key[order][:-1], True])
+    key = key[order]
+    bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
     first = order[bounds[:-1]]
     names = kernels[kid[first]]
     for b in np.argsort(np.char.add(names, np.char.add("|", cols["stream"][first].astype(str)))):
