@@ -352,8 +352,8 @@ class _Converter:
         self.group_kind: list[str] = []
         self.have = np.zeros(0, bool)  # names whose category and group kind are known (from their first row)
         # both parts sized for every row: pages never written are never touched
-        self.whole = {c: np.empty(rows, dt) for c, dt in _WHOLE}
-        self.block = {c: np.empty(rows, dt) for c, dt in _BLOCK}
+        self.whole: dict[str, np.ndarray] = {c: np.empty(rows, dt) for c, dt in _WHOLE}
+        self.block: dict[str, np.ndarray] = {c: np.empty(rows, dt) for c, dt in _BLOCK}
         self.n = {"whole": 0, "block": 0}
 
     def add(self, t: pa.Table) -> None:
@@ -395,8 +395,8 @@ class _Converter:
             if not k:
                 continue
             if n + k > part["rank"].size:  # more rows than the footers said (the aggregated ones)
-                for c, v in part.items():
-                    part[c] = np.concatenate([v[:n], np.empty(max(n + k, 2 * v.size) - n, v.dtype)])
+                for col, arr in part.items():
+                    part[col] = np.concatenate([arr[:n], np.empty(max(n + k, 2 * arr.size) - n, arr.dtype)])
             for c, dt in fields:
                 src = name if c == "name" else rank if c == "rank" else mb if c == "microbatch" else _num(rb, c, dt)
                 np.take(src, idx, out=part[c][n:n + k])
