@@ -135,13 +135,11 @@ def test_a_whole_job_slowdown_nothing_explains_is_said_so(tmp_path, until, scale
     assert ev["ruled_out"] and all(r["worker"] < 1.05 and r["stage"] < 1.05 for r in ev["ruled_out"])
 
 
-def test_the_replay_answers_each_scenario_as_if_it_ran_alone(jobs):
-    """Scenarios are replayed in runs of the same durations (a slice of the last axis, not an
-    index array): the answer to each is the same, in the order asked, as replayed on its own."""
+def _straggler_model(jobs):
+    """The straggler job's chains, step graph and durations over steps 2–5 (a replay's inputs)."""
     from argus.analysis.attribution import StepBounds, build_chains
     from argus.analysis.attribution.durations import durations
     from argus.analysis.attribution.graph import build_graphs
-    from argus.analysis.attribution.replay import Scenario, replay
     from argus.analysis.frames import load_phases
 
     attempt, _, _ = jobs("straggler")
@@ -150,7 +148,15 @@ def test_the_replay_answers_each_scenario_as_if_it_ran_alone(jobs):
     bounds = StepBounds.of(*(st.column(c).to_numpy() for c in ("rank", "step", "start_ns", "end_ns")))
     ch = build_chains(load_phases(attempt, 2, 5), layout, hosts, bounds)
     g = build_graphs(ch, layout)[0]
-    d = durations(ch, g, layout)
+    return ch, g, durations(ch, g, layout)
+
+
+def test_the_replay_answers_each_scenario_as_if_it_ran_alone(jobs):
+    """Scenarios are replayed in runs of the same durations (a slice of the last axis, not an
+    index array): the answer to each is the same, in the order asked, as replayed on its own."""
+    from argus.analysis.attribution.replay import Scenario, replay
+
+    ch, g, d = _straggler_model(jobs)
     n = sum(s.columns for s in g.stages)
     one = np.zeros(n, bool)
     one[1] = True
@@ -166,20 +172,10 @@ def test_the_replay_answers_each_scenario_as_if_it_ran_alone(jobs):
 def test_scenarios_of_a_few_ranks_replay_as_those_of_every_rank_do(jobs, monkeypatch):
     """Scenarios that change a few columns have their gaps computed on those columns only: the
     step times are those of the full computation, bit for bit."""
-    from argus.analysis.attribution import StepBounds, build_chains
     from argus.analysis.attribution import replay as replay_mod
-    from argus.analysis.attribution.durations import durations
-    from argus.analysis.attribution.graph import build_graphs
     from argus.analysis.attribution.replay import Scenario, replay
-    from argus.analysis.frames import load_phases
 
-    attempt, _, _ = jobs("straggler")
-    layout, hosts = attempt.layout, attempt.topology().hosts
-    st = attempt.read("steps", columns=["rank", "step", "start_ns", "end_ns"])
-    bounds = StepBounds.of(*(st.column(c).to_numpy() for c in ("rank", "step", "start_ns", "end_ns")))
-    ch = build_chains(load_phases(attempt, 2, 5), layout, hosts, bounds)
-    g = build_graphs(ch, layout)[0]
-    d = durations(ch, g, layout)
+    ch, g, d = _straggler_model(jobs)
     n = sum(s.columns for s in g.stages)
     J = len(ch.components)
 
