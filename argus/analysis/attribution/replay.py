@@ -54,7 +54,7 @@ def _weights(mask: np.ndarray | None, n: int) -> np.ndarray:
 
 def _masks(scen: list[Scenario], n_cols: int, n_comp: int, n_comm: int):
     """Per (gap_base, gap_over, few) group: scenario indices, column weights (Z, cols), component
-    weights (J, Z) and, for scenarios that each change a few columns (``_few``), the columns any
+    weights (J, Z) and, for scenarios that each change a few columns (``_gap_key``), the columns any
     of them changes; per (tr_base, tr_over): indices and communicator weights (Z, comms)."""
     gap_pairs: dict[tuple[str, str, bool], list[int]] = {}
     tr_pairs: dict[tuple[str, str], list[int]] = {}
