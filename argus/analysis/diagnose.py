@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -22,18 +23,18 @@ import pyarrow.compute as pc
 from argus.analysis.coverage import coverage_of
 from argus.analysis.deepen import DeepenConfig, deepen
 from argus.analysis.diagnosis import Diagnosis
-from argus.analysis.frames import WindowFrames, load_steps
+from argus.analysis.frames import PhaseFrame, WindowFrames, load_steps
 from argus.analysis.decision import JobFacts, decide, job_facts
 from argus.analysis.incident import Incident, incidents_table
 from argus.analysis.verification import apply as apply_verifications, load as load_verifications
 from argus.analysis.l1_windows import L1Config, L1Result, detect_windows
 from argus.analysis.l2_stragglers import L2Config, detect_stragglers, screen_candidates
 from argus.analysis.collectives import p2p_transfers
-from argus.analysis.links import detect_link_shifts
-from argus.analysis.l3_kernels import (L3_COLUMNS, L3_STRINGS, L3Config, collective_calls, detect_kernels,
-                                      kernel_time_per_rank)
+from argus.analysis.links import LinkFinding, detect_link_shifts
+from argus.analysis.l3_kernels import (L3_COLUMNS, L3_STRINGS, CollectiveCalls, L3Config, L3Result, collective_calls,
+                                      detect_kernels, kernel_time_per_rank)
 from argus.analysis.observations import observe
-from argus.analysis.rollup import load_rollup
+from argus.analysis.rollup import PhaseRollup, load_rollup
 from argus.analysis.rootcause import RootCauseConfig, WindowAnalysis, build_incidents, reinstate_victims
 from argus.analysis.arbiter import SLOW_CLASSES, arbitrate, candidate_label, fold_into_failures
 from argus.analysis.attribution import AttributionConfig, StepBounds, WindowOutcome, attribute_window, sample_steps
@@ -43,6 +44,7 @@ from argus.analysis.sdc import checkpoints_from_log, sdc_incidents
 from argus.analysis.signals import load_hw_signals
 from argus.errors import ConfigError, StoreError
 from argus.store import WINDOW_STEPS, Attempt
+from argus.topology import Layout
 from argus.vocab import KernelKind, PhaseCategory
 from argus.uniques import sorted_unique
 
@@ -60,6 +62,9 @@ class DiagnoseConfig:
     window_steps: int | None = None  # default: the store's summary windows (at least 5 steps)
     steps: tuple[int, int] | None = None  # only windows inside this range (L1 always sees the whole series)
     exact_ranks: int = 2048  # up to this many ranks L2 analyses every rank exactly; above, screened candidates
+    #: threads: the next window's L3, screen and phase read beside this window's L2; attributions
+    #: side by side (the reads and numpy give up the GIL). 1: one after the other; same results.
+    workers: int = 2
     store_incidents: bool = True
     l1: L1Config = field(default_factory=L1Config)
     l2: L2Config = field(default_factory=L2Config)
@@ -71,6 +76,8 @@ class DiagnoseConfig:
     def __post_init__(self) -> None:
         if self.window_steps is not None and self.window_steps < 1:
             raise ConfigError(f"window_steps must be at least 1, got {self.window_steps}")
+        if self.workers < 1:
+            raise ConfigError(f"workers must be at least 1, got {self.workers}")
 
 
 def _job_facts(attempt: Attempt, l1: L1Result) -> JobFacts:
@@ -123,6 +130,93 @@ def _windows(attempt: Attempt, steps: np.ndarray, window_steps: int | None) -> l
     return [(int(a), min(int(a) + window_steps - 1, hi)) for a in firsts]
 
 
+@dataclass
+class _WindowInputs:
+    """What L2 needs of a window, prepared ahead: L3's result, the screened phases, the links."""
+
+    l3: L3Result | None
+    kernel_time: dict[int, float] | None
+    frame: PhaseFrame
+    links: list[LinkFinding]
+    l3_s: float  # seconds L3 took (in whichever thread)
+    l2_read_s: float  # seconds the screen and the phase read took
+
+
+@dataclass
+class _WindowPrep:
+    """L3, the candidate screen and the phase read of one window: everything before L2's
+    judgement, which alone needs the previous window's result."""
+
+    attempt: Attempt
+    layout: Layout
+    hosts: np.ndarray
+    rollup: PhaseRollup
+    frames: WindowFrames
+    calls: list[CollectiveCalls]
+    special_steps: np.ndarray
+    step_time: dict[int, float]
+    config: DiagnoseConfig
+    index: dict[tuple[int, int], int]
+
+    def __call__(self, lo: int, hi: int) -> _WindowInputs | None:
+        t = time.perf_counter()  # L3 first: its slower-kernel ranks are wait-free candidates for L2
+        totals = self.rollup.totals(lo, hi)
+        if len(totals.rank) == 0:
+            return None
+        layout, config = self.layout, self.config
+        summ = self.attempt.read("kernel_summaries", steps=(lo, hi),  # steps: only the files that may hold it
+                                 filter=(pc.field("end_step") <= hi), columns=L3_COLUMNS, dictionaries=L3_STRINGS)
+        special = int(((self.special_steps >= lo) & (self.special_steps <= hi)).sum())
+        usable = summ.num_rows and special <= 0.25 * (hi - lo + 1)  # warm-up mixes regimes into every kernel
+        l3 = detect_kernels(summ, layout, self.hosts, self.index[(lo, hi)], lo, hi, self.calls, config.l3) \
+            if usable else None
+        kernel_time = l3.busy_total_ns if l3 is not None else kernel_time_per_rank(summ, layout) if summ.num_rows \
+            else None
+        del summ
+        l3_s = time.perf_counter() - t
+        t = time.perf_counter()
+        subset = None
+        if layout.world_size > config.exact_ranks:
+            slow = sorted({o.rank for o in (l3.outliers if l3 else []) if (o.slower or o.more_work)
+                           and o.category in (PhaseCategory.COMPUTE, KernelKind.CPU_OP)})
+            subset = screen_candidates(totals, layout, self.step_time, config.l2, priority=slow)
+        frame = self.frames.phases(lo, hi, ranks=subset)
+        # pipeline transfers from paired sends and receives where every rank's phases are loaded
+        p2p = p2p_transfers(frame, layout, self.hosts) if subset is None and layout.pp > 1 else None
+        links = detect_link_shifts(totals, layout, self.hosts, p2p)
+        return _WindowInputs(l3, kernel_time, frame, links, l3_s, time.perf_counter() - t)
+
+
+class _Ahead:
+    """Windows prepared one ahead in a worker thread (``workers`` > 1) while the caller judges the
+    current one; in order, each prepared once. An exception is raised where its window is asked for."""
+
+    def __init__(self, prep: _WindowPrep, spans: list[tuple[int, int]], workers: int) -> None:
+        self.prep, self.spans = prep, spans
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="argus-window") if workers > 1 and len(spans) > 1 \
+            else None
+        self.futures: dict[int, Future] = {}
+
+    def _submit(self, i: int) -> None:
+        if self.pool is not None and i < len(self.spans) and i not in self.futures:
+            self.futures[i] = self.pool.submit(self.prep, *self.spans[i])
+
+    def get(self, i: int) -> _WindowInputs | None:
+        if self.pool is None:
+            return self.prep(*self.spans[i])
+        self._submit(i)
+        fut = self.futures.pop(i)
+        self._submit(i + 1)  # queued behind window i: at most one window ahead
+        return fut.result()
+
+    def __enter__(self) -> _Ahead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,
              on_window: Callable[[int, int], None] | None = None) -> Diagnosis:
     """L1–L3 and root cause over ``attempt``; ``on_window(done, total)`` reports progress.
@@ -171,43 +265,30 @@ def _diagnose(attempt: Attempt, config: DiagnoseConfig, on_window: Callable[[int
     skipped: list[tuple[int, int]] = []
     # each window's phases are read once, here, and shared by L2 and L4 (replay, pipeline, GPU idle)
     frames = WindowFrames(attempt, spans)
-    for i, (lo, hi) in enumerate(spans):
-        t = time.perf_counter()  # L3 first: its slower-kernel ranks are wait-free candidates for L2
-        totals = rollup.totals(lo, hi)
-        if len(totals.rank) == 0:  # steps without phases (a table lost, a window cut short): nothing to compare
-            skipped.append((lo, hi))
+    t_windows = time.perf_counter()
+    prep = _WindowPrep(attempt, layout, topology.hosts, rollup, frames, calls, special_steps, step_time, config,
+                       {sp: i for i, sp in enumerate(spans)})
+    with _Ahead(prep, spans, config.workers) as ahead:
+        for i, (lo, hi) in enumerate(spans):
+            inputs = ahead.get(i)
+            if inputs is None:  # steps without phases (a table lost, a window cut short): nothing to compare
+                skipped.append((lo, hi))
+                if on_window is not None:
+                    on_window(i + 1, len(spans))
+                continue
+            t_l3 += inputs.l3_s
+            t = time.perf_counter()
+            l2 = detect_stragglers(inputs.frame, layout, topology.hosts, steady_time, config.l2, host_totals,
+                                   prior=windows[-1].l2 if windows else None)
+            l2.links = inputs.links
+            t_l2 += time.perf_counter() - t + inputs.l2_read_s
+            windows.append(WindowAnalysis(lo, hi, l2, inputs.l3, inputs.kernel_time))
+            del inputs
             if on_window is not None:
                 on_window(i + 1, len(spans))
-            continue
-        summ = attempt.read("kernel_summaries", steps=(lo, hi),  # steps: only the files that may hold the window
-                            filter=(pc.field("end_step") <= hi), columns=L3_COLUMNS, dictionaries=L3_STRINGS)
-        special = int(((special_steps >= lo) & (special_steps <= hi)).sum())
-        usable = summ.num_rows and special <= 0.25 * (hi - lo + 1)  # warm-up mixes regimes into every kernel
-        l3 = detect_kernels(summ, layout, topology.hosts, i, lo, hi, calls, config.l3) if usable else None
-        kernel_time = l3.busy_total_ns if l3 is not None else kernel_time_per_rank(summ, layout) if summ.num_rows \
-            else None
-        del summ
-        t_l3 += time.perf_counter() - t
-        t = time.perf_counter()
-        subset = None
-        if layout.world_size > config.exact_ranks:
-            slow = sorted({o.rank for o in (l3.outliers if l3 else []) if (o.slower or o.more_work)
-                           and o.category in (PhaseCategory.COMPUTE, KernelKind.CPU_OP)})
-            subset = screen_candidates(totals, layout, step_time, config.l2, priority=slow)
-        frame = frames.phases(lo, hi, ranks=subset)
-        # pipeline transfers from paired sends and receives where every rank's phases are loaded
-        p2p = p2p_transfers(frame, layout, topology.hosts) if subset is None and layout.pp > 1 else None
-        links = detect_link_shifts(totals, layout, topology.hosts, p2p)
-        del totals
-        l2 = detect_stragglers(frame, layout, topology.hosts, steady_time, config.l2, host_totals,
-                               prior=windows[-1].l2 if windows else None)
-        l2.links = links
-        del frame
-        t_l2 += time.perf_counter() - t
-        windows.append(WindowAnalysis(lo, hi, l2, l3, kernel_time))
-        if on_window is not None:
-            on_window(i + 1, len(spans))
-    timings.update(l2=t_l2, l3=t_l3)
+    # l2 and l3: each level's own seconds (side by side in two threads they add up to more than
+    # the windows' wall time)
+    timings.update(l2=t_l2, l3=t_l3, windows=time.perf_counter() - t_windows)
     t = time.perf_counter()
     first_step = {}
     st = attempt.read("steps", columns=["rank", "step", "start_ns"])
@@ -314,8 +395,8 @@ def _attribute(attempt: Attempt, topology, frames: WindowFrames, windows: list[W
         else:
             plans.append(plan)
     prefer = {s for inc in candidates if inc.klass in SLOW_CLASSES and inc.culprit_ranks for s in (inc.steps or [])}
-    out = []
-    for p in plans:
+
+    def one(p: _Plan) -> WindowOutcome:
         steps = p.steps
         if p.ranks is None:
             frame = frames.phases(p.lo, p.hi)
@@ -323,10 +404,16 @@ def _attribute(attempt: Attempt, topology, frames: WindowFrames, windows: list[W
             steps = sample_steps(steps, prefer, config.attribution.scale_steps)
             frame = frames.sampled(p.lo, p.hi, steps, p.ranks)
         try:
-            out.append(attribute_window(frame, layout, topology.hosts, bounds, p.lo, p.hi, p.extra, config.attribution,
-                                        steps))
+            return attribute_window(frame, layout, topology.hosts, bounds, p.lo, p.hi, p.extra, config.attribution,
+                                    steps)
         except (ValueError, IndexError, MemoryError) as exc:  # a window we cannot model says so; the rest stand
-            out.append(WindowOutcome(p.lo, p.hi, None, f"attribution failed ({type(exc).__name__}: {exc})"[:300]))
+            return WindowOutcome(p.lo, p.hi, None, f"attribution failed ({type(exc).__name__}: {exc})"[:300])
+
+    workers = min(config.workers, len(plans))
+    if workers <= 1:
+        return [one(p) for p in plans]
+    with ThreadPoolExecutor(workers, thread_name_prefix="argus-attribution") as pool:  # in plan order
+        out = list(pool.map(one, plans))
     return out
 
 

@@ -9,6 +9,7 @@ in a collective or a pipeline receive is waiting, not work). Nesting is found wi
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -280,7 +281,8 @@ class WindowFrames:
     ranks inside a window; each (window, rank) is read at most once, the first time a level
     needs it (L2 reads every rank up to ``exact_ranks``, its screened candidates above; L4 adds
     the replicas it replays), and every later request is a view of what is held. A request
-    outside every window is its own entry."""
+    outside every window is its own entry. Safe to share between threads: one request at a time
+    reads or selects (the diagnosis reads the next window, or two attributions' ranks, in workers)."""
 
     def __init__(self, attempt: Attempt, spans: list[tuple[int, int]], max_rows: int = MAX_SHARED_ROWS) -> None:
         self.attempt = attempt
@@ -291,6 +293,7 @@ class WindowFrames:
         # one DuckDB instance for every read: a fresh one a read gave its memory back and faulted
         # it in again (69,000 → 28,000–39,000 page faults a 1.1 M-row read at 10,240 ranks)
         self._con: Any = None
+        self._lock = threading.RLock()
 
     def _connection(self) -> Any:
         if self._con is None:
@@ -301,9 +304,10 @@ class WindowFrames:
 
     def close(self) -> None:
         """Close the kept connection (the frames read no more; a later read opens another)."""
-        if self._con is not None:
-            self._con.close()
-            self._con = None
+        with self._lock:
+            if self._con is not None:
+                self._con.close()
+                self._con = None
 
     def _span(self, lo: int, hi: int) -> tuple[int, int]:
         for a, b in self.spans:
@@ -317,52 +321,55 @@ class WindowFrames:
 
     def phases(self, lo: int, hi: int, ranks: np.ndarray | list[int] | None = None) -> PhaseFrame:
         """Phases of steps ``lo..hi`` (of ``ranks`` only, if given), as :func:`load_phases` returns them."""
-        key = self._span(lo, hi)
-        want = None if ranks is None else sorted_unique(np.asarray(ranks, np.int64))
-        held = self._held.pop(key, None)  # re-inserted below: most recently used last
-        if held is None:
-            held = _Held([self._read(*key, want)], want)
-        elif held.ranks is not None:
-            if want is None:  # every rank: read the ones not held yet
-                missing, have = np.setdiff1d(np.arange(self.attempt.layout.world_size), held.ranks), None
-            else:
-                missing = np.setdiff1d(want, held.ranks)
-                have = np.union1d(held.ranks, missing)
-            if missing.size:
-                held = _Held([*held.parts, self._read(*key, missing)], have)
-        self._held[key] = held
-        self._evict()
-        whole_steps = key == (lo, hi)
-        views = []
-        for part in held.parts:
-            sel = np.ones(part.n, bool) if whole_steps else (part.step >= lo) & (part.step <= hi)
-            if want is not None:
-                sel &= np.isin(part.rank, want)
-            views.append(part if sel.all() else part.take(np.flatnonzero(sel)))
-        return _concat(views)
+        with self._lock:
+            key = self._span(lo, hi)
+            want = None if ranks is None else sorted_unique(np.asarray(ranks, np.int64))
+            held = self._held.pop(key, None)  # re-inserted below: most recently used last
+            if held is None:
+                held = _Held([self._read(*key, want)], want)
+            elif held.ranks is not None:
+                if want is None:  # every rank: read the ones not held yet
+                    missing, have = np.setdiff1d(np.arange(self.attempt.layout.world_size), held.ranks), None
+                else:
+                    missing = np.setdiff1d(want, held.ranks)
+                    have = np.union1d(held.ranks, missing)
+                if missing.size:
+                    held = _Held([*held.parts, self._read(*key, missing)], have)
+            self._held[key] = held
+            self._evict()
+            whole_steps = key == (lo, hi)
+            views = []
+            for part in held.parts:
+                sel = np.ones(part.n, bool) if whole_steps else (part.step >= lo) & (part.step <= hi)
+                if want is not None:
+                    sel &= np.isin(part.rank, want)
+                views.append(part if sel.all() else part.take(np.flatnonzero(sel)))
+            return _concat(views)
 
     def sampled(self, lo: int, hi: int, steps: list[int], ranks: np.ndarray | list[int]) -> PhaseFrame:
         """Phases of a few ``steps`` of window ``lo..hi`` for ``ranks``: from what is held where it
         holds them all, else read for those steps alone and not kept (a large job's attribution
         reads 3 of a window's steps of its replayed replicas once)."""
-        want = sorted_unique(np.asarray(ranks, np.int64))
-        held = self._held.get(self._span(lo, hi))
-        if held is not None and (held.ranks is None or not np.setdiff1d(want, held.ranks).size):
-            f = self.phases(lo, hi, want)
-            return f.take(np.flatnonzero(np.isin(f.step, steps)))
-        self.reads += 1
-        return load_phases(self.attempt, lo, hi, ranks=want, steps=steps, connection=self._connection())
+        with self._lock:
+            want = sorted_unique(np.asarray(ranks, np.int64))
+            held = self._held.get(self._span(lo, hi))
+            if held is not None and (held.ranks is None or not np.setdiff1d(want, held.ranks).size):
+                f = self.phases(lo, hi, want)
+                return f.take(np.flatnonzero(np.isin(f.step, steps)))
+            self.reads += 1
+            return load_phases(self.attempt, lo, hi, ranks=want, steps=steps, connection=self._connection())
 
     def of_steps(self, steps: list[int], ranks: np.ndarray | list[int] | None = None) -> PhaseFrame:
         """Phases of ``steps`` (which may lie in several windows), each window's from what it holds."""
-        by_span: dict[tuple[int, int], list[int]] = {}
-        for s in sorted(set(int(x) for x in steps)):
-            by_span.setdefault(self._span(s, s), []).append(s)
-        views = []
-        for (lo, hi), ss in by_span.items():  # successive windows: _concat keeps the time order
-            f = self.phases(lo, hi, ranks)
-            views.append(f.take(np.flatnonzero(np.isin(f.step, ss))))
-        return _concat(views) if views else self.phases(0, -1, ranks)
+        with self._lock:
+            by_span: dict[tuple[int, int], list[int]] = {}
+            for s in sorted(set(int(x) for x in steps)):
+                by_span.setdefault(self._span(s, s), []).append(s)
+            views = []
+            for (lo, hi), ss in by_span.items():  # successive windows: _concat keeps the time order
+                f = self.phases(lo, hi, ranks)
+                views.append(f.take(np.flatnonzero(np.isin(f.step, ss))))
+            return _concat(views) if views else self.phases(0, -1, ranks)
 
     def _evict(self) -> None:
         while len(self._held) > 1 and sum(h.rows for h in self._held.values()) > self.max_rows:

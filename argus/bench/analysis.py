@@ -49,7 +49,7 @@ def diagnose_window(store: str, lo: int, hi: int) -> dict:
                 l4.append({"what_if_skipped": e["note"][:120]})
             elif e.get("kind") in ("pipeline", "gpu_idle", "stacks", "agreement"):
                 l4.append({e["kind"]: e.get("origin_rank", e.get("with", e.get("cause", e.get("idle_pct"))))})
-    order = ("l1", "l2", "l3", "rootcause", "attribution", "l4", "l5", "l4_l5", "observations", "total")
+    order = ("l1", "l2", "l3", "windows", "rootcause", "attribution", "l4", "l5", "l4_l5", "observations", "total")
     levels = {k: round(d.timings_s[k], 2) for k in order if k in d.timings_s}
     return {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "levels_s": levels,
             "incidents": [f"{i.klass}:{len(i.culprit_ranks)}" for i in d.incidents], "culprits_found": found,
