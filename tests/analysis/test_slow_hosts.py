@@ -104,3 +104,25 @@ def test_the_screen_of_every_host_at_once_drops_no_host_the_exact_test_names(mon
         assert [(i.hosts, i.culprit_ranks) for i in _slow_hosts(ctx, windows, [])] == want, (trial, slow)
         named += bool(want)
     assert named >= 10  # the trials name hosts often enough to mean something
+
+
+def test_median_of_the_others_is_numpys_nanmedian_with_the_member_masked():
+    """The screen's leave-one-out median (one sort per group) equals numpy's nanmedian over the
+    row with the member masked, to the bit: NaN members and peers, infinities, ties, one member."""
+    import warnings
+
+    from argus.analysis.rootcause.slow_hosts import _median_of_others
+
+    rng = np.random.default_rng(7)
+    for trial in range(200):
+        G, M = int(rng.integers(1, 6)), int(rng.integers(1, 9))
+        if trial % 2:
+            v = rng.choice([1.0, 2.0, 2.5, 3.0, 7.0, np.inf, np.nan], size=(G, M))
+        else:
+            v = rng.lognormal(20, 0.2, size=(G, M))
+            v[rng.random((G, M)) < 0.3] = np.nan
+        masked = np.where(~np.eye(M, dtype=bool)[None], v[:, None, :], np.nan)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows: NaN
+            want = np.nanmedian(masked, axis=2)
+        assert np.array_equal(_median_of_others(v), want, equal_nan=True), v
