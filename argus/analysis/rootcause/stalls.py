@@ -16,7 +16,7 @@ from argus.analysis.rootcause.context import WindowAnalysis, _Ctx, _l1_evidence
 from argus.analysis.rootcause.impact import _impact
 from argus.analysis.rootcause.hardware import _pressure_standing_out
 
-__all__ = ["RECURRING_SHARE", "SAME_STALL", "RECURRING_MIN_STEPS", "TWICE_SHARE"]
+__all__ = ["RECURRING_SHARE", "SAME_STALL", "RECURRING_MIN_STEPS", "STRAY_GAPS", "STRAY_SIZE", "TWICE_SHARE"]
 
 
 #: A recurring pause needs less of each step: short host pauses (GC, a recompile) in a share
@@ -32,6 +32,16 @@ SAME_STALL = 0.25
 
 
 RECURRING_MIN_STEPS = 3
+
+
+#: … and a step further from the stall's other steps than this many of its usual intervals,
+#: whose excess is also under ``STRAY_SIZE`` of the stall's typical one, is not the stall
+#: recurring: judged alone, as a one-off (below half a step, the host's noise). A real 4-rank
+#: job whose rank 2 stalled ~50 ms in every step from step 9 on had an 11 ms hiccup in step 1
+#: join the stall (1 run in 5), and the incident began at step 1; a 600 ms collection pause nine
+#: steps after the last one is the same pause again.
+STRAY_GAPS = 3
+STRAY_SIZE = 0.5
 
 
 #: … or two steps, when each stall is at least this share of a healthy step (L1's level; the
@@ -77,6 +87,21 @@ def _fills_window(ctx: _Ctx, w: WindowAnalysis, f: Finding) -> bool:
     window's 5 steps (GC at 40% of steps) is intermittent, and recurs step by step (held-out
     69016: nine 150 ms pauses in 0.87 s steps, two windows "persistent", graded +0.5%)."""
     return {s for s in range(w.lo, w.hi + 1) if ctx.stall_candidate(s)} <= set(f.steps)
+
+
+def _without_strays(ctx: _Ctx, steps: list[int], excess: dict[int, float]) -> list[int]:
+    """``steps`` less those whose nearest other step lies more than ``STRAY_GAPS`` usual
+    intervals away (the median gap), whose excess is under ``STRAY_SIZE`` of the typical one and
+    below the one-off bar: a small hiccup long before or after a stall that recurs is not one of
+    its occurrences."""
+    if len(steps) < 3:
+        return steps
+    gaps = np.diff(steps)
+    usual = max(float(np.median(gaps)), 1.0)
+    typical = float(np.median([excess[s] for s in steps]))
+    near = np.minimum(np.r_[np.inf, gaps], np.r_[gaps, np.inf])
+    return [s for s, d in zip(steps, near.tolist()) if d <= STRAY_GAPS * usual or excess[s] >= STRAY_SIZE * typical
+            or excess[s] >= ctx.config.one_off_share * ctx.step_time.get(s, np.inf)]
 
 
 def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -> list[Incident]:
@@ -127,6 +152,8 @@ def _stalls(ctx: _Ctx, windows: list[WindowAnalysis], compute_ranks: set[int]) -
         excess = {s: max(f.excess_at(s) for f in spiky if s in f.steps) for s in steps}
         typical = float(np.median(list(excess.values())))
         steps = [s for s in steps if excess[s] >= SAME_STALL * typical]
+        steps = _without_strays(ctx, steps, excess)
+        findings = [f for f in findings if set(f.steps) & set(steps)]
         main = max(findings, key=lambda f: f.excess_s)
         phase = main.name
         # the host phase that explains the costliest finding, in that finding's own steps (a
