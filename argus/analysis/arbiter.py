@@ -219,14 +219,27 @@ def _candidate_cost(i: int, inc: Incident, outcomes: list[WindowOutcome], step_t
 
 
 def _critical(outcomes: list[WindowOutcome], steps: list[int], top: int = 8) -> dict | None:
-    """The critical path of the windows holding ``steps``: each rank's share of it."""
+    """The critical path of ``steps`` (of the windows holding them): each rank's share of it,
+    averaged over those steps — not over their windows, where the steps between a recurring
+    stall's occurrences (whoever happened to be last there) would dilute it."""
     shares: dict[int, float] = {}
     n = 0
+    wanted = set(steps)
     for o in outcomes:
-        if o.modeled and o.attribution is not None and o.attribution.critical and any(o.lo <= s <= o.hi for s in steps):
-            n += 1
-            for r, v in o.attribution.critical.items():
-                shares[r] = shares.get(r, 0.0) + v
+        if not (o.modeled and o.attribution is not None and o.attribution.critical):
+            continue
+        for step, own in o.attribution.critical.items():
+            if step in wanted:
+                n += 1
+                for r, v in own.items():
+                    shares[r] = shares.get(r, 0.0) + v
+    if not n:  # none of its steps replayed (irregular ones are not): its windows' steps
+        for o in outcomes:
+            if o.modeled and o.attribution is not None and any(o.lo <= s <= o.hi for s in steps):
+                for own in o.attribution.critical.values():
+                    n += 1
+                    for r, v in own.items():
+                        shares[r] = shares.get(r, 0.0) + v
     if not n:
         return None
     ranked = sorted(shares.items(), key=lambda kv: -kv[1])[:top]

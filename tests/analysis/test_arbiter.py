@@ -173,3 +173,22 @@ def test_variance_on_every_worker_inside_a_links_slowdown_is_the_links():
     fold_spread_into_links([link, inside, before])
     assert inside.severity == Severity.INFO and "told in the link's incident" in inside.summary
     assert before.severity == Severity.WARNING and link.severity == Severity.CRITICAL
+
+
+def test_the_critical_path_of_a_stall_is_read_on_its_own_steps():
+    """Rank 2 stalls in step 6 only; in the window's other steps whoever happens to arrive last
+    (rank 3) holds the path. Averaged over the window rank 3 would lead (0.8 vs 0.2, as a real
+    4-rank job once showed); over the stall's own step rank 2 holds it all."""
+    from argus.analysis.arbiter import _critical
+    from argus.analysis.attribution import WindowOutcome
+    from argus.analysis.attribution.attribute import WindowAttribution
+
+    wa = WindowAttribution.__new__(WindowAttribution)
+    wa.critical = {5: {3: 1.0}, 6: {2: 0.9, 3: 0.1}, 7: {3: 1.0}, 8: {3: 0.7, 1: 0.3}, 9: {3: 1.0}}
+    crit = _critical([WindowOutcome(5, 9, wa)], [6])
+    assert [r["rank"] for r in crit["by_rank"]] == [2, 3] and crit["by_rank"][0]["share"] == 0.9
+    # a stall whose steps were not replayed (irregular) is read on its windows' steps
+    del wa.critical[7]
+    crit = _critical([WindowOutcome(5, 9, wa)], [7])
+    assert crit["by_rank"][0] == {"rank": 3, "share": round((1 + 0.1 + 0.7 + 1) / 4, 4)}
+    assert _critical([WindowOutcome(5, 9, wa)], [11]) is None  # no window holds it

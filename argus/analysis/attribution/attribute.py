@@ -126,7 +126,8 @@ class WindowAttribution:
     stage_correlation: float | None = None  # block time moving together across a line's stages (inputs)
     tp: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # each replayed rank's tp coordinate
     stage: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # … and stage
-    critical: dict[int, float] = field(default_factory=dict)  # rank → its share of the steps' critical path
+    #: step → rank → its share of that step's critical path
+    critical: dict[int, dict[int, float]] = field(default_factory=dict)
     line: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # each replayed rank's pipeline line
     #: (ranks, K) seconds: each rank's own work per step beyond its peers' typical
     work_excess_steps_s: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))

@@ -230,10 +230,11 @@ def replay(g: StepGraph, d: Durations, scenarios: list[Scenario]) -> np.ndarray:
     return finals.max(axis=0)
 
 
-def critical_path(g: StepGraph, d: Durations) -> dict[int, float]:
-    """Each rank's share of the recorded steps' critical path: from the rank that finished last,
-    walk back through the member that arrived last at each event it waited for; the own time
-    before each such arrival is that rank's. Averaged over the replayed steps."""
+def critical_path(g: StepGraph, d: Durations) -> dict[int, dict[int, float]]:
+    """Each rank's share of each recorded step's critical path (step → rank → share): from the
+    rank that finished last, walk back through the member that arrived last at each event it
+    waited for; the own time before each such arrival is that rank's. Per step, so that a fault
+    in some steps of a window is judged on those steps, not diluted by (or lost among) the rest."""
     K = g.steps.size
     offsets = np.r_[0, np.cumsum([st.columns for st in g.stages])]
     cursor = [o.astype(np.float64).copy() for o in g.origin]
@@ -282,7 +283,7 @@ def critical_path(g: StepGraph, d: Durations) -> dict[int, float]:
                 p = i
         prev_blocking.append(pb + [p])  # index n: the last blocking node
     finals = [_last(c, pending, si, g.stages[si].n) for si, c in enumerate(cursor)]  # per stage (C, K)
-    share: dict[int, float] = {}
+    by_step: dict[int, dict[int, float]] = {}
     ranks = g.ranks
     for k in range(K):
         best = max(((si, int(np.argmax(f[:, k])), float(np.max(f[:, k]))) for si, f in enumerate(finals)),
@@ -301,9 +302,8 @@ def critical_path(g: StepGraph, d: Durations) -> dict[int, float]:
             own[rank] = own.get(rank, 0.0) + float(gaps[(si2, node2)][c2, k])
             si, c, node = si2, c2, prev_blocking[si2][node2]
         total = sum(own.values())
-        for rank, v in own.items():
-            share[rank] = share.get(rank, 0.0) + (v / total / K if total > 0 else 0.0)
-    return share
+        by_step[int(g.steps[k])] = {rank: (v / total if total > 0 else 0.0) for rank, v in own.items()}
+    return by_step
 
 
 def _await_at(pending: dict[tuple[int, int], np.ndarray], st, si: int, i: int, end: np.ndarray) -> None:
