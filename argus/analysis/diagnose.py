@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from argus.analysis.coverage import coverage_of
 from argus.analysis.deepen import DeepenConfig, deepen
 from argus.analysis.diagnosis import Diagnosis
-from argus.analysis.frames import PhaseFrame, WindowFrames, load_steps
+from argus.analysis.frames import PhaseFrame, PhaseTotals, WindowFrames, load_steps
 from argus.analysis.decision import JobFacts, decide, job_facts
 from argus.analysis.incident import Incident, incidents_table
 from argus.analysis.verification import apply as apply_verifications, load as load_verifications
@@ -62,8 +62,9 @@ class DiagnoseConfig:
     window_steps: int | None = None  # default: the store's summary windows (at least 5 steps)
     steps: tuple[int, int] | None = None  # only windows inside this range (L1 always sees the whole series)
     exact_ranks: int = 2048  # up to this many ranks L2 analyses every rank exactly; above, screened candidates
-    #: threads: the next window's L3, screen and phase read beside this window's L2; attributions
-    #: side by side (the reads and numpy give up the GIL). 1: one after the other; same results.
+    #: > 1: later windows' L3 and their screen and phase read in two threads beside this window's
+    #: L2; attributions side by side (the reads and numpy give up the GIL). 1: one after the
+    #: other; the same results.
     workers: int = 2
     store_incidents: bool = True
     l1: L1Config = field(default_factory=L1Config)
@@ -143,9 +144,20 @@ class _WindowInputs:
 
 
 @dataclass
+class _Kernels:
+    """A window's first stage: its phase totals and L3's result."""
+
+    totals: PhaseTotals
+    l3: L3Result | None
+    kernel_time: dict[int, float] | None
+    l3_s: float
+
+
+@dataclass
 class _WindowPrep:
     """L3, the candidate screen and the phase read of one window: everything before L2's
-    judgement, which alone needs the previous window's result."""
+    judgement, which alone needs the previous window's result. Two stages: ``kernels`` (L3),
+    then ``phases`` (the screen, which takes L3's slower-kernel ranks first, the read, links)."""
 
     attempt: Attempt
     layout: Layout
@@ -158,7 +170,7 @@ class _WindowPrep:
     config: DiagnoseConfig
     index: dict[tuple[int, int], int]
 
-    def __call__(self, lo: int, hi: int) -> _WindowInputs | None:
+    def kernels(self, lo: int, hi: int) -> _Kernels | None:
         t = time.perf_counter()  # L3 first: its slower-kernel ranks are wait-free candidates for L2
         totals = self.rollup.totals(lo, hi)
         if len(totals.rank) == 0:
@@ -172,49 +184,65 @@ class _WindowPrep:
             if usable else None
         kernel_time = l3.busy_total_ns if l3 is not None else kernel_time_per_rank(summ, layout) if summ.num_rows \
             else None
-        del summ
-        l3_s = time.perf_counter() - t
+        return _Kernels(totals, l3, kernel_time, time.perf_counter() - t)
+
+    def phases(self, lo: int, hi: int, k: _Kernels | None) -> _WindowInputs | None:
+        if k is None:
+            return None
         t = time.perf_counter()
+        layout, config, l3 = self.layout, self.config, k.l3
         subset = None
         if layout.world_size > config.exact_ranks:
             slow = sorted({o.rank for o in (l3.outliers if l3 else []) if (o.slower or o.more_work)
                            and o.category in (PhaseCategory.COMPUTE, KernelKind.CPU_OP)})
-            subset = screen_candidates(totals, layout, self.step_time, config.l2, priority=slow)
+            subset = screen_candidates(k.totals, layout, self.step_time, config.l2, priority=slow)
         frame = self.frames.phases(lo, hi, ranks=subset)
         # pipeline transfers from paired sends and receives where every rank's phases are loaded
         p2p = p2p_transfers(frame, layout, self.hosts) if subset is None and layout.pp > 1 else None
-        links = detect_link_shifts(totals, layout, self.hosts, p2p)
-        return _WindowInputs(l3, kernel_time, frame, links, l3_s, time.perf_counter() - t)
+        links = detect_link_shifts(k.totals, layout, self.hosts, p2p)
+        return _WindowInputs(l3, k.kernel_time, frame, links, k.l3_s, time.perf_counter() - t)
+
+    def __call__(self, lo: int, hi: int) -> _WindowInputs | None:
+        return self.phases(lo, hi, self.kernels(lo, hi))
 
 
 class _Ahead:
-    """Windows prepared one ahead in a worker thread (``workers`` > 1) while the caller judges the
-    current one; in order, each prepared once. An exception is raised where its window is asked for."""
+    """Windows prepared ahead (``workers`` > 1) while the caller judges the current one: L3 in one
+    thread, the screen and phase read (which wait for that window's L3) in another, each at most
+    two windows ahead of L2 — three stages of a window at once, where one thread preparing both
+    (L3 ≈ 1 s, the screen and read ≈ 0.8 s a window at 10,240 ranks) held L2 (≈ 0.7 s) up.
+    In order, each prepared once; an exception is raised where its window is asked for."""
+
+    AHEAD = 2
 
     def __init__(self, prep: _WindowPrep, spans: list[tuple[int, int]], workers: int) -> None:
         self.prep, self.spans = prep, spans
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="argus-window") if workers > 1 and len(spans) > 1 \
-            else None
+        threaded = workers > 1 and len(spans) > 1
+        self.kernel_pool = ThreadPoolExecutor(1, thread_name_prefix="argus-window-l3") if threaded else None
+        self.phase_pool = ThreadPoolExecutor(1, thread_name_prefix="argus-window-read") if threaded else None
         self.futures: dict[int, Future] = {}
 
     def _submit(self, i: int) -> None:
-        if self.pool is not None and i < len(self.spans) and i not in self.futures:
-            self.futures[i] = self.pool.submit(self.prep, *self.spans[i])
+        if self.kernel_pool is None or self.phase_pool is None or i >= len(self.spans) or i in self.futures:
+            return
+        lo, hi = self.spans[i]
+        kernels = self.kernel_pool.submit(self.prep.kernels, lo, hi)
+        self.futures[i] = self.phase_pool.submit(lambda: self.prep.phases(lo, hi, kernels.result()))
 
     def get(self, i: int) -> _WindowInputs | None:
-        if self.pool is None:
+        if self.kernel_pool is None:
             return self.prep(*self.spans[i])
-        self._submit(i)
-        fut = self.futures.pop(i)
-        self._submit(i + 1)  # queued behind window i: at most one window ahead
-        return fut.result()
+        for j in range(i, i + self.AHEAD + 1):  # queued in window order: at most AHEAD windows ahead
+            self._submit(j)
+        return self.futures.pop(i).result()
 
     def __enter__(self) -> _Ahead:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+        for pool in (self.kernel_pool, self.phase_pool):
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
 
 
 def diagnose(attempt: Attempt, config: DiagnoseConfig | None = None,

@@ -178,11 +178,11 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
     bounds = np.flatnonzero(np.r_[True, key[1:] != key[:-1], True])
     first = order[bounds[:-1]]
     names = kernels[kid[first]]
+    by_key = {c: v[order] for c, v in cols.items()}  # each kernel's rows a slice (one gather, not one a kernel)
     for b in np.argsort(np.char.add(names, np.char.add("|", cols["stream"][first].astype(str)))):
-        sel = order[bounds[b]:bounds[b + 1]]
-        rows = {c: v[sel] for c, v in cols.items()}
+        rows = {c: v[bounds[b]:bounds[b + 1]] for c, v in by_key.items()}
         kernel, stream = str(names[b]), int(rows["stream"][0])
-        category, op = (str(text[c][1][text[c][0][sel[0]]]) for c in ("category", "op"))
+        category, op = (str(text[c][1][text[c][0][first[b]]]) for c in ("category", "op"))
         ranks = sorted_unique(rows["rank"])
         res.events_per_step[(kernel, stream)] = float(rows["count"].sum()) / len(ranks) / n_steps
         if len(ranks) < 3:
@@ -339,22 +339,20 @@ def _more_launches(rows, ranks, mean, layout: Layout, kernel, stream, category, 
     """Ranks that launch a kernel ≥ 1.3× as often as their peers, at material cost: more work
     (e.g. an imbalanced shard, a repeated computation) rather than slower work."""
     counts = np.bincount(np.searchsorted(ranks, rows["rank"]), weights=rows["count"], minlength=len(ranks))
-    gid = layout.group_index(GroupKind.DP)[ranks]
-    out = []
-    for g in sorted_unique(gid):
-        members = np.flatnonzero(gid == g)
-        if members.size < 3:
+    _, inv = np.unique(layout.group_index(GroupKind.DP)[ranks], return_inverse=True)
+    hits: list[tuple[int, int, float, float]] = []  # (group, member, ratio, extra): the groups of one size at once, each a row
+    for groups, members in _by_size(inv):
+        if members.shape[1] < 3:
             continue
-        med = float(np.median(counts[members]))
-        if med <= 0:
-            continue
-        ratio = counts[members] / med
-        extra_ns = (counts[members] - med) * mean[members]
-        for m, r_, e in zip(members, ratio, extra_ns):
-            if r_ >= 1.3 and e >= config.min_w1_ns * med:
-                out.append(KernelOutlier(int(ranks[m]), kernel, stream, category, 0.0, 0.0, False, GroupKind.DP, float(r_),
-                                         float(e)))
-    return out
+        c = counts[members]
+        med = np.median(c, axis=1)[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = c / med
+        extra_ns = (c - med) * mean[members]
+        gi, j = np.nonzero((med > 0) & (ratio >= 1.3) & (extra_ns >= config.min_w1_ns * med))
+        hits += zip(groups[gi].tolist(), members[gi, j].tolist(), ratio[gi, j].tolist(), extra_ns[gi, j].tolist())
+    return [KernelOutlier(int(ranks[m]), kernel, stream, category, 0.0, 0.0, False, GroupKind.DP, r_, e)
+            for _, m, r_, e in sorted(hits)]  # by group, then rank
 
 
 def _group_shift(ranks, floor, layout: Layout, hosts, kernel, stream, op, kinds: tuple[str, ...],

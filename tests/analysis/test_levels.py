@@ -272,3 +272,24 @@ def test_l3_codes_of_dictionary_chunks_are_those_of_the_strings():
     (pc_, pv), (dc, dv) = _codes(plain), _codes(coded)
     assert dv[dc].tolist() == pv[pc_].tolist() == ["gemm", "", "nccl:all_reduce", "gemm", "flash", "gemm", "",
                                                    "nccl:all_reduce"]
+
+
+def test_l3_names_the_ranks_that_launch_a_kernel_more_often_by_group_then_rank():
+    """Two data-parallel groups of 8 (tp=2): ranks launching a GEMM 2× (and 1.5×) as often as
+    their group's median, at the same durations, are more work, not slower work; 1.2× is not."""
+    import pyarrow as pa
+
+    from argus.topology import Layout
+
+    layout = Layout(tp=2, dp=8)
+    counts = {r: 100 for r in range(16)}
+    counts.update({13: 200, 3: 150, 5: 200, 6: 120})  # group of tp 1: 3, 5, 13 (6 is tp 0 and 1.2×)
+    n = 16
+    t = pa.table({"rank": pa.array(range(n), pa.int32()), "stream": pa.array([7] * n, pa.int32()),
+                  "count": pa.array([counts[r] for r in range(n)], pa.int64()),
+                  "p50_ns": [1e6] * n, "p99_ns": [1.1e6] * n, "min_ns": [0.9e6] * n, "max_ns": [1.2e6] * n,
+                  "kernel": ["gemm"] * n, "category": ["compute"] * n, "op": [""] * n})
+    res = detect_kernels(t, layout, np.array([f"h{r // 8}" for r in range(n)]), 0, 0, 4)
+    more = [(o.rank, o.launches_ratio) for o in res.outliers if o.launches_ratio > 1]
+    assert more == [(3, 1.5), (5, 2.0), (13, 2.0)]
+    assert all(o.extra_ns > 0 and not o.slower for o in res.outliers if o.launches_ratio > 1)
