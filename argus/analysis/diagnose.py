@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 from argus.analysis.coverage import coverage_of
 from argus.analysis.deepen import DeepenConfig, deepen
 from argus.analysis.diagnosis import Diagnosis
-from argus.analysis.frames import PhaseFrame, PhaseTotals, WindowFrames, load_steps
+from argus.analysis.frames import PhaseFrame, WindowFrames, load_steps
 from argus.analysis.decision import JobFacts, decide, job_facts
 from argus.analysis.incident import Incident, incidents_table
 from argus.analysis.verification import apply as apply_verifications, load as load_verifications
@@ -145,9 +145,8 @@ class _WindowInputs:
 
 @dataclass
 class _Kernels:
-    """A window's first stage: its phase totals and L3's result."""
+    """A window's first stage: L3's result."""
 
-    totals: PhaseTotals
     l3: L3Result | None
     kernel_time: dict[int, float] | None
     l3_s: float
@@ -172,8 +171,7 @@ class _WindowPrep:
 
     def kernels(self, lo: int, hi: int) -> _Kernels | None:
         t = time.perf_counter()  # L3 first: its slower-kernel ranks are wait-free candidates for L2
-        totals = self.rollup.totals(lo, hi)
-        if len(totals.rank) == 0:
+        if not self.rollup.holds(lo, hi):
             return None
         layout, config = self.layout, self.config
         summ = self.attempt.read("kernel_summaries", steps=(lo, hi),  # steps: only the files that may hold it
@@ -184,22 +182,25 @@ class _WindowPrep:
                             workers=config.workers) if usable else None
         kernel_time = l3.busy_total_ns if l3 is not None else kernel_time_per_rank(summ, layout) if summ.num_rows \
             else None
-        return _Kernels(totals, l3, kernel_time, time.perf_counter() - t)
+        return _Kernels(l3, kernel_time, time.perf_counter() - t)
 
     def phases(self, lo: int, hi: int, k: _Kernels | None) -> _WindowInputs | None:
         if k is None:
             return None
         t = time.perf_counter()
         layout, config, l3 = self.layout, self.config, k.l3
+        totals = self.rollup.totals(lo, hi)  # here, not beside L3: 4 s a window at 102,400 ranks
+        if len(totals.rank) == 0:
+            return None
         subset = None
         if layout.world_size > config.exact_ranks:
             slow = sorted({o.rank for o in (l3.outliers if l3 else []) if (o.slower or o.more_work)
                            and o.category in (PhaseCategory.COMPUTE, KernelKind.CPU_OP)})
-            subset = screen_candidates(k.totals, layout, self.step_time, config.l2, priority=slow)
+            subset = screen_candidates(totals, layout, self.step_time, config.l2, priority=slow)
         frame = self.frames.phases(lo, hi, ranks=subset)
         # pipeline transfers from paired sends and receives where every rank's phases are loaded
         p2p = p2p_transfers(frame, layout, self.hosts) if subset is None and layout.pp > 1 else None
-        links = detect_link_shifts(k.totals, layout, self.hosts, p2p)
+        links = detect_link_shifts(totals, layout, self.hosts, p2p)
         return _WindowInputs(l3, k.kernel_time, frame, links, k.l3_s, time.perf_counter() - t)
 
     def __call__(self, lo: int, hi: int) -> _WindowInputs | None:

@@ -69,6 +69,11 @@ class PhaseRollup:
     def _names_of(self, category: str) -> np.ndarray:
         return np.array([i for i, c in enumerate(self.category) if c == category], np.int64)
 
+    def holds(self, lo: int, hi: int) -> bool:
+        """Whether any phase of steps ``lo..hi`` is in the rollup (what :meth:`totals` would return rows of)."""
+        return bool(((self.step >= lo) & (self.step <= hi)).any() or
+                    ((self.blocks.step >= lo) & (self.blocks.step <= hi)).any())
+
     def totals(self, lo: int, hi: int) -> PhaseTotals:
         """Steps ``lo..hi`` as :class:`PhaseTotals`: per (rank, step, name), plus per microbatch
         for the phases that occur once per microbatch in those steps (on the sampled ranks)."""
