@@ -136,9 +136,12 @@ def replay(g: StepGraph, d: Durations, scenarios: list[Scenario]) -> np.ndarray:
             full = buffers[si] = np.empty((chunk, C, K, Z), np.float32)  # the durations' own precision
         out = full[: c1 - c0]
         lo, hi = int(offsets[si]), int(offsets[si + 1])
+        sums: dict[str, np.ndarray] = {}  # each base set's gaps summed once a chunk (several groups share one)
         for b, o, zs, cols, comps, few in gap_pairs:
             base = d.gaps[b][si][c0:c1]  # (m, C, K|1, J)
-            val = base.sum(axis=-1, dtype=np.float64)[..., None]  # (m, C, K|1, 1)
+            val = sums.get(b)
+            if val is None:
+                val = sums[b] = base.sum(axis=-1, dtype=np.float64)[..., None]  # (m, C, K|1, 1)
             if b == o:
                 out[..., zs] = val
                 continue
