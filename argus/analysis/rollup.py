@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -166,7 +165,8 @@ def load_rollup(attempt: Attempt) -> PhaseRollup:
         paired = [(f, None if f in at0 else twin) for f, twin in paired]
     cut = _startup_cut(attempt, first) if first is not None else None
     out = _Converter(attempt.layout.world_size, sum(_rows(twin) for _, twin in paired if twin is not None))
-    for f, twin, t in _read_ahead(paired):
+    for f, twin in paired:
+        t = _read_twin(twin) if twin is not None else None
         if t is None:
             if twin is not None:
                 raw.append(f)
@@ -199,23 +199,6 @@ def load_rollup(attempt: Attempt) -> PhaseRollup:
         finally:
             con.close()
     return out.rollup()
-
-
-def _read_ahead(paired: list[tuple[Path, Path | None]]) -> Iterator[tuple[Path, Path | None, pa.Table | None]]:
-    """Each (phases file, twin, the twin's rows), the next twin read in a thread while the caller
-    converts this one (reading and decoding give up the GIL: at 102,400 ranks the twins took 4 s
-    to read and 5 s to convert, one after the other)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(1, thread_name_prefix="argus-rollup") as pool:
-        ahead = [pool.submit(_read_twin, twin) if twin is not None else None for _, twin in paired[:1]]
-        for i, (f, twin) in enumerate(paired):
-            if i + 1 < len(paired):
-                nxt = paired[i + 1][1]
-                ahead.append(pool.submit(_read_twin, nxt) if nxt is not None else None)
-            fut = ahead[i]
-            ahead[i] = None  # the table is the caller's alone once handed over
-            yield f, twin, fut.result() if fut is not None else None
 
 
 def _rows(path: Path) -> int:
