@@ -178,8 +178,8 @@ class _WindowPrep:
                                  filter=(pc.field("end_step") <= hi), columns=L3_COLUMNS, dictionaries=L3_STRINGS)
         special = int(((self.special_steps >= lo) & (self.special_steps <= hi)).sum())
         usable = summ.num_rows and special <= 0.25 * (hi - lo + 1)  # warm-up mixes regimes into every kernel
-        l3 = detect_kernels(summ, layout, self.hosts, self.index[(lo, hi)], lo, hi, self.calls, config.l3,
-                            workers=config.workers) if usable else None
+        l3 = detect_kernels(summ, layout, self.hosts, self.index[(lo, hi)], lo, hi, self.calls, config.l3) \
+            if usable else None
         kernel_time = l3.busy_total_ns if l3 is not None else kernel_time_per_rank(summ, layout) if summ.num_rows \
             else None
         return _Kernels(l3, kernel_time, time.perf_counter() - t)

@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 from dataclasses import dataclass, field
 
@@ -59,9 +58,6 @@ LAYOUT_KINDS: tuple[GroupKind, ...] = (GroupKind.TP, GroupKind.EP, GroupKind.DP,
 #: times the larger of the other two (which measure the healthy spread; the effect gates below
 #: still apply).
 FEW_PEERS_RATIO = 3.0
-#: A window of this many summary rows spreads its kernels over ``workers`` threads (102,400 ranks:
-#: 13 M rows, ~20 s of L3 a window, the diagnosis' longest stage); smaller ones stay in one.
-PARALLEL_ROWS = 4_000_000
 
 
 @dataclass
@@ -156,11 +152,9 @@ def _rank_cdfs(rows: dict[str, np.ndarray], grid: np.ndarray, world: int) -> tup
 
 def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, window: int, start_step: int,
                    end_step: int, calls: list[CollectiveCalls] | None = None,
-                   config: L3Config = L3Config(), workers: int = 1) -> L3Result:
+                   config: L3Config = L3Config()) -> L3Result:
     """L3 over one window's ``kernel_summaries`` rows. ``calls``: the window's collective phases
-    (:func:`collective_calls`), to tell which communicator ran each kernel. ``workers`` > 1:
-    the kernels of a window of at least ``PARALLEL_ROWS`` rows in that many threads (each
-    kernel's CDFs are large numpy operations that give up the GIL); the same result."""
+    (:func:`collective_calls`), to tell which communicator ran each kernel."""
     res = L3Result(window, start_step, end_step)
     if summaries.num_rows == 0:
         return res
@@ -185,67 +179,38 @@ def detect_kernels(summaries: pa.Table, layout: Layout, hosts: np.ndarray, windo
     first = order[bounds[:-1]]
     names = kernels[kid[first]]
     by_key = {c: v[order] for c, v in cols.items()}  # each kernel's rows a slice (one gather, not one a kernel)
-
-    def one(b: int) -> _KernelResult:
+    for b in np.argsort(np.char.add(names, np.char.add("|", cols["stream"][first].astype(str)))):
         rows = {c: v[bounds[b]:bounds[b + 1]] for c, v in by_key.items()}
+        kernel, stream = str(names[b]), int(rows["stream"][0])
         category, op = (str(text[c][1][text[c][0][first[b]]]) for c in ("category", "op"))
-        return _one_kernel(rows, str(names[b]), category, op, layout, hosts, n_steps, calls, config)
-
-    ordered = np.argsort(np.char.add(names, np.char.add("|", cols["stream"][first].astype(str)))).tolist()
-    if workers > 1 and summaries.num_rows >= PARALLEL_ROWS and len(ordered) > 1:
-        with ThreadPoolExecutor(workers, thread_name_prefix="argus-l3") as pool:  # in kernel order
-            results = list(pool.map(one, ordered))
-    else:
-        results = [one(b) for b in ordered]
-    for r in results:
-        res.events_per_step[r.key] = r.events_per_step
-        res.shifts += r.shifts
-        res.unjudged += r.unjudged
-        res.outliers += r.outliers
-    return res
-
-
-@dataclass
-class _KernelResult:
-    key: tuple[str, int]
-    events_per_step: float
-    shifts: list[GroupShift] = field(default_factory=list)
-    unjudged: list[tuple[str, int, str, float]] = field(default_factory=list)
-    outliers: list[KernelOutlier] = field(default_factory=list)
-
-
-def _one_kernel(rows: dict[str, np.ndarray], kernel: str, category: str, op: str, layout: Layout, hosts: np.ndarray,
-                n_steps: int, calls: list[CollectiveCalls] | None, config: L3Config) -> _KernelResult:
-    """L3 on one (kernel, stream)'s rows: the communicator groups' floors of a communication
-    kernel, the ranks' distributions of any other."""
-    stream = int(rows["stream"][0])
-    ranks = sorted_unique(rows["rank"])
-    res = _KernelResult((kernel, stream), float(rows["count"].sum()) / len(ranks) / n_steps)
-    if len(ranks) < 3:
-        return res
-    if category == PhaseCategory.COMM:  # only the floors matter: no CDFs
-        floor = np.full(len(ranks), np.inf)
-        np.minimum.at(floor, np.searchsorted(ranks, rows["rank"]), rows["min_ns"])
-        tagged = kernel_group(kernel)  # the communicator's kind, where the trace named it
-        kinds = ((tagged,) if tagged in LAYOUT_KINDS else ()) if tagged is not None else \
-            tuple(k for k in kinds_for(op, res.events_per_step, calls) if k in LAYOUT_KINDS)
-        if not kinds:
-            res.unjudged.append((kernel, stream, op, res.events_per_step))
-            return res
-        shift = _group_shift(ranks, floor, layout, hosts, kernel, stream, op, kinds, config)
-        if shift is not None:
-            res.shifts.append(shift)
-        elif layout.pp > 1:  # a whole stage's groups shifted alike: only the other stages show it
-            shift = _group_shift(ranks, floor, layout, hosts, kernel, stream, op, kinds, config, by_stage=False)
+        ranks = sorted_unique(rows["rank"])
+        res.events_per_step[(kernel, stream)] = float(rows["count"].sum()) / len(ranks) / n_steps
+        if len(ranks) < 3:
+            continue
+        if category == PhaseCategory.COMM:  # only the floors matter: no CDFs
+            floor = np.full(len(ranks), np.inf)
+            np.minimum.at(floor, np.searchsorted(ranks, rows["rank"]), rows["min_ns"])
+            tagged = kernel_group(kernel)  # the communicator's kind, where the trace named it
+            kinds = ((tagged,) if tagged in LAYOUT_KINDS else ()) if tagged is not None else \
+                tuple(k for k in kinds_for(op, res.events_per_step[(kernel, stream)], calls) if k in LAYOUT_KINDS)
+            if not kinds:
+                res.unjudged.append((kernel, stream, op, res.events_per_step[(kernel, stream)]))
+                continue
+            shift = _group_shift(ranks, floor, layout, hosts, kernel, stream, op, kinds, config)
             if shift is not None:
-                shift.narrow_only = True
                 res.shifts.append(shift)
-    else:
-        grid = log_grid(max(float(rows["min_ns"].min()) * 0.9, 1.0), float(rows["max_ns"].max()) * 1.1, config.grid)
-        cdf, ranks, mean = _rank_cdfs(rows, grid, layout.world_size)
-        counts = np.bincount(np.searchsorted(ranks, rows["rank"]), weights=rows["count"], minlength=len(ranks))
-        res.outliers += _outliers(cdf, ranks, mean, counts, grid, layout, kernel, stream, category, config)
-        res.outliers += _more_launches(rows, ranks, mean, layout, kernel, stream, category, config)
+            elif layout.pp > 1:  # a whole stage's groups shifted alike: only the other stages show it
+                shift = _group_shift(ranks, floor, layout, hosts, kernel, stream, op, kinds, config, by_stage=False)
+                if shift is not None:
+                    shift.narrow_only = True
+                    res.shifts.append(shift)
+        else:
+            grid = log_grid(max(float(rows["min_ns"].min()) * 0.9, 1.0), float(rows["max_ns"].max()) * 1.1,
+                            config.grid)
+            cdf, ranks, mean = _rank_cdfs(rows, grid, layout.world_size)
+            counts = np.bincount(np.searchsorted(ranks, rows["rank"]), weights=rows["count"], minlength=len(ranks))
+            res.outliers += _outliers(cdf, ranks, mean, counts, grid, layout, kernel, stream, category, config)
+            res.outliers += _more_launches(rows, ranks, mean, layout, kernel, stream, category, config)
     return res
 
 

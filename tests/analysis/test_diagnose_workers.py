@@ -93,17 +93,3 @@ def test_frames_shared_between_threads_read_like_the_store(diagnosed):
     # whatever order the threads ran in: each window's first request, then the ranks it lacked
     # (5–9: three ranks, then the fourth; 10–14: two, then the third) — never once per request
     assert wf.reads == 4
-
-
-def test_l3_kernels_in_threads_say_what_one_thread_says(diagnosed, monkeypatch):
-    """A large window's kernels spread over threads give the same outliers, shifts and rates."""
-    import argus.analysis.l3_kernels as l3
-    from argus.analysis.l3_kernels import L3_COLUMNS, L3_STRINGS, detect_kernels
-
-    attempt, _, _ = diagnosed("compute_straggler")
-    monkeypatch.setattr(l3, "PARALLEL_ROWS", 1)
-    summ = attempt.read("kernel_summaries", steps=(10, 14), columns=L3_COLUMNS, dictionaries=L3_STRINGS)
-    hosts = attempt.topology().hosts
-    one, two = (detect_kernels(summ, attempt.layout, hosts, 2, 10, 14, workers=w) for w in (1, 2))
-    assert one.outliers and len(one.events_per_step) > 2
-    assert repr(two) == repr(one)
