@@ -1,5 +1,5 @@
-"""The diagnosis in worker threads (the next window prepared beside this window's L2, the
-attributions side by side) says exactly what it says in one thread, and a failure in a worker
+"""The diagnosis in worker threads (later windows' L3 and their screen and read beside this
+window's L2, the attributions side by side) says exactly what it says in one thread, and a failure in a worker
 is the diagnosis's failure, raised where that window is asked for."""
 
 from __future__ import annotations
