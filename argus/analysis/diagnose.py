@@ -156,7 +156,8 @@ class _Kernels:
 class _WindowPrep:
     """L3, the candidate screen and the phase read of one window: everything before L2's
     judgement, which alone needs the previous window's result. Two stages: ``kernels`` (L3),
-    then ``phases`` (the screen, which takes L3's slower-kernel ranks first, the read, links)."""
+    then ``phases`` (the window's totals, the screen — L3's slower-kernel ranks first — the
+    phase read, the links)."""
 
     attempt: Attempt
     layout: Layout

@@ -70,7 +70,8 @@ class PhaseRollup:
         return np.array([i for i, c in enumerate(self.category) if c == category], np.int64)
 
     def holds(self, lo: int, hi: int) -> bool:
-        """Whether any phase of steps ``lo..hi`` is in the rollup (what :meth:`totals` would return rows of)."""
+        """Whether any phase of steps ``lo..hi`` is in the rollup: a window without one is skipped
+        before L3 (a window of microbatch rows only may still give :meth:`totals` no row)."""
         return bool(((self.step >= lo) & (self.step <= hi)).any() or
                     ((self.blocks.step >= lo) & (self.blocks.step <= hi)).any())
 
