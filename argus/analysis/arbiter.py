@@ -222,26 +222,18 @@ def _critical(outcomes: list[WindowOutcome], steps: list[int], top: int = 8) -> 
     """The critical path of ``steps`` (of the windows holding them): each rank's share of it,
     averaged over those steps — not over their windows, where the steps between a recurring
     stall's occurrences (whoever happened to be last there) would dilute it."""
-    shares: dict[int, float] = {}
-    n = 0
+    modeled = [o.attribution for o in outcomes if o.modeled and o.attribution is not None]
     wanted = set(steps)
-    for o in outcomes:
-        if not (o.modeled and o.attribution is not None and o.attribution.critical):
-            continue
-        for step, own in o.attribution.critical.items():
-            if step in wanted:
-                n += 1
-                for r, v in own.items():
-                    shares[r] = shares.get(r, 0.0) + v
-    if not n:  # none of its steps replayed (irregular ones are not): its windows' steps
-        for o in outcomes:
-            if o.modeled and o.attribution is not None and any(o.lo <= s <= o.hi for s in steps):
-                for own in o.attribution.critical.values():
-                    n += 1
-                    for r, v in own.items():
-                        shares[r] = shares.get(r, 0.0) + v
-    if not n:
+    owns = [own for wa in modeled for step, own in wa.critical.items() if step in wanted]
+    if not owns:  # none of its steps replayed (irregular ones are not): its windows' steps
+        owns = [own for wa in modeled if any(wa.lo <= s <= wa.hi for s in steps) for own in wa.critical.values()]
+    if not owns:
         return None
+    shares: dict[int, float] = {}
+    for own in owns:
+        for r, v in own.items():
+            shares[r] = shares.get(r, 0.0) + v
+    n = len(owns)
     ranked = sorted(shares.items(), key=lambda kv: -kv[1])[:top]
     first = next((s for s in steps), None)
     return {"level": Level.L4, "kind": EvidenceKind.CRITICAL_PATH, "step": first,

@@ -184,6 +184,7 @@ def test_the_critical_path_of_a_stall_is_read_on_its_own_steps():
     from argus.analysis.attribution.attribute import WindowAttribution
 
     wa = WindowAttribution.__new__(WindowAttribution)
+    wa.lo, wa.hi = 5, 9
     wa.critical = {5: {3: 1.0}, 6: {2: 0.9, 3: 0.1}, 7: {3: 1.0}, 8: {3: 0.7, 1: 0.3}, 9: {3: 1.0}}
     crit = _critical([WindowOutcome(5, 9, wa)], [6])
     assert [r["rank"] for r in crit["by_rank"]] == [2, 3] and crit["by_rank"][0]["share"] == 0.9
